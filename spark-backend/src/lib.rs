@@ -1,0 +1,13 @@
+//! Sparse CPU kernels for the Spark Transformer's FFN and attention (SPEC.md section 4),
+//! presented to llama.cpp as a ggml backend registry entry named "Spark".
+//!
+//! Data flow: the patched llama.cpp graph (`src/models/spark-gemma2.cpp`) finds the "Spark"
+//! registry entry, resolves `spark_ffn` / `spark_attn` by name and runs them as ggml custom ops
+//! (`ggml_custom_4d`) from ggml's own worker threads. See `docs/INTERFACES.md`.
+
+pub mod error;
+pub mod params;
+pub mod stats;
+pub mod tensor;
+
+pub use error::KernelError;
