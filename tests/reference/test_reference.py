@@ -582,3 +582,82 @@ def test_cli(tmp_path):
     r = subprocess.run([sys.executable, script, bad, "--config", '{"n_heads": 3}'], capture_output=True, text=True)
     assert r.returncode != 0 and "n_heads" in r.stderr
     assert not os.path.exists(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Extra checks: threshold ties, query scale, and a second vectorized forward
+# ---------------------------------------------------------------------------------------------
+
+
+def test_entries_equal_to_theta_are_dropped():
+    # d = 4, k = 2: Q(1/2) = 0 exactly, theta = mean = 2; "exceeds" is strict
+    np.testing.assert_array_equal(ref.neg([1.0, 2.0, 2.0, 3.0], 2), [-np.inf, -np.inf, -np.inf, 3.0])
+    np.testing.assert_array_equal(ref.soft([1.0, 2.0, 2.0, 3.0], 2), [0.0, 0.0, 0.0, 1.0])
+
+
+def test_query_scale_is_one_over_sqrt_query_pre_attn_scalar(tiny):
+    # scaling Wq by c and query_pre_attn_scalar by c^2 leaves q * scale, hence the model, unchanged
+    cfg, w = tiny
+    c = 1.7
+    scaled = dict(w)
+    for l in range(cfg["n_layers"]):
+        name = f"transformer/layer_{l}/attn/q_einsum/w"
+        scaled[name] = w[name].astype(np.float64) * c
+    toks = tokens_for(cfg, 24, seed=8)
+    a = ref.forward(cfg, w, toks)
+    b = ref.forward(dict(cfg, query_pre_attn_scalar=cfg["query_pre_attn_scalar"] * c * c), scaled, toks)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+    assert np.abs(a - ref.forward(cfg, scaled, toks)).max() > 1e-3
+
+
+def vectorized_forward(cfg, w, toks):
+    """SPEC section 4 once more, whole-sequence matrices, sharing only norm_ppf with spark_ref."""
+    V, D, N, KV, H = cfg["vocab_size"], cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+    r_a, r_f, F, eps = cfg["attn_r"], cfg["ffn_r"], cfg["d_ff"], cfg["rms_norm_eps"]
+    T = len(toks)
+
+    def g(name):
+        return w[name].astype(np.float64)
+
+    def rms(x, s):
+        return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * (1 + s)
+
+    def rope(x):  # x [T, heads, m]
+        m = x.shape[-1]
+        ang = np.outer(np.arange(T), cfg["rope_theta"] ** (-np.arange(0, m, 2) / m))[:, None, :]
+        a, b = x[..., : m // 2], x[..., m // 2:]
+        return np.concatenate([a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)], -1)
+
+    def gelu(x):
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+    E = g("transformer/embedder/input_embedding")[:V]
+    x = E[toks] * np.sqrt(D)
+    for l in range(cfg["n_layers"]):
+        pre = f"transformer/layer_{l}/"
+        h = rms(x, g(pre + "pre_attention_norm/scale"))
+        q = np.einsum("td,ndh->tnh", h, g(pre + "attn/q_einsum/w"))
+        kv = np.einsum("td,cgdh->ctgh", h, g(pre + "attn/kv_einsum/w"))
+        q = np.concatenate([rope(q[..., :r_a]), rope(q[..., r_a:])], -1) / np.sqrt(cfg["query_pre_attn_scalar"])
+        k = np.concatenate([rope(kv[0][..., :r_a]), rope(kv[0][..., r_a:])], -1)
+        o = np.stack([masked_attention_one_head(q[:, n], k[:, n * KV // N], kv[1][:, n * KV // N], cfg, l)[0]
+                      for n in range(N)], axis=1)
+        x = x + rms(np.einsum("tnh,nhd->td", o, g(pre + "attn/attn_vec_einsum/w")), g(pre + "post_attention_norm/scale"))
+        h = rms(x, g(pre + "pre_ffw_norm/scale"))
+        K = g(pre + "mlp/spark_in")
+        s = h[:, :r_f] @ K[:r_f]
+        mean = s.mean(1, keepdims=True)
+        std = np.sqrt(((s - mean) ** 2).sum(1, keepdims=True) / (F - 1))
+        a = gelu(np.maximum(s - (mean + std * ref.norm_ppf(1 - cfg["ffn_k"] / F)), 0))
+        ffn = (a * (h[:, r_f:] @ K[r_f:])) @ g(pre + "mlp/linear")
+        x = x + rms(ffn, g(pre + "post_ffw_norm/scale"))
+    logits = rms(x, g("transformer/final_norm/scale")) @ E.T
+    cap = cfg["final_logit_softcap"]
+    return cap * np.tanh(logits / cap)
+
+
+def test_forward_matches_vectorized_formulation():
+    cfg = ckpt.default_tiny_config(n_layers=3, sliding_window=10, attn_k=6)
+    w = ckpt.make_checkpoint(cfg, seed=9, vocab_pad=4)
+    toks = tokens_for(cfg, 40, seed=10)
+    np.testing.assert_allclose(ref.forward(cfg, w, toks), vectorized_forward(cfg, w, toks), rtol=0, atol=1e-9)
