@@ -1,0 +1,207 @@
+//! Reading `.npz` archives (numpy's zip of `.npy` members) without loading them whole.
+//!
+//! The archive is memory-mapped. A stored member's array bytes are borrowed in place from the
+//! map (after the zip local header and the NPY header; they are not aligned, so readers decode
+//! with `from_le_bytes`). A deflated member is stream-decoded into one buffer when asked for, so
+//! peak memory stays near the largest member, never the whole checkpoint.
+
+use std::io::{Cursor, Read};
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use zip::{CompressionMethod, ZipArchive};
+
+use crate::error::{Error, Result};
+use crate::npy::{self, NpyHeader, NPY_PREAMBLE_LEN};
+
+/// One array in the archive.
+#[derive(Clone, Debug)]
+pub struct Member {
+    /// Entry name as numpy wrote it, without the `.npy` suffix.
+    pub name: String,
+    /// The parsed NPY header.
+    pub header: NpyHeader,
+    index: usize,
+    stored: bool,
+    data_start: usize,
+}
+
+/// An opened `.npz` checkpoint.
+pub struct Npz {
+    path: PathBuf,
+    map: Mmap,
+    members: Vec<Member>,
+}
+
+/// The data bytes of one member: borrowed from the map, or decoded into memory.
+pub enum ArrayBytes<'a> {
+    /// A stored member, read in place.
+    Mapped(&'a [u8]),
+    /// A deflated member, decoded.
+    Owned(Vec<u8>),
+}
+
+impl Deref for ArrayBytes<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ArrayBytes::Mapped(s) => s,
+            ArrayBytes::Owned(v) => v,
+        }
+    }
+}
+
+fn zip_error(path: &Path, e: zip::result::ZipError) -> Error {
+    Error::archive(path, format!("not a readable .npz (zip) archive: {e}"))
+}
+
+impl Npz {
+    /// Opens `path`, lists its members and parses every member's NPY header.
+    pub fn open(path: &Path) -> Result<Npz> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the map is read-only and private to this process. Another process truncating
+        // or rewriting the checkpoint while we convert it would change what we read (or raise
+        // SIGBUS); that is the usual contract of converters that map their input, and the
+        // bytes are only ever decoded, never trusted as Rust values.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let mut members = Vec::new();
+        {
+            let mut archive =
+                ZipArchive::new(Cursor::new(&map[..])).map_err(|e| zip_error(path, e))?;
+            for index in 0..archive.len() {
+                let (full_name, method, data_start, compressed, size) = {
+                    let f = archive
+                        .by_index_raw(index)
+                        .map_err(|e| zip_error(path, e))?;
+                    (
+                        f.name().to_string(),
+                        f.compression(),
+                        f.data_start(),
+                        f.compressed_size(),
+                        f.size(),
+                    )
+                };
+                let name = full_name
+                    .strip_suffix(".npy")
+                    .ok_or_else(|| Error::entry(&full_name, "is not a .npy member"))?
+                    .to_string();
+                let stored = match method {
+                    CompressionMethod::Stored => true,
+                    CompressionMethod::Deflated => false,
+                    other => {
+                        return Err(Error::entry(
+                            &name,
+                            format!("uses zip compression {other}; only stored or deflated members are supported"),
+                        ))
+                    }
+                };
+                let end = data_start.checked_add(compressed);
+                if end.is_none_or(|e| e > map.len() as u64) {
+                    return Err(Error::archive(
+                        path,
+                        format!("truncated: member '{name}' runs past the end of the file"),
+                    ));
+                }
+                let header = if stored {
+                    let bytes = &map[data_start as usize..(data_start + compressed) as usize];
+                    npy::parse_header(&name, bytes)?
+                } else {
+                    let mut f = archive.by_index(index).map_err(|e| zip_error(path, e))?;
+                    read_deflated_header(&name, &mut f)?
+                };
+                let expected =
+                    header.data_offset as u64 + header.data_len().unwrap_or(usize::MAX) as u64;
+                if size != expected {
+                    return Err(Error::entry(
+                        &name,
+                        format!(
+                            "holds {size} bytes but its header (shape {:?}, {}) needs {expected}",
+                            header.shape,
+                            header.dtype.describe()
+                        ),
+                    ));
+                }
+                members.push(Member {
+                    name,
+                    header,
+                    index,
+                    stored,
+                    data_start: data_start as usize,
+                });
+            }
+        }
+        Ok(Npz {
+            path: path.to_path_buf(),
+            map,
+            members,
+        })
+    }
+
+    /// Every member, in archive order.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// The member called `name` (without `.npy`).
+    pub fn member(&self, name: &str) -> Option<&Member> {
+        self.members.iter().find(|m| m.name == name)
+    }
+
+    /// The array bytes of `member` (after its NPY header): in place if stored, decoded if
+    /// deflated (the zip CRC is checked then).
+    pub fn data(&self, member: &Member) -> Result<ArrayBytes<'_>> {
+        let len = member.header.data_len().unwrap_or(usize::MAX);
+        if member.stored {
+            let start = member.data_start + member.header.data_offset;
+            return Ok(ArrayBytes::Mapped(&self.map[start..start + len]));
+        }
+        let mut archive =
+            ZipArchive::new(Cursor::new(&self.map[..])).map_err(|e| zip_error(&self.path, e))?;
+        let mut f = archive
+            .by_index(member.index)
+            .map_err(|e| zip_error(&self.path, e))?;
+        let mut skip = vec![0u8; member.header.data_offset];
+        f.read_exact(&mut skip)
+            .map_err(|e| corrupt(&member.name, e))?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(len)
+            .map_err(|_| Error::entry(&member.name, format!("cannot allocate {len} bytes")))?;
+        data.resize(len, 0);
+        f.read_exact(&mut data)
+            .map_err(|e| corrupt(&member.name, e))?;
+        // Reading to the end makes the zip reader check the CRC.
+        let mut rest = Vec::new();
+        f.read_to_end(&mut rest)
+            .map_err(|e| corrupt(&member.name, e))?;
+        if !rest.is_empty() {
+            return Err(Error::entry(
+                &member.name,
+                "has more data than its header says",
+            ));
+        }
+        Ok(ArrayBytes::Owned(data))
+    }
+}
+
+fn corrupt(name: &str, e: std::io::Error) -> Error {
+    Error::entry(
+        name,
+        format!("cannot be decompressed (corrupt or truncated): {e}"),
+    )
+}
+
+fn read_deflated_header(name: &str, f: &mut impl Read) -> Result<NpyHeader> {
+    let mut pre = [0u8; NPY_PREAMBLE_LEN];
+    f.read_exact(&mut pre[..10]).map_err(|e| corrupt(name, e))?;
+    if pre[6] != 1 {
+        f.read_exact(&mut pre[10..12])
+            .map_err(|e| corrupt(name, e))?;
+    }
+    let n = if pre[6] == 1 { 10 } else { 12 };
+    let total = npy::header_len(name, &pre[..n])?;
+    let mut all = pre[..n].to_vec();
+    all.resize(total, 0);
+    f.read_exact(&mut all[n..]).map_err(|e| corrupt(name, e))?;
+    npy::parse_header(name, &all)
+}
