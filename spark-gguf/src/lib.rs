@@ -1,1 +1,28 @@
-//! GGUF v3 for Spark.
+//! GGUF v3 for Spark: a validating memory-mapped reader, a streaming writer, tensor encodings
+//! bit-identical to gguf-py, the Spark schema table (SPEC sections 2 and 3) and a validator that
+//! applies llama.cpp's rules plus the schema.
+//!
+//! ```no_run
+//! use spark_gguf::{reader::GgufFile, validate::validate};
+//! let f = GgufFile::open(std::path::Path::new("model.gguf"))?;
+//! for v in validate(&f) {
+//!     eprintln!("{v}");
+//! }
+//! # Ok::<(), spark_gguf::GgufError>(())
+//! ```
+
+mod error;
+mod ggml_type;
+pub mod keys;
+pub mod quant;
+pub mod reader;
+pub mod schema;
+pub mod validate;
+mod value;
+pub mod writer;
+
+pub use error::GgufError;
+pub use ggml_type::GgmlType;
+pub use reader::{GgufFile, TensorInfo};
+pub use value::{Array, Value, ValueType};
+pub use writer::{GgufWriter, TensorPlan};

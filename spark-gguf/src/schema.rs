@@ -1,0 +1,560 @@
+//! The Spark schema: the one table of keys and tensors (SPEC sections 2 and 3) shared by the
+//! writer, the converter, validation and tests.
+
+use crate::{Array, GgmlType, GgufError, Value, ValueType};
+
+/// The metadata key names (also at `spark_gguf::keys`).
+pub use crate::keys;
+
+/// Architecture name of Spark-Gemma2 files.
+pub const SPARK_ARCH: &str = "spark-gemma2";
+/// Architecture name of dense Gemma-2 files (llama.cpp's own loader).
+pub const GEMMA2_ARCH: &str = "gemma2";
+
+/// One architecture metadata key: the full key is `"{arch}.{suffix}"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySpec {
+    /// Key without the architecture prefix, e.g. `"spark.ffn_k"`.
+    pub suffix: &'static str,
+    /// The exact type the key must have.
+    pub ty: ValueType,
+    /// Whether a valid file must carry the key.
+    pub required: bool,
+    /// What the key means.
+    pub doc: &'static str,
+}
+
+impl KeySpec {
+    /// The full key name for `arch`.
+    pub fn key(&self, arch: &str) -> String {
+        format!("{arch}.{}", self.suffix)
+    }
+}
+
+/// Key suffixes, as constants so that code never spells them twice.
+pub mod suffix {
+    /// Maximum positions.
+    pub const CONTEXT_LENGTH: &str = "context_length";
+    /// D.
+    pub const EMBEDDING_LENGTH: &str = "embedding_length";
+    /// L.
+    pub const BLOCK_COUNT: &str = "block_count";
+    /// F.
+    pub const FEED_FORWARD_LENGTH: &str = "feed_forward_length";
+    /// N.
+    pub const HEAD_COUNT: &str = "attention.head_count";
+    /// KV.
+    pub const HEAD_COUNT_KV: &str = "attention.head_count_kv";
+    /// H (keys).
+    pub const KEY_LENGTH: &str = "attention.key_length";
+    /// H (values).
+    pub const VALUE_LENGTH: &str = "attention.value_length";
+    /// RMSNorm epsilon.
+    pub const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
+    /// W.
+    pub const SLIDING_WINDOW: &str = "attention.sliding_window";
+    /// Query scale.
+    pub const ATTENTION_SCALE: &str = "attention.scale";
+    /// c_attn.
+    pub const ATTN_LOGIT_SOFTCAPPING: &str = "attn_logit_softcapping";
+    /// c_final.
+    pub const FINAL_LOGIT_SOFTCAPPING: &str = "final_logit_softcapping";
+    /// RoPE base.
+    pub const ROPE_FREQ_BASE: &str = "rope.freq_base";
+    /// k_f.
+    pub const SPARK_FFN_K: &str = "spark.ffn_k";
+    /// r_f.
+    pub const SPARK_FFN_R: &str = "spark.ffn_r";
+    /// k_a.
+    pub const SPARK_ATTN_K: &str = "spark.attn_k";
+    /// r_a.
+    pub const SPARK_ATTN_R: &str = "spark.attn_r";
+    /// Optional vocabulary size (llama.cpp reads it if present).
+    pub const VOCAB_SIZE: &str = "vocab_size";
+}
+
+const fn k(suffix: &'static str, ty: ValueType, required: bool, doc: &'static str) -> KeySpec {
+    KeySpec { suffix, ty, required, doc }
+}
+
+macro_rules! common_keys {
+    ($($extra:expr,)*) => {
+        [
+            k(suffix::CONTEXT_LENGTH, ValueType::U32, true, "maximum positions"),
+            k(suffix::EMBEDDING_LENGTH, ValueType::U32, true, "D, model width"),
+            k(suffix::BLOCK_COUNT, ValueType::U32, true, "L, number of layers"),
+            k(suffix::FEED_FORWARD_LENGTH, ValueType::U32, true, "F, FFN width"),
+            k(suffix::HEAD_COUNT, ValueType::U32, true, "N, query heads"),
+            k(suffix::HEAD_COUNT_KV, ValueType::U32, true, "KV, key/value heads"),
+            k(suffix::KEY_LENGTH, ValueType::U32, true, "H, head dimension of keys"),
+            k(suffix::VALUE_LENGTH, ValueType::U32, true, "H, head dimension of values"),
+            k(suffix::RMS_EPS, ValueType::F32, true, "RMSNorm epsilon"),
+            k(suffix::SLIDING_WINDOW, ValueType::U32, true, "W, sliding window of even layers"),
+            k(suffix::ATTENTION_SCALE, ValueType::F32, false, "query scale (default 1/sqrt(H))"),
+            k(suffix::ATTN_LOGIT_SOFTCAPPING, ValueType::F32, true, "c_attn, 0 = off"),
+            k(suffix::FINAL_LOGIT_SOFTCAPPING, ValueType::F32, true, "c_final, 0 = off"),
+            k(suffix::ROPE_FREQ_BASE, ValueType::F32, true, "RoPE base"),
+            k(suffix::VOCAB_SIZE, ValueType::U32, false, "vocabulary size (optional)"),
+            $($extra,)*
+        ]
+    };
+}
+
+static SPARK_KEYS: [KeySpec; 19] = common_keys!(
+    k(suffix::SPARK_FFN_K, ValueType::U32, true, "k_f, FFN neurons kept per token"),
+    k(suffix::SPARK_FFN_R, ValueType::U32, true, "r_f, FFN predictor input dims"),
+    k(suffix::SPARK_ATTN_K, ValueType::U32, true, "k_a, positions kept per query"),
+    k(suffix::SPARK_ATTN_R, ValueType::U32, true, "r_a, attention predictor dims per head"),
+);
+
+static GEMMA2_KEYS: [KeySpec; 15] = common_keys!();
+
+/// The architecture keys of `arch` (SPEC section 2 for `spark-gemma2`; the same minus `spark.*`
+/// for `gemma2`), `None` for other architectures.
+pub fn arch_keys(arch: &str) -> Option<&'static [KeySpec]> {
+    match arch {
+        SPARK_ARCH => Some(&SPARK_KEYS),
+        GEMMA2_ARCH => Some(&GEMMA2_KEYS),
+        _ => None,
+    }
+}
+
+/// A symbolic tensor dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dim {
+    /// D
+    Embd,
+    /// vocabulary size
+    Vocab,
+    /// N * H
+    NHeadTimesHeadDim,
+    /// KV * H
+    NKvTimesHeadDim,
+    /// F
+    Ff,
+    /// r_f
+    FfnR,
+    /// D - r_f
+    EmbdMinusFfnR,
+}
+
+impl Dim {
+    /// The dimension's value for `hp`.
+    pub fn resolve(self, hp: &Hparams) -> u64 {
+        match self {
+            Dim::Embd => hp.d_model,
+            Dim::Vocab => hp.vocab,
+            Dim::NHeadTimesHeadDim => hp.n_heads * hp.head_dim,
+            Dim::NKvTimesHeadDim => hp.n_kv_heads * hp.head_dim,
+            Dim::Ff => hp.d_ff,
+            Dim::FfnR => hp.ffn_r,
+            Dim::EmbdMinusFfnR => hp.d_model.saturating_sub(hp.ffn_r),
+        }
+    }
+}
+
+/// One tensor of an architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Name template; `{l}` stands for the layer index in per-layer tensors.
+    pub name: &'static str,
+    /// Whether the tensor exists once per layer.
+    pub per_layer: bool,
+    /// ggml dimensions (ne0 first).
+    pub dims: &'static [Dim],
+    /// What the tensor is.
+    pub doc: &'static str,
+}
+
+impl TensorSpec {
+    /// The tensor's name for layer `l` (ignored by global tensors).
+    pub fn name_for(&self, l: u64) -> String {
+        self.name.replace("{l}", &l.to_string())
+    }
+}
+
+const fn t(name: &'static str, per_layer: bool, dims: &'static [Dim], doc: &'static str) -> TensorSpec {
+    TensorSpec { name, per_layer, dims, doc }
+}
+
+use Dim::*;
+
+static SPARK_TENSORS: [TensorSpec; 13] = [
+    t("token_embd.weight", false, &[Embd, Vocab], "embedding, tied output"),
+    t("output_norm.weight", false, &[Embd], "final RMSNorm weight (1 + scale)"),
+    t("blk.{l}.attn_norm.weight", true, &[Embd], "pre-attention RMSNorm (1 + scale)"),
+    t("blk.{l}.attn_q.weight", true, &[Embd, NHeadTimesHeadDim], "Wq"),
+    t("blk.{l}.attn_k.weight", true, &[Embd, NKvTimesHeadDim], "Wk"),
+    t("blk.{l}.attn_v.weight", true, &[Embd, NKvTimesHeadDim], "Wv"),
+    t("blk.{l}.attn_output.weight", true, &[NHeadTimesHeadDim, Embd], "Wo"),
+    t("blk.{l}.post_attention_norm.weight", true, &[Embd], "post-attention RMSNorm (1 + scale)"),
+    t("blk.{l}.ffn_norm.weight", true, &[Embd], "pre-FFN RMSNorm (1 + scale)"),
+    t("blk.{l}.ffn_gate.weight", true, &[FfnR, Ff], "K1: row j = neuron j's predictor weights"),
+    t("blk.{l}.ffn_up.weight", true, &[EmbdMinusFfnR, Ff], "K2: row j = neuron j's value weights"),
+    t("blk.{l}.ffn_down_t.weight", true, &[Embd, Ff], "V, neuron-major: row j = neuron j's output"),
+    t("blk.{l}.post_ffw_norm.weight", true, &[Embd], "post-FFN RMSNorm (1 + scale)"),
+];
+
+static GEMMA2_TENSORS: [TensorSpec; 13] = [
+    t("token_embd.weight", false, &[Embd, Vocab], "embedding, tied output"),
+    t("output_norm.weight", false, &[Embd], "final RMSNorm weight (1 + scale)"),
+    t("blk.{l}.attn_norm.weight", true, &[Embd], "pre-attention RMSNorm (1 + scale)"),
+    t("blk.{l}.attn_q.weight", true, &[Embd, NHeadTimesHeadDim], "Wq"),
+    t("blk.{l}.attn_k.weight", true, &[Embd, NKvTimesHeadDim], "Wk"),
+    t("blk.{l}.attn_v.weight", true, &[Embd, NKvTimesHeadDim], "Wv"),
+    t("blk.{l}.attn_output.weight", true, &[NHeadTimesHeadDim, Embd], "Wo"),
+    t("blk.{l}.post_attention_norm.weight", true, &[Embd], "post-attention RMSNorm (1 + scale)"),
+    t("blk.{l}.ffn_norm.weight", true, &[Embd], "pre-FFN RMSNorm (1 + scale)"),
+    t("blk.{l}.ffn_gate.weight", true, &[Embd, Ff], "gate projection"),
+    t("blk.{l}.ffn_up.weight", true, &[Embd, Ff], "up projection"),
+    t("blk.{l}.ffn_down.weight", true, &[Ff, Embd], "down projection"),
+    t("blk.{l}.post_ffw_norm.weight", true, &[Embd], "post-FFN RMSNorm (1 + scale)"),
+];
+
+/// The tensors of `arch` (SPEC section 3 for `spark-gemma2`; llama.cpp's layout for `gemma2`).
+pub fn arch_tensors(arch: &str) -> Option<&'static [TensorSpec]> {
+    match arch {
+        SPARK_ARCH => Some(&SPARK_TENSORS),
+        GEMMA2_ARCH => Some(&GEMMA2_TENSORS),
+        _ => None,
+    }
+}
+
+/// The model dimensions that determine tensor shapes. For `gemma2` the `ffn_*`/`attn_*` Spark
+/// fields are 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hparams {
+    /// Architecture name.
+    pub arch: String,
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// D.
+    pub d_model: u64,
+    /// L.
+    pub n_layers: u64,
+    /// N.
+    pub n_heads: u64,
+    /// KV.
+    pub n_kv_heads: u64,
+    /// H.
+    pub head_dim: u64,
+    /// F.
+    pub d_ff: u64,
+    /// k_f.
+    pub ffn_k: u64,
+    /// r_f.
+    pub ffn_r: u64,
+    /// k_a.
+    pub attn_k: u64,
+    /// r_a.
+    pub attn_r: u64,
+}
+
+impl Hparams {
+    /// Reads the dimensions of `arch` from metadata (`get` looks a full key up). Every key must
+    /// have its exact schema type. The vocabulary size is the length of `tokenizer.ggml.tokens`,
+    /// or `{arch}.vocab_size` when there are no tokens; if both exist they must agree.
+    pub fn from_metadata<'a>(
+        arch: &str,
+        get: impl Fn(&str) -> Option<&'a Value>,
+    ) -> Result<Self, GgufError> {
+        if arch_keys(arch).is_none() {
+            return Err(GgufError::metadata(
+                keys::GENERAL_ARCHITECTURE,
+                format!("architecture '{arch}' is not {SPARK_ARCH} or {GEMMA2_ARCH}"),
+            ));
+        }
+        let u32_key = |suffix: &str| -> Result<u64, GgufError> {
+            let key = format!("{arch}.{suffix}");
+            match get(&key) {
+                Some(Value::U32(v)) => Ok(u64::from(*v)),
+                Some(v) => Err(GgufError::metadata(key, format!("must have type u32 but has type {}", v.type_name()))),
+                None => Err(GgufError::metadata(key, "is missing")),
+            }
+        };
+        let spark = arch == SPARK_ARCH;
+        let spark_key = |suffix: &str| if spark { u32_key(suffix) } else { Ok(0) };
+        let head_dim = u32_key(suffix::KEY_LENGTH)?;
+        let value_len = u32_key(suffix::VALUE_LENGTH)?;
+        if value_len != head_dim {
+            return Err(GgufError::metadata(
+                format!("{arch}.{}", suffix::VALUE_LENGTH),
+                format!("is {value_len} but {arch}.{} is {head_dim}; they must be equal", suffix::KEY_LENGTH),
+            ));
+        }
+        let vocab_key = format!("{arch}.{}", suffix::VOCAB_SIZE);
+        let declared = match get(&vocab_key) {
+            None => None,
+            Some(Value::U32(v)) => Some(u64::from(*v)),
+            Some(v) => {
+                return Err(GgufError::metadata(vocab_key, format!("must have type u32 but has type {}", v.type_name())))
+            }
+        };
+        let vocab = match get(keys::TOKENIZER_TOKENS) {
+            Some(Value::Array(Array::String(tokens))) => {
+                let n = tokens.len() as u64;
+                if let Some(d) = declared.filter(|&d| d != n) {
+                    return Err(GgufError::metadata(
+                        vocab_key,
+                        format!("is {d} but {} has {n} tokens", keys::TOKENIZER_TOKENS),
+                    ));
+                }
+                n
+            }
+            Some(v) => {
+                return Err(GgufError::metadata(
+                    keys::TOKENIZER_TOKENS,
+                    format!("must have type arr[str] but has type {}", v.type_name()),
+                ))
+            }
+            None => declared.ok_or_else(|| {
+                GgufError::metadata(keys::TOKENIZER_TOKENS, format!("is missing (and so is {vocab_key})"))
+            })?,
+        };
+        Ok(Hparams {
+            arch: arch.to_string(),
+            vocab,
+            d_model: u32_key(suffix::EMBEDDING_LENGTH)?,
+            n_layers: u32_key(suffix::BLOCK_COUNT)?,
+            n_heads: u32_key(suffix::HEAD_COUNT)?,
+            n_kv_heads: u32_key(suffix::HEAD_COUNT_KV)?,
+            head_dim,
+            d_ff: u32_key(suffix::FEED_FORWARD_LENGTH)?,
+            ffn_k: spark_key(suffix::SPARK_FFN_K)?,
+            ffn_r: spark_key(suffix::SPARK_FFN_R)?,
+            attn_k: spark_key(suffix::SPARK_ATTN_K)?,
+            attn_r: spark_key(suffix::SPARK_ATTN_R)?,
+        })
+    }
+
+    /// Checks SPEC section 2's validity rules, naming the offending key:
+    /// all sizes positive, N % KV == 0, and for `spark-gemma2` 0 < r_f < D, 0 < r_a < H,
+    /// r_a and H - r_a even, k_f >= 1, k_a >= 1.
+    pub fn validate(&self) -> Result<(), GgufError> {
+        let a = &self.arch;
+        let key = |s: &str| format!("{a}.{s}");
+        let positive = [
+            (key(suffix::EMBEDDING_LENGTH), self.d_model),
+            (key(suffix::BLOCK_COUNT), self.n_layers),
+            (key(suffix::HEAD_COUNT), self.n_heads),
+            (key(suffix::HEAD_COUNT_KV), self.n_kv_heads),
+            (key(suffix::KEY_LENGTH), self.head_dim),
+            (key(suffix::FEED_FORWARD_LENGTH), self.d_ff),
+            (keys::TOKENIZER_TOKENS.to_string(), self.vocab),
+        ];
+        for (k, v) in positive {
+            if v == 0 {
+                return Err(GgufError::metadata(k, "must be positive, is 0"));
+            }
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(GgufError::metadata(
+                key(suffix::HEAD_COUNT_KV),
+                format!("{} does not divide the head count {}", self.n_kv_heads, self.n_heads),
+            ));
+        }
+        if a != SPARK_ARCH {
+            return Ok(());
+        }
+        if self.ffn_r == 0 || self.ffn_r >= self.d_model {
+            return Err(GgufError::metadata(
+                key(suffix::SPARK_FFN_R),
+                format!("is {}, must satisfy 0 < r_f < D = {}", self.ffn_r, self.d_model),
+            ));
+        }
+        if self.attn_r == 0 || self.attn_r >= self.head_dim {
+            return Err(GgufError::metadata(
+                key(suffix::SPARK_ATTN_R),
+                format!("is {}, must satisfy 0 < r_a < H = {}", self.attn_r, self.head_dim),
+            ));
+        }
+        if self.attn_r % 2 != 0 || (self.head_dim - self.attn_r) % 2 != 0 {
+            return Err(GgufError::metadata(
+                key(suffix::SPARK_ATTN_R),
+                format!(
+                    "r_a = {} and H - r_a = {} must both be even (each part is rotated in pairs)",
+                    self.attn_r,
+                    self.head_dim - self.attn_r
+                ),
+            ));
+        }
+        if self.ffn_k == 0 {
+            return Err(GgufError::metadata(key(suffix::SPARK_FFN_K), "must be at least 1, is 0"));
+        }
+        if self.attn_k == 0 {
+            return Err(GgufError::metadata(key(suffix::SPARK_ATTN_K), "must be at least 1, is 0"));
+        }
+        Ok(())
+    }
+
+    /// Every tensor of the architecture with its ggml shape: global tensors first, then each
+    /// layer's tensors in table order.
+    pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
+        let specs = arch_tensors(&self.arch).unwrap_or(&[]);
+        let shape = |s: &TensorSpec| s.dims.iter().map(|d| d.resolve(self)).collect::<Vec<u64>>();
+        let mut out: Vec<(String, Vec<u64>)> =
+            specs.iter().filter(|s| !s.per_layer).map(|s| (s.name.to_string(), shape(s))).collect();
+        for l in 0..self.n_layers {
+            out.extend(specs.iter().filter(|s| s.per_layer).map(|s| (s.name_for(l), shape(s))));
+        }
+        out
+    }
+}
+
+/// The llama.cpp `LLAMA_FTYPE_*` value describing tensors stored mostly as `ty`, if llama.cpp
+/// has one (for k-quants with S/M/L variants, the S variant).
+pub fn ftype_of(ty: GgmlType) -> Option<u32> {
+    Some(match ty {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::Q4_0 => 2,
+        GgmlType::Q4_1 => 3,
+        GgmlType::Q8_0 => 7,
+        GgmlType::Q5_0 => 8,
+        GgmlType::Q5_1 => 9,
+        GgmlType::Q2_K => 10,
+        GgmlType::Q3_K => 11,
+        GgmlType::Q4_K => 14,
+        GgmlType::Q5_K => 16,
+        GgmlType::Q6_K => 18,
+        GgmlType::IQ2_XXS => 19,
+        GgmlType::IQ2_XS => 20,
+        GgmlType::IQ3_XXS => 23,
+        GgmlType::IQ1_S => 24,
+        GgmlType::IQ4_NL => 25,
+        GgmlType::IQ3_S => 26,
+        GgmlType::IQ2_S => 28,
+        GgmlType::IQ4_XS => 30,
+        GgmlType::IQ1_M => 31,
+        GgmlType::BF16 => 32,
+        GgmlType::TQ1_0 => 36,
+        GgmlType::TQ2_0 => 37,
+        GgmlType::MXFP4 => 38,
+        GgmlType::NVFP4 => 39,
+        GgmlType::Q1_0 => 40,
+        GgmlType::Q2_0 => 41,
+        _ => return None,
+    })
+}
+
+/// `general.file_type` for a file whose tensors have `types`: the llama.cpp file type of the most
+/// frequent type other than F32 (norms stay F32 in every file type), or ALL_F32 (0) when every
+/// tensor is F32. Errors on a type llama.cpp has no file type for (e.g. I32, Q8_K).
+pub fn file_type_for(types: &[GgmlType]) -> Result<u32, GgufError> {
+    let mut counts: Vec<(GgmlType, usize)> = Vec::new();
+    for &t in types.iter().filter(|&&t| t != GgmlType::F32) {
+        match counts.iter_mut().find(|(u, _)| *u == t) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((t, 1)),
+        }
+    }
+    // Most frequent; on a tie the one seen first.
+    let mut best: Option<(GgmlType, usize)> = None;
+    for &(t, c) in &counts {
+        if best.is_none_or(|(_, bc)| c > bc) {
+            best = Some((t, c));
+        }
+    }
+    let ty = best.map_or(GgmlType::F32, |(t, _)| t);
+    ftype_of(ty).ok_or_else(|| {
+        GgufError::metadata(
+            keys::GENERAL_FILE_TYPE,
+            format!("llama.cpp has no file type for tensors stored as {}", ty.name()),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spark_meta() -> Vec<(String, Value)> {
+        let a = SPARK_ARCH;
+        let u = |s: &str, v: u32| (format!("{a}.{s}"), Value::U32(v));
+        vec![
+            u(suffix::CONTEXT_LENGTH, 8192),
+            u(suffix::EMBEDDING_LENGTH, 2304),
+            u(suffix::BLOCK_COUNT, 2),
+            u(suffix::FEED_FORWARD_LENGTH, 13824),
+            u(suffix::HEAD_COUNT, 8),
+            u(suffix::HEAD_COUNT_KV, 4),
+            u(suffix::KEY_LENGTH, 256),
+            u(suffix::VALUE_LENGTH, 256),
+            u(suffix::SPARK_FFN_K, 1106),
+            u(suffix::SPARK_FFN_R, 1024),
+            u(suffix::SPARK_ATTN_K, 256),
+            u(suffix::SPARK_ATTN_R, 128),
+            (keys::TOKENIZER_TOKENS.into(), Value::Array(Array::String(vec!["a".into(); 7]))),
+        ]
+    }
+
+    fn lookup<'a>(m: &'a [(String, Value)]) -> impl Fn(&str) -> Option<&'a Value> + 'a {
+        move |k| m.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)
+    }
+
+    #[test]
+    fn spark_hparams_and_shapes() {
+        let m = spark_meta();
+        let hp = Hparams::from_metadata(SPARK_ARCH, lookup(&m)).unwrap();
+        hp.validate().unwrap();
+        assert_eq!(hp.vocab, 7);
+        let t = hp.expected_tensors();
+        assert_eq!(t.len(), 2 + 2 * 11);
+        assert_eq!(t[0], ("token_embd.weight".to_string(), vec![2304, 7]));
+        let find = |n: &str| t.iter().find(|(k, _)| k == n).unwrap().1.clone();
+        assert_eq!(find("blk.1.ffn_gate.weight"), vec![1024, 13824]);
+        assert_eq!(find("blk.1.ffn_up.weight"), vec![1280, 13824]);
+        assert_eq!(find("blk.0.ffn_down_t.weight"), vec![2304, 13824]);
+        assert_eq!(find("blk.0.attn_output.weight"), vec![2048, 2304]);
+        assert_eq!(find("blk.0.attn_k.weight"), vec![2304, 1024]);
+    }
+
+    #[test]
+    fn hparams_rules_name_the_key() {
+        let cases: [(&str, u32, &str); 5] = [
+            (suffix::SPARK_FFN_R, 2304, "spark-gemma2.spark.ffn_r"),
+            (suffix::SPARK_ATTN_R, 127, "spark-gemma2.spark.attn_r"),
+            (suffix::SPARK_ATTN_R, 256, "spark-gemma2.spark.attn_r"),
+            (suffix::SPARK_FFN_K, 0, "spark-gemma2.spark.ffn_k"),
+            (suffix::HEAD_COUNT_KV, 3, "spark-gemma2.attention.head_count_kv"),
+        ];
+        for (s, v, key) in cases {
+            let mut m = spark_meta();
+            m.iter_mut().find(|(k, _)| k.ends_with(s)).unwrap().1 = Value::U32(v);
+            let e = Hparams::from_metadata(SPARK_ARCH, lookup(&m)).unwrap().validate().unwrap_err();
+            assert!(e.to_string().starts_with(&format!("metadata key '{key}'")), "{e}");
+        }
+        let mut m = spark_meta();
+        m[1].1 = Value::U64(2304);
+        let e = Hparams::from_metadata(SPARK_ARCH, lookup(&m)).unwrap_err().to_string();
+        assert_eq!(e, "metadata key 'spark-gemma2.embedding_length': must have type u32 but has type u64");
+    }
+
+    #[test]
+    fn gemma2_layout_matches_llama_cpp() {
+        let mut m: Vec<(String, Value)> = spark_meta()
+            .into_iter()
+            .filter(|(k, _)| !k.contains(".spark."))
+            .map(|(k, v)| (k.replace(SPARK_ARCH, GEMMA2_ARCH), v))
+            .collect();
+        m.push((format!("{GEMMA2_ARCH}.{}", suffix::VOCAB_SIZE), Value::U32(7)));
+        let hp = Hparams::from_metadata(GEMMA2_ARCH, lookup(&m)).unwrap();
+        hp.validate().unwrap();
+        let t = hp.expected_tensors();
+        let find = |n: &str| t.iter().find(|(k, _)| k == n).unwrap().1.clone();
+        assert_eq!(find("blk.0.ffn_gate.weight"), vec![2304, 13824]);
+        assert_eq!(find("blk.0.ffn_up.weight"), vec![2304, 13824]);
+        assert_eq!(find("blk.0.ffn_down.weight"), vec![13824, 2304]);
+        assert_eq!(arch_keys(GEMMA2_ARCH).unwrap().len() + 4, arch_keys(SPARK_ARCH).unwrap().len());
+    }
+
+    #[test]
+    fn file_types() {
+        use GgmlType::*;
+        assert_eq!(file_type_for(&[F32, F32]).unwrap(), 0);
+        assert_eq!(file_type_for(&[F32, Q8_0, Q8_0, F16]).unwrap(), 7);
+        assert_eq!(file_type_for(&[BF16, F32]).unwrap(), 32);
+        assert_eq!(file_type_for(&[]).unwrap(), 0);
+        assert!(file_type_for(&[I32]).is_err());
+    }
+}
