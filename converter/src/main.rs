@@ -1,1 +1,126 @@
-fn main() {}
+//! `spark-convert`: a Spark (or dense Gemma-2) `.npz` checkpoint, or a synthetic random model,
+//! to GGUF.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use spark_convert::convert::{convert, ConvertOptions, InputDtype, SparkOverrides};
+use spark_convert::error::{Error, Result};
+use spark_convert::model::OutType;
+use spark_convert::synthetic::{generate, SyntheticOptions};
+
+/// Convert a Spark-Gemma2 (or dense Gemma-2) .npz checkpoint to GGUF.
+///
+/// Usage: spark-convert IN.npz OUT.gguf [options]
+///        spark-convert --synthetic PRESET OUT.gguf [--seed N] [options]
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// IN.npz OUT.gguf (or only OUT.gguf with --synthetic).
+    #[arg(value_name = "PATHS", num_args = 1..=2, required = true)]
+    paths: Vec<PathBuf>,
+    /// Write a random-weight model instead: spark-gemma2-2b, gemma2-2b, tiny or tiny-dense.
+    #[arg(long, value_name = "PRESET")]
+    synthetic: Option<String>,
+    /// Seed of the synthetic weights.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Tensor storage: f32, f16, bf16, q8_0, or auto (the checkpoint's precision; f16 for
+    /// --synthetic). Norms and other 1-D tensors are always f32.
+    #[arg(long, default_value = "auto")]
+    outtype: String,
+    /// The checkpoint's float type (float32, float16, bfloat16); needed for bfloat16 arrays
+    /// (|V2) when the config has no "dtype".
+    #[arg(long, value_name = "DTYPE")]
+    input_dtype: Option<String>,
+    /// SentencePiece .model file (default: the checkpoint's 'tokenizer' entry).
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
+    /// Copy the tokenizer.* keys of this GGUF instead.
+    #[arg(long, value_name = "MODEL.gguf")]
+    vocab_from: Option<PathBuf>,
+    /// Override k_f (FFN neurons kept per token).
+    #[arg(long)]
+    ffn_k: Option<u32>,
+    /// Override r_f (FFN predictor input dims).
+    #[arg(long)]
+    ffn_r: Option<u32>,
+    /// Override k_a (attention positions kept per query).
+    #[arg(long)]
+    attn_k: Option<u32>,
+    /// Override r_a (attention predictor dims per head).
+    #[arg(long)]
+    attn_r: Option<u32>,
+    /// general.name (default: the input file's stem, or the preset).
+    #[arg(long)]
+    name: Option<String>,
+    /// Replace an existing output file.
+    #[arg(long)]
+    force: bool,
+    /// No progress bar, notes or summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let outtype = OutType::parse(&cli.outtype)?;
+    let overrides = SparkOverrides {
+        ffn_k: cli.ffn_k,
+        ffn_r: cli.ffn_r,
+        attn_k: cli.attn_k,
+        attn_r: cli.attn_r,
+    };
+    if let Some(preset) = cli.synthetic {
+        let [output] = <[PathBuf; 1]>::try_from(cli.paths)
+            .map_err(|_| Error::Usage("with --synthetic give only the output path: spark-convert --synthetic PRESET OUT.gguf".into()))?;
+        if cli.tokenizer.is_some() || cli.vocab_from.is_some() || cli.input_dtype.is_some() {
+            return Err(Error::Usage(
+                "--tokenizer, --vocab-from and --input-dtype do not apply to --synthetic".into(),
+            ));
+        }
+        return generate(&SyntheticOptions {
+            preset,
+            output,
+            seed: cli.seed,
+            outtype,
+            overrides,
+            name: cli.name,
+            force: cli.force,
+            quiet: cli.quiet,
+        });
+    }
+    let [input, output] = <[PathBuf; 2]>::try_from(cli.paths).map_err(|_| {
+        Error::Usage("give the checkpoint and the output: spark-convert IN.npz OUT.gguf".into())
+    })?;
+    let input_dtype = match cli.input_dtype {
+        None => None,
+        Some(s) => Some(InputDtype::parse(&s).ok_or_else(|| {
+            Error::Usage(format!(
+                "--input-dtype must be float32, float16 or bfloat16, not '{s}'"
+            ))
+        })?),
+    };
+    convert(&ConvertOptions {
+        input,
+        output,
+        outtype,
+        input_dtype,
+        tokenizer: cli.tokenizer,
+        vocab_from: cli.vocab_from,
+        overrides,
+        name: cli.name,
+        force: cli.force,
+        quiet: cli.quiet,
+    })
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("spark-convert: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! The checkpoint layout (SPEC section 5): which `.npz` entry feeds each GGUF tensor, the
+//! entry's expected numpy shape, and the strided view that turns it into the tensor's rows.
+//!
+//! GGUF tensor names, their order and their ggml shapes come from `spark_gguf::schema`; this
+//! module only says where each one's data lives in a Gemma Flax-style checkpoint.
+
+use std::collections::BTreeSet;
+
+use spark_gguf::schema::{arch_tensors, Hparams, SPARK_ARCH};
+
+use crate::error::{Error, Result};
+use crate::layout::View;
+
+/// Name of the config entry.
+pub const CONFIG_ENTRY: &str = "config";
+/// Name of the optional tokenizer entry.
+pub const TOKENIZER_ENTRY: &str = "tokenizer";
+/// Embedding entry.
+pub const EMBEDDING_ENTRY: &str = "transformer/embedder/input_embedding";
+/// Final norm entry.
+pub const FINAL_NORM_ENTRY: &str = "transformer/final_norm/scale";
+
+/// Entry name of `what` in layer `l`.
+pub fn layer_entry(l: u64, what: &str) -> String {
+    format!("transformer/layer_{l}/{what}")
+}
+
+/// Per-layer entry suffixes.
+pub mod entry {
+    /// Pre-attention norm scale [D].
+    pub const PRE_ATTENTION_NORM: &str = "pre_attention_norm/scale";
+    /// Query projection [N, D, H].
+    pub const Q_EINSUM: &str = "attn/q_einsum/w";
+    /// Key/value projections [2, KV, D, H].
+    pub const KV_EINSUM: &str = "attn/kv_einsum/w";
+    /// Output projection [N, H, D].
+    pub const ATTN_VEC_EINSUM: &str = "attn/attn_vec_einsum/w";
+    /// Post-attention norm scale [D].
+    pub const POST_ATTENTION_NORM: &str = "post_attention_norm/scale";
+    /// Pre-FFN norm scale [D].
+    pub const PRE_FFW_NORM: &str = "pre_ffw_norm/scale";
+    /// Fused Spark K [D, F].
+    pub const SPARK_IN: &str = "mlp/spark_in";
+    /// Spark K1 [r_f, F].
+    pub const SPARK_K1: &str = "mlp/spark_k1";
+    /// Spark K2 [D - r_f, F].
+    pub const SPARK_K2: &str = "mlp/spark_k2";
+    /// Dense gate and up [2, D, F] or [2, F, D].
+    pub const GATING_EINSUM: &str = "mlp/gating_einsum";
+    /// V (Spark) or down projection (dense) [F, D].
+    pub const LINEAR: &str = "mlp/linear";
+    /// Post-FFN norm scale [D].
+    pub const POST_FFW_NORM: &str = "post_ffw_norm/scale";
+}
+
+/// Where one GGUF tensor's data comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSource {
+    /// GGUF tensor name.
+    pub name: String,
+    /// ggml dims (ne0 first), from the schema.
+    pub ne: Vec<u64>,
+    /// Checkpoint entry.
+    pub entry: String,
+    /// Output rows from the entry.
+    pub view: View,
+}
+
+/// How a dense checkpoint stores `gating_einsum`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatingLayout {
+    /// [2, D, F] (x @ w[i]).
+    DF,
+    /// [2, F, D] (w[i] @ x).
+    FD,
+}
+
+/// The checkpoint's entries and shapes, as the mapping needs them.
+pub trait Shapes {
+    /// Numpy shape of `entry`, `None` if absent.
+    fn shape(&self, entry: &str) -> Option<Vec<usize>>;
+}
+
+fn need(shapes: &dyn Shapes, entry: &str, expected: &[usize]) -> Result<()> {
+    match shapes.shape(entry) {
+        None => Err(Error::entry(
+            entry,
+            format!("is missing (expected shape {expected:?})"),
+        )),
+        Some(s) if s != expected => Err(Error::entry(
+            entry,
+            format!("has shape {s:?} but the config calls for {expected:?}"),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+fn norm_view(d: usize) -> View {
+    View {
+        add_one: true,
+        ..View::contiguous(0, 1, d)
+    }
+}
+
+/// Maps every tensor of `hp.arch` to its checkpoint entry, checking each entry's shape. Returns
+/// the sources in schema order and the set of entries used. `gating` is the dense FFN layout
+/// (ignored for Spark).
+pub fn plan_sources(
+    shapes: &dyn Shapes,
+    hp: &Hparams,
+    gating: GatingLayout,
+) -> Result<(Vec<TensorSource>, BTreeSet<String>)> {
+    let (v, d, n, kv, h, f) = (
+        hp.vocab as usize,
+        hp.d_model as usize,
+        hp.n_heads as usize,
+        hp.n_kv_heads as usize,
+        hp.head_dim as usize,
+        hp.d_ff as usize,
+    );
+    let rf = hp.ffn_r as usize;
+    let spark = hp.arch == SPARK_ARCH;
+    let specs = arch_tensors(&hp.arch)
+        .ok_or_else(|| Error::Gguf(format!("unknown architecture '{}'", hp.arch)))?;
+    let expected = hp.expected_tensors();
+    let mut used = BTreeSet::new();
+    let mut out = Vec::with_capacity(expected.len());
+
+    let emb = shapes.shape(EMBEDDING_ENTRY).ok_or_else(|| {
+        Error::entry(
+            EMBEDDING_ENTRY,
+            format!("is missing (expected shape [>= {v}, {d}])"),
+        )
+    })?;
+    if emb.len() != 2 || emb[1] != d || emb[0] < v {
+        return Err(Error::entry(
+            EMBEDDING_ENTRY,
+            format!(
+                "has shape {emb:?} but the config calls for [>= {v} (vocab_size), {d} (d_model)]"
+            ),
+        ));
+    }
+
+    let globals = specs.iter().filter(|s| !s.per_layer).map(|s| (s, 0u64));
+    let layered =
+        (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer).map(move |s| (s, l)));
+    for ((spec, l), (name, ne)) in globals.chain(layered).zip(expected) {
+        let e = |what: &str| layer_entry(l, what);
+        let (entry, view) = match spec.name {
+            "token_embd.weight" => (EMBEDDING_ENTRY.to_string(), View::contiguous(0, v, d)),
+            "output_norm.weight" => {
+                need(shapes, FINAL_NORM_ENTRY, &[d])?;
+                (FINAL_NORM_ENTRY.to_string(), norm_view(d))
+            }
+            "blk.{l}.attn_norm.weight" => norm(shapes, e(entry::PRE_ATTENTION_NORM), d)?,
+            "blk.{l}.post_attention_norm.weight" => norm(shapes, e(entry::POST_ATTENTION_NORM), d)?,
+            "blk.{l}.ffn_norm.weight" => norm(shapes, e(entry::PRE_FFW_NORM), d)?,
+            "blk.{l}.post_ffw_norm.weight" => norm(shapes, e(entry::POST_FFW_NORM), d)?,
+            "blk.{l}.attn_q.weight" => {
+                let en = e(entry::Q_EINSUM);
+                need(shapes, &en, &[n, d, h])?;
+                // out[n*H + h, d] = q[n, d, h]
+                (
+                    en,
+                    View {
+                        base: 0,
+                        row_dims: vec![(n, d * h), (h, 1)],
+                        col_dims: vec![(d, h)],
+                        add_one: false,
+                    },
+                )
+            }
+            "blk.{l}.attn_k.weight" | "blk.{l}.attn_v.weight" => {
+                let en = e(entry::KV_EINSUM);
+                need(shapes, &en, &[2, kv, d, h])?;
+                let base = if spec.name == "blk.{l}.attn_k.weight" {
+                    0
+                } else {
+                    kv * d * h
+                };
+                // out[g*H + h, d] = kv[i, g, d, h]
+                (
+                    en,
+                    View {
+                        base,
+                        row_dims: vec![(kv, d * h), (h, 1)],
+                        col_dims: vec![(d, h)],
+                        add_one: false,
+                    },
+                )
+            }
+            "blk.{l}.attn_output.weight" => {
+                let en = e(entry::ATTN_VEC_EINSUM);
+                need(shapes, &en, &[n, h, d])?;
+                // out[d, n*H + h] = o[n, h, d]
+                (
+                    en,
+                    View {
+                        base: 0,
+                        row_dims: vec![(d, 1)],
+                        col_dims: vec![(n, h * d), (h, d)],
+                        add_one: false,
+                    },
+                )
+            }
+            "blk.{l}.ffn_gate.weight" | "blk.{l}.ffn_up.weight" if spark => {
+                let gate = spec.name == "blk.{l}.ffn_gate.weight";
+                let (fused, k1, k2) = (e(entry::SPARK_IN), e(entry::SPARK_K1), e(entry::SPARK_K2));
+                let has_split = shapes.shape(&k1).is_some() || shapes.shape(&k2).is_some();
+                match (shapes.shape(&fused).is_some(), has_split) {
+                    (true, true) => {
+                        return Err(Error::entry(
+                            &fused,
+                            format!("and '{k1}'/'{k2}' are both present; give one form only"),
+                        ))
+                    }
+                    (true, false) => {
+                        need(shapes, &fused, &[d, f])?;
+                        // K = [K1; K2] split at r_f; out row j = column j of the part.
+                        if gate {
+                            (fused, View::transposed(0, rf, f))
+                        } else {
+                            (fused, View::transposed(rf * f, d - rf, f))
+                        }
+                    }
+                    (false, _) if gate => {
+                        if shapes.shape(&k1).is_none() && shapes.shape(&k2).is_none() {
+                            return Err(Error::entry(
+                                &fused,
+                                format!(
+                                    "is missing (expected shape [{d}, {f}], or '{k1}' and '{k2}')"
+                                ),
+                            ));
+                        }
+                        need(shapes, &k1, &[rf, f])?;
+                        (k1, View::transposed(0, rf, f))
+                    }
+                    (false, _) => {
+                        need(shapes, &k2, &[d - rf, f])?;
+                        (k2, View::transposed(0, d - rf, f))
+                    }
+                }
+            }
+            "blk.{l}.ffn_gate.weight" | "blk.{l}.ffn_up.weight" => {
+                let en = e(entry::GATING_EINSUM);
+                let which = usize::from(spec.name == "blk.{l}.ffn_up.weight");
+                match gating {
+                    GatingLayout::DF => {
+                        need(shapes, &en, &[2, d, f])?;
+                        (en, View::transposed(which * d * f, d, f))
+                    }
+                    GatingLayout::FD => {
+                        need(shapes, &en, &[2, f, d])?;
+                        (en, View::contiguous(which * f * d, f, d))
+                    }
+                }
+            }
+            "blk.{l}.ffn_down_t.weight" => {
+                let en = e(entry::LINEAR);
+                need(shapes, &en, &[f, d])?;
+                (en, View::contiguous(0, f, d))
+            }
+            "blk.{l}.ffn_down.weight" => {
+                let en = e(entry::LINEAR);
+                need(shapes, &en, &[f, d])?;
+                (en, View::transposed(0, f, d))
+            }
+            other => {
+                return Err(Error::Gguf(format!(
+                    "no checkpoint entry is known for tensor '{other}'"
+                )))
+            }
+        };
+        let got: Vec<u64> = if ne.len() == 1 {
+            vec![view.cols() as u64]
+        } else {
+            vec![view.cols() as u64, view.rows() as u64]
+        };
+        if got != ne {
+            return Err(Error::Gguf(format!(
+                "internal: tensor '{name}' maps to {got:?}, the schema says {ne:?}"
+            )));
+        }
+        used.insert(entry.clone());
+        out.push(TensorSource {
+            name,
+            ne,
+            entry,
+            view,
+        });
+    }
+    Ok((out, used))
+}
+
+fn norm(shapes: &dyn Shapes, entry: String, d: usize) -> Result<(String, View)> {
+    need(shapes, &entry, &[d])?;
+    Ok((entry, norm_view(d)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct Map(HashMap<String, Vec<usize>>);
+    impl Shapes for Map {
+        fn shape(&self, entry: &str) -> Option<Vec<usize>> {
+            self.0.get(entry).cloned()
+        }
+    }
+
+    fn hp(arch: &str) -> Hparams {
+        Hparams {
+            arch: arch.into(),
+            vocab: 10,
+            d_model: 8,
+            n_layers: 2,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            d_ff: 12,
+            ffn_k: 3,
+            ffn_r: 3,
+            attn_k: 2,
+            attn_r: 2,
+        }
+    }
+
+    fn spark_shapes(split: bool) -> Map {
+        let mut m = HashMap::new();
+        m.insert(EMBEDDING_ENTRY.to_string(), vec![16, 8]);
+        m.insert(FINAL_NORM_ENTRY.to_string(), vec![8]);
+        for l in 0..2 {
+            for n in [
+                entry::PRE_ATTENTION_NORM,
+                entry::POST_ATTENTION_NORM,
+                entry::PRE_FFW_NORM,
+                entry::POST_FFW_NORM,
+            ] {
+                m.insert(layer_entry(l, n), vec![8]);
+            }
+            m.insert(layer_entry(l, entry::Q_EINSUM), vec![2, 8, 4]);
+            m.insert(layer_entry(l, entry::KV_EINSUM), vec![2, 1, 8, 4]);
+            m.insert(layer_entry(l, entry::ATTN_VEC_EINSUM), vec![2, 4, 8]);
+            if split {
+                m.insert(layer_entry(l, entry::SPARK_K1), vec![3, 12]);
+                m.insert(layer_entry(l, entry::SPARK_K2), vec![5, 12]);
+            } else {
+                m.insert(layer_entry(l, entry::SPARK_IN), vec![8, 12]);
+            }
+            m.insert(layer_entry(l, entry::LINEAR), vec![12, 8]);
+        }
+        Map(m)
+    }
+
+    #[test]
+    fn maps_every_spark_tensor_and_uses_every_entry() {
+        for split in [false, true] {
+            let shapes = spark_shapes(split);
+            let (src, used) = plan_sources(&shapes, &hp(SPARK_ARCH), GatingLayout::DF).unwrap();
+            assert_eq!(src.len(), 2 + 11 * 2);
+            assert_eq!(used.len(), shapes.0.len());
+            let gate = src
+                .iter()
+                .find(|s| s.name == "blk.1.ffn_gate.weight")
+                .unwrap();
+            assert_eq!(gate.ne, vec![3, 12]);
+            let up = src
+                .iter()
+                .find(|s| s.name == "blk.1.ffn_up.weight")
+                .unwrap();
+            assert_eq!(up.ne, vec![5, 12]);
+            if !split {
+                assert_eq!(up.view, View::transposed(36, 5, 12));
+            }
+            let emb = &src[0];
+            assert_eq!((emb.view.rows(), emb.view.cols()), (10, 8));
+        }
+    }
+
+    #[test]
+    fn names_missing_and_misshapen_entries() {
+        let mut s = spark_shapes(false);
+        s.0.remove(&layer_entry(1, entry::Q_EINSUM));
+        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("transformer/layer_1/attn/q_einsum/w") && e.contains("missing"),
+            "{e}"
+        );
+        let mut s = spark_shapes(false);
+        s.0.insert(layer_entry(0, entry::LINEAR), vec![8, 12]);
+        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("layer_0/mlp/linear") && e.contains("[8, 12]"),
+            "{e}"
+        );
+        let mut s = spark_shapes(false);
+        s.0.insert(layer_entry(0, entry::SPARK_K1), vec![3, 12]);
+        assert!(plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF)
+            .unwrap_err()
+            .to_string()
+            .contains("both"));
+        let mut s = spark_shapes(false);
+        s.0.insert(EMBEDDING_ENTRY.into(), vec![9, 8]);
+        assert!(plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF)
+            .unwrap_err()
+            .to_string()
+            .contains("input_embedding"));
+    }
+
+    #[test]
+    fn dense_gating_in_both_layouts() {
+        let mut s = spark_shapes(false);
+        for l in 0..2 {
+            s.0.remove(&layer_entry(l, entry::SPARK_IN));
+            s.0.insert(layer_entry(l, entry::GATING_EINSUM), vec![2, 8, 12]);
+        }
+        let h = hp("gemma2");
+        let (src, _) = plan_sources(&s, &h, GatingLayout::DF).unwrap();
+        let up = src
+            .iter()
+            .find(|t| t.name == "blk.0.ffn_up.weight")
+            .unwrap();
+        assert_eq!(
+            (up.ne.clone(), up.view.clone()),
+            (vec![8, 12], View::transposed(96, 8, 12))
+        );
+        let down = src
+            .iter()
+            .find(|t| t.name == "blk.0.ffn_down.weight")
+            .unwrap();
+        assert_eq!(
+            (down.ne.clone(), down.view.clone()),
+            (vec![12, 8], View::transposed(0, 12, 8))
+        );
+        assert!(plan_sources(&s, &h, GatingLayout::FD).is_err());
+    }
+}

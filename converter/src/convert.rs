@@ -1,0 +1,422 @@
+//! Checkpoint to GGUF: read and check everything that can be checked, then stream the tensors.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use spark_gguf::schema::{keys, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::{GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
+
+use crate::checkpoint::{
+    self, entry, layer_entry, GatingLayout, Shapes, TensorSource, CONFIG_ENTRY, TOKENIZER_ENTRY,
+};
+use crate::config::{config_text, ModelConfig};
+use crate::emit::{block_rows, write_rows};
+use crate::error::{Error, Result};
+use crate::layout::SourceDtype;
+use crate::model::{self, OutType};
+use crate::npy::NpyDtype;
+use crate::npz::{ArrayBytes, Npz};
+use crate::progress::Progress;
+use crate::tokenizer::parse_sentencepiece;
+
+/// Overrides of the config's Spark parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SparkOverrides {
+    /// k_f.
+    pub ffn_k: Option<u32>,
+    /// r_f.
+    pub ffn_r: Option<u32>,
+    /// k_a.
+    pub attn_k: Option<u32>,
+    /// r_a.
+    pub attn_r: Option<u32>,
+}
+
+impl SparkOverrides {
+    /// Whether any override is set.
+    pub fn any(&self) -> bool {
+        self.ffn_k.is_some()
+            || self.ffn_r.is_some()
+            || self.attn_k.is_some()
+            || self.attn_r.is_some()
+    }
+
+    /// Applies the overrides to `cfg`.
+    pub fn apply(&self, cfg: &mut ModelConfig) {
+        cfg.ffn_k = self.ffn_k.or(cfg.ffn_k);
+        cfg.ffn_r = self.ffn_r.or(cfg.ffn_r);
+        cfg.attn_k = self.attn_k.or(cfg.attn_k);
+        cfg.attn_r = self.attn_r.or(cfg.attn_r);
+    }
+}
+
+/// The float type the checkpoint declares (config `"dtype"` or `--input-dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputDtype {
+    /// float32
+    F32,
+    /// float16
+    F16,
+    /// bfloat16 (`|V2` arrays)
+    BF16,
+}
+
+impl InputDtype {
+    /// Parses `float32|float16|bfloat16`.
+    pub fn parse(s: &str) -> Option<InputDtype> {
+        match s {
+            "float32" => Some(InputDtype::F32),
+            "float16" => Some(InputDtype::F16),
+            "bfloat16" => Some(InputDtype::BF16),
+            _ => None,
+        }
+    }
+
+    fn source(self) -> SourceDtype {
+        match self {
+            InputDtype::F32 => SourceDtype::F32,
+            InputDtype::F16 => SourceDtype::F16,
+            InputDtype::BF16 => SourceDtype::BF16,
+        }
+    }
+}
+
+/// Everything `spark-convert IN.npz OUT.gguf` needs.
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    /// The `.npz` checkpoint.
+    pub input: PathBuf,
+    /// The GGUF to write.
+    pub output: PathBuf,
+    /// Tensor storage choice.
+    pub outtype: OutType,
+    /// Declared checkpoint dtype (overrides the config's `"dtype"`).
+    pub input_dtype: Option<InputDtype>,
+    /// A SentencePiece `.model` file.
+    pub tokenizer: Option<PathBuf>,
+    /// A GGUF whose `tokenizer.*` keys are copied.
+    pub vocab_from: Option<PathBuf>,
+    /// Spark parameter overrides.
+    pub overrides: SparkOverrides,
+    /// `general.name` (default: the input file's stem).
+    pub name: Option<String>,
+    /// Replace an existing output.
+    pub force: bool,
+    /// No progress bar, log lines or summary.
+    pub quiet: bool,
+}
+
+/// Refuses an existing output unless `force` (checked before any work, and again by the writer).
+pub fn check_output(output: &Path, force: bool) -> Result<()> {
+    if !force && output.exists() {
+        return Err(Error::Usage(format!(
+            "{}: output file exists (pass --force to replace it)",
+            output.display()
+        )));
+    }
+    Ok(())
+}
+
+impl Shapes for Npz {
+    fn shape(&self, entry: &str) -> Option<Vec<usize>> {
+        self.member(entry).map(|m| m.header.shape.clone())
+    }
+}
+
+fn read_config(npz: &Npz) -> Result<ModelConfig> {
+    let m = npz.member(CONFIG_ENTRY).ok_or_else(|| {
+        Error::entry(
+            CONFIG_ENTRY,
+            "is missing (a 0-d unicode or 1-d uint8 array holding the config JSON)",
+        )
+    })?;
+    let unicode = match (m.header.dtype, m.header.shape.len()) {
+        (NpyDtype::Unicode(_), 0) => true,
+        (NpyDtype::U8, 1) => false,
+        (dt, _) => {
+            return Err(Error::entry(
+                CONFIG_ENTRY,
+                format!(
+                    "must be a 0-d unicode or 1-d uint8 array, not {} with shape {:?}",
+                    dt.describe(),
+                    m.header.shape
+                ),
+            ))
+        }
+    };
+    let bytes = npz.data(m)?;
+    ModelConfig::parse(&config_text(&bytes, unicode)?)
+}
+
+/// The architecture a checkpoint's FFN entries say it is.
+fn detect_arch(npz: &Npz) -> Result<&'static str> {
+    let dense = npz
+        .members()
+        .iter()
+        .find(|m| m.name.ends_with(entry::GATING_EINSUM));
+    let spark = npz.members().iter().find(|m| {
+        [entry::SPARK_IN, entry::SPARK_K1, entry::SPARK_K2]
+            .iter()
+            .any(|s| m.name.ends_with(s))
+    });
+    match (dense, spark) {
+        (Some(d), Some(s)) => Err(Error::entry(
+            &d.name,
+            format!("is a dense FFN entry but '{}' is a Spark one; a checkpoint must be one or the other", s.name),
+        )),
+        (Some(_), None) => Ok(GEMMA2_ARCH),
+        _ => Ok(SPARK_ARCH),
+    }
+}
+
+fn gating_layout(npz: &Npz, cfg: &ModelConfig) -> GatingLayout {
+    let (d, f) = (cfg.d_model as usize, cfg.d_ff as usize);
+    match npz.shape(&layer_entry(0, entry::GATING_EINSUM)) {
+        Some(s) if s == [2, f, d] && d != f => GatingLayout::FD,
+        _ => GatingLayout::DF,
+    }
+}
+
+fn entry_dtype(name: &str, dt: NpyDtype, declared: Option<InputDtype>) -> Result<SourceDtype> {
+    let found = match dt {
+        NpyDtype::F32 => InputDtype::F32,
+        NpyDtype::F16 => InputDtype::F16,
+        NpyDtype::Raw2 => match declared {
+            Some(InputDtype::BF16) => InputDtype::BF16,
+            _ => {
+                return Err(Error::entry(
+                    name,
+                    "holds raw 2-byte values (|V2); if they are bfloat16, say so with \"dtype\": \"bfloat16\" in the config or --input-dtype bfloat16",
+                ))
+            }
+        },
+        other => {
+            return Err(Error::entry(name, format!("has dtype {}; weights must be float32, float16 or bfloat16", other.describe())))
+        }
+    };
+    if let Some(d) = declared.filter(|&d| d != found) {
+        return Err(Error::entry(
+            name,
+            format!(
+                "is {} but the checkpoint is declared {:?}",
+                dt.describe(),
+                d
+            ),
+        ));
+    }
+    Ok(found.source())
+}
+
+fn ggml_of(s: SourceDtype) -> GgmlType {
+    match s {
+        SourceDtype::F32 => GgmlType::F32,
+        SourceDtype::F16 => GgmlType::F16,
+        SourceDtype::BF16 => GgmlType::BF16,
+    }
+}
+
+/// The `tokenizer.*` metadata from `--vocab-from`, `--tokenizer`, or the npz entry.
+fn tokenizer_metadata(
+    o: &ConvertOptions,
+    npz: &Npz,
+    cfg: &ModelConfig,
+) -> Result<Vec<(String, Value)>> {
+    if let Some(path) = &o.vocab_from {
+        let g = GgufFile::open(path).map_err(|e| Error::Tokenizer(format!("--vocab-from: {e}")))?;
+        let md: Vec<(String, Value)> = g
+            .metadata()
+            .iter()
+            .filter(|(k, _)| k.starts_with("tokenizer."))
+            .cloned()
+            .collect();
+        let n = match g.get(keys::TOKENIZER_TOKENS) {
+            Some(Value::Array(spark_gguf::Array::String(t))) => t.len(),
+            _ => {
+                return Err(Error::Tokenizer(format!(
+                    "--vocab-from {}: has no {} string array",
+                    path.display(),
+                    keys::TOKENIZER_TOKENS
+                )))
+            }
+        };
+        model::check_vocab_size(n, cfg)
+            .map_err(|e| Error::Tokenizer(format!("--vocab-from {}: {e}", path.display())))?;
+        return Ok(md);
+    }
+    let (bytes, from): (Vec<u8>, String) = if let Some(path) = &o.tokenizer {
+        (
+            std::fs::read(path).map_err(|e| Error::io(path, e))?,
+            path.display().to_string(),
+        )
+    } else if let Some(m) = npz.member(TOKENIZER_ENTRY) {
+        if m.header.dtype != NpyDtype::U8 || m.header.shape.len() != 1 {
+            return Err(Error::entry(
+                TOKENIZER_ENTRY,
+                "must be a 1-d uint8 array (a SentencePiece model file's bytes)",
+            ));
+        }
+        (
+            npz.data(m)?.to_vec(),
+            format!("checkpoint entry '{TOKENIZER_ENTRY}'"),
+        )
+    } else {
+        return Err(Error::Tokenizer(
+            "none given: pass --tokenizer FILE.model (SentencePiece), add a 'tokenizer' entry (1-d uint8) to the checkpoint, or pass --vocab-from MODEL.gguf".into(),
+        ));
+    };
+    let vocab =
+        parse_sentencepiece(&bytes).map_err(|e| Error::Tokenizer(format!("{from}: {e}")))?;
+    model::vocab_metadata(&vocab, cfg).map_err(|e| match e {
+        Error::Tokenizer(m) => Error::Tokenizer(format!("{from}: {m}")),
+        other => other,
+    })
+}
+
+/// One tensor ready to write: where from, as what.
+struct Job {
+    source: TensorSource,
+    dtype: SourceDtype,
+    ty: GgmlType,
+}
+
+/// Converts a checkpoint. On any error nothing is left at the output path.
+pub fn convert(o: &ConvertOptions) -> Result<()> {
+    check_output(&o.output, o.force)?;
+    if o.tokenizer.is_some() && o.vocab_from.is_some() {
+        return Err(Error::Usage(
+            "give --tokenizer or --vocab-from, not both".into(),
+        ));
+    }
+    let npz = Npz::open(&o.input)?;
+    let mut cfg = read_config(&npz)?;
+    let arch = detect_arch(&npz)?;
+    if arch == GEMMA2_ARCH && o.overrides.any() {
+        return Err(Error::Usage(
+            "--ffn-k/--ffn-r/--attn-k/--attn-r apply to Spark checkpoints; this one is dense (mlp/gating_einsum)".into(),
+        ));
+    }
+    o.overrides.apply(&mut cfg);
+    let declared = match (o.input_dtype, &cfg.dtype) {
+        (Some(d), _) => Some(d),
+        (None, Some(s)) => Some(InputDtype::parse(s).ok_or_else(|| {
+            Error::Config(format!(
+                "'dtype' is '{s}'; it must be float32, float16 or bfloat16"
+            ))
+        })?),
+        (None, None) => None,
+    };
+    let hp = model::hparams(arch, &cfg)?;
+    let (sources, used) = checkpoint::plan_sources(&npz, &hp, gating_layout(&npz, &cfg))?;
+    check_extra_entries(&npz, &used, arch)?;
+
+    let mut jobs = Vec::with_capacity(sources.len());
+    let mut notes = Vec::new();
+    for source in sources {
+        let member = npz.member(&source.entry).expect("planned entries exist");
+        let dtype = entry_dtype(&source.entry, member.header.dtype, declared)?;
+        let (ty, fallback) = model::tensor_type(o.outtype, ggml_of(dtype), &source.ne);
+        if fallback {
+            notes.push(format!(
+                "{}: row length {} is not a multiple of 32, stored as f16 instead of q8_0",
+                source.name, source.ne[0]
+            ));
+        }
+        jobs.push(Job { source, dtype, ty });
+    }
+    let tok_md = tokenizer_metadata(o, &npz, &cfg)?;
+    let name = o.name.clone().unwrap_or_else(|| {
+        o.input
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    let types: Vec<GgmlType> = jobs.iter().map(|j| j.ty).collect();
+    let mut md = model::model_metadata(arch, &name, &cfg, &hp, &types)?;
+    md.extend(tok_md);
+    let plans: Vec<TensorPlan> = jobs
+        .iter()
+        .map(|j| TensorPlan {
+            name: j.source.name.clone(),
+            ty: j.ty,
+            ne: j.source.ne.clone(),
+        })
+        .collect();
+    let total: u64 = plans
+        .iter()
+        .map(|p| p.ty.tensor_bytes(&p.ne).unwrap_or(0))
+        .sum();
+
+    let mut progress = Progress::new(plans.len(), total, o.quiet);
+    for k in &cfg.ignored_keys {
+        progress.log(&format!("note: config key '{k}' is not used"));
+    }
+    for n in &notes {
+        progress.log(n);
+    }
+    let mut w = GgufWriter::create(&o.output, o.force, &md, &plans, 32)?;
+    let mut cache: Option<(String, ArrayBytes<'_>)> = None;
+    for job in &jobs {
+        progress.start_tensor(&job.source.name);
+        if cache.as_ref().is_none_or(|(n, _)| *n != job.source.entry) {
+            drop(cache.take()); // release the previous entry before decoding the next
+            let member = npz
+                .member(&job.source.entry)
+                .expect("planned entries exist");
+            cache = Some((job.source.entry.clone(), npz.data(member)?));
+        }
+        let bytes = &cache.as_ref().expect("just filled").1;
+        write_tensor(&mut w, job, bytes, &progress)?;
+        progress.end_tensor();
+    }
+    let file_bytes = w.bytes_written();
+    w.finish()?;
+    progress.finish(&o.output, file_bytes);
+    Ok(())
+}
+
+fn check_extra_entries(npz: &Npz, used: &BTreeSet<String>, arch: &str) -> Result<()> {
+    for m in npz.members() {
+        if m.name != CONFIG_ENTRY && m.name != TOKENIZER_ENTRY && !used.contains(&m.name) {
+            return Err(Error::entry(
+                &m.name,
+                format!("is not part of a {arch} checkpoint with this config (unexpected entry)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn write_tensor(w: &mut GgufWriter, job: &Job, src: &[u8], progress: &Progress) -> Result<()> {
+    let view = &job.source.view;
+    let need = view.source_extent() * job.dtype.size();
+    if src.len() < need {
+        return Err(Error::entry(
+            &job.source.entry,
+            format!("holds {} bytes, {need} are needed", src.len()),
+        ));
+    }
+    let (rows, cols) = (view.rows(), view.cols());
+    let step = block_rows(cols);
+    let mut buf = vec![0f32; step.min(rows) * cols];
+    let mut r0 = 0;
+    while r0 < rows {
+        let r1 = (r0 + step).min(rows);
+        let block = &mut buf[..(r1 - r0) * cols];
+        view.read_rows(src, job.dtype, r0, r1, block);
+        if !block.iter().all(|x| x.is_finite()) {
+            let i = block.iter().position(|x| !x.is_finite()).unwrap_or(0);
+            return Err(Error::entry(
+                &job.source.entry,
+                format!(
+                    "holds a non-finite value ({}) that would go to row {} of tensor '{}'",
+                    block[i],
+                    r0 + i / cols,
+                    job.source.name
+                ),
+            ));
+        }
+        write_rows(w, job.ty, block, cols, progress)?;
+        r0 = r1;
+    }
+    Ok(())
+}

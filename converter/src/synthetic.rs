@@ -1,0 +1,285 @@
+//! Random-weight models without a checkpoint (`--synthetic PRESET`), streamed and generated in
+//! parallel. Every chunk of every tensor has its own PRNG stream keyed by (seed, tensor index,
+//! chunk index) and chunk boundaries depend only on the tensor's shape, so the file is the same
+//! for a seed whatever the thread count.
+
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+use spark_gguf::schema::{GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::{quant, GgmlType, GgufError, GgufWriter, TensorPlan};
+
+use crate::config::ModelConfig;
+use crate::convert::{check_output, SparkOverrides};
+use crate::error::{Error, Result};
+use crate::model::{self, OutType};
+use crate::prng::Xoshiro256;
+use crate::progress::Progress;
+use crate::tokenizer::synthetic_vocab;
+
+/// Names of the presets.
+pub const PRESETS: &[&str] = &["spark-gemma2-2b", "gemma2-2b", "tiny", "tiny-dense"];
+
+/// Elements per generated chunk (a function of nothing but this constant and the row length).
+const CHUNK_ELEMS: usize = 1 << 20;
+
+/// Standard deviation of the norm weights around 1.
+const NORM_STD: f32 = 0.1;
+
+/// Options of `spark-convert --synthetic`.
+#[derive(Clone, Debug)]
+pub struct SyntheticOptions {
+    /// Preset name (see [`PRESETS`]).
+    pub preset: String,
+    /// Output path.
+    pub output: PathBuf,
+    /// PRNG seed.
+    pub seed: u64,
+    /// Tensor storage (`auto` = f16).
+    pub outtype: OutType,
+    /// Spark parameter overrides.
+    pub overrides: SparkOverrides,
+    /// `general.name` (default: the preset name).
+    pub name: Option<String>,
+    /// Replace an existing output.
+    pub force: bool,
+    /// No progress bar or summary.
+    pub quiet: bool,
+}
+
+fn gemma2_2b(d_ff: u32, spark: bool) -> ModelConfig {
+    ModelConfig {
+        vocab_size: 256_000,
+        d_model: 2304,
+        n_layers: 26,
+        n_heads: 8,
+        n_kv_heads: 4,
+        head_dim: 256,
+        d_ff,
+        ffn_k: spark.then_some(1106),
+        ffn_r: spark.then_some(1024),
+        attn_k: spark.then_some(256),
+        attn_r: spark.then_some(128),
+        rms_norm_eps: 1e-6,
+        rope_theta: 10000.0,
+        query_pre_attn_scalar: Some(256.0),
+        attn_logit_softcap: 50.0,
+        final_logit_softcap: 30.0,
+        sliding_window: 4096,
+        max_position_embeddings: 8192,
+        bos_id: 2,
+        eos_id: 1,
+        pad_id: 0,
+        unk_id: 3,
+        dtype: None,
+        ignored_keys: Vec::new(),
+    }
+}
+
+fn tiny(spark: bool) -> ModelConfig {
+    ModelConfig {
+        vocab_size: 512,
+        d_model: 128,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 32,
+        d_ff: 512,
+        ffn_k: spark.then_some(41),
+        ffn_r: spark.then_some(64),
+        attn_k: spark.then_some(16),
+        attn_r: spark.then_some(16),
+        query_pre_attn_scalar: Some(32.0),
+        sliding_window: 64,
+        max_position_embeddings: 1024,
+        ..gemma2_2b(512, spark)
+    }
+}
+
+/// The architecture and config of preset `name`.
+pub fn preset(name: &str) -> Result<(&'static str, ModelConfig)> {
+    Ok(match name {
+        "spark-gemma2-2b" => (SPARK_ARCH, gemma2_2b(13824, true)),
+        "gemma2-2b" => (GEMMA2_ARCH, gemma2_2b(9216, false)),
+        "tiny" => (SPARK_ARCH, tiny(true)),
+        "tiny-dense" => (GEMMA2_ARCH, tiny(false)),
+        _ => {
+            return Err(Error::Usage(format!(
+                "unknown preset '{name}' (known: {})",
+                PRESETS.join(", ")
+            )))
+        }
+    })
+}
+
+/// How one tensor's values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// 1 + N(0, NORM_STD^2) (a norm weight as GGUF stores it).
+    Norm,
+    /// N(0, std^2).
+    Normal(f32),
+}
+
+/// The init of tensor `name` with ggml dims `ne`: norms around 1; matrices N(0, 1/fan_in) with
+/// fan_in the contracted dimension (ne0, except the neuron-major V, contracted over its rows).
+pub fn init_for(name: &str, ne: &[u64]) -> Init {
+    if ne.len() == 1 {
+        return Init::Norm;
+    }
+    let fan_in = if name.ends_with("ffn_down_t.weight") {
+        ne[1]
+    } else {
+        ne[0]
+    };
+    Init::Normal(1.0 / (fan_in as f32).sqrt())
+}
+
+/// Fills chunk `chunk` of tensor `tensor` (row length `cols`, starting at row `row0`).
+pub fn fill_chunk(seed: u64, tensor: u64, chunk: u64, init: Init, out: &mut [f32]) {
+    let mut rng = Xoshiro256::for_chunk(seed, tensor, chunk);
+    match init {
+        Init::Normal(std) => rng.fill_normal(out, std),
+        Init::Norm => {
+            rng.fill_normal(out, NORM_STD);
+            for x in out.iter_mut() {
+                *x += 1.0;
+            }
+        }
+    }
+}
+
+/// Writes a random model of preset `o.preset`.
+pub fn generate(o: &SyntheticOptions) -> Result<()> {
+    check_output(&o.output, o.force)?;
+    let (arch, mut cfg) = preset(&o.preset)?;
+    if arch == GEMMA2_ARCH && o.overrides.any() {
+        return Err(Error::Usage(format!(
+            "--ffn-k/--ffn-r/--attn-k/--attn-r do not apply to the dense preset '{}'",
+            o.preset
+        )));
+    }
+    o.overrides.apply(&mut cfg);
+    let hp = model::hparams(arch, &cfg)?;
+    let outtype = if o.outtype == OutType::Auto {
+        OutType::F16
+    } else {
+        o.outtype
+    };
+    let mut notes = Vec::new();
+    let plans: Vec<TensorPlan> = hp
+        .expected_tensors()
+        .into_iter()
+        .map(|(name, ne)| {
+            let (ty, fallback) = model::tensor_type(outtype, GgmlType::F32, &ne);
+            if fallback {
+                notes.push(format!(
+                    "{name}: row length {} is not a multiple of 32, stored as f16 instead of q8_0",
+                    ne[0]
+                ));
+            }
+            TensorPlan { name, ty, ne }
+        })
+        .collect();
+    let types: Vec<GgmlType> = plans.iter().map(|p| p.ty).collect();
+    let name = o.name.clone().unwrap_or_else(|| o.preset.clone());
+    let mut md = model::model_metadata(arch, &name, &cfg, &hp, &types)?;
+    md.extend(model::vocab_metadata(
+        &synthetic_vocab(cfg.vocab_size as usize)?,
+        &cfg,
+    )?);
+    let total: u64 = plans
+        .iter()
+        .map(|p| p.ty.tensor_bytes(&p.ne).unwrap_or(0))
+        .sum();
+
+    let mut progress = Progress::new(plans.len(), total, o.quiet);
+    for n in &notes {
+        progress.log(n);
+    }
+    let mut w = GgufWriter::create(&o.output, o.force, &md, &plans, 32)?;
+    let window = (rayon::current_num_threads() * 2).max(2);
+    for (t, plan) in plans.iter().enumerate() {
+        progress.start_tensor(&plan.name);
+        let cols = plan.ne[0] as usize;
+        let rows: usize = plan.ne[1..].iter().map(|&n| n as usize).product();
+        let chunk_rows = (CHUNK_ELEMS / cols).max(1);
+        let n_chunks = rows.div_ceil(chunk_rows);
+        let init = init_for(&plan.name, &plan.ne);
+        for first in (0..n_chunks).step_by(window) {
+            let last = (first + window).min(n_chunks);
+            let encoded: Vec<std::result::Result<Vec<u8>, GgufError>> = (first..last)
+                .into_par_iter()
+                .map(|c| {
+                    let r0 = c * chunk_rows;
+                    let r1 = (r0 + chunk_rows).min(rows);
+                    let mut buf = vec![0f32; (r1 - r0) * cols];
+                    fill_chunk(o.seed, t as u64, c as u64, init, &mut buf);
+                    let mut bytes = Vec::new();
+                    quant::encode_f32(plan.ty, &buf, &mut bytes).map(|()| bytes)
+                })
+                .collect();
+            for e in encoded {
+                let bytes = e?;
+                w.write_tensor_chunk(&bytes)?;
+                progress.add_bytes(bytes.len() as u64);
+            }
+        }
+        progress.end_tensor();
+    }
+    let file_bytes = w.bytes_written();
+    w.finish()?;
+    progress.finish(&o.output, file_bytes);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid() {
+        for p in PRESETS {
+            let (arch, cfg) = preset(p).unwrap();
+            let hp = model::hparams(arch, &cfg).unwrap();
+            assert_eq!(hp.arch, arch);
+        }
+        let (_, c) = preset("spark-gemma2-2b").unwrap();
+        assert_eq!(
+            (c.d_ff, c.ffn_k, c.ffn_r, c.attn_k, c.attn_r),
+            (13824, Some(1106), Some(1024), Some(256), Some(128))
+        );
+        assert_eq!(preset("gemma2-2b").unwrap().1.d_ff, 9216);
+        assert!(preset("huge").is_err());
+    }
+
+    #[test]
+    fn chunks_are_deterministic_and_independent_of_order() {
+        let mut a = vec![0f32; 1000];
+        let mut b = vec![0f32; 1000];
+        fill_chunk(5, 2, 1, Init::Normal(0.1), &mut a);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        pool.install(|| fill_chunk(5, 2, 1, Init::Normal(0.1), &mut b));
+        assert_eq!(a, b);
+        fill_chunk(5, 2, 2, Init::Normal(0.1), &mut b);
+        assert_ne!(a, b);
+        fill_chunk(5, 2, 1, Init::Norm, &mut b);
+        assert!(b.iter().all(|&x| (x - 1.0).abs() < 1.0));
+    }
+
+    #[test]
+    fn fan_in_follows_the_contracted_dimension() {
+        assert_eq!(
+            init_for("blk.0.attn_q.weight", &[64, 128]),
+            Init::Normal(0.125)
+        );
+        assert_eq!(
+            init_for("blk.0.ffn_down_t.weight", &[128, 64]),
+            Init::Normal(0.125)
+        );
+        assert_eq!(init_for("output_norm.weight", &[64]), Init::Norm);
+    }
+}
