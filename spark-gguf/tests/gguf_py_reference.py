@@ -76,7 +76,7 @@ def read(path, out):
             entry["f32_bits"] = plain(np.ascontiguousarray(deq, dtype="<f4").ravel())
         tensors.append(entry)
     with open(out, "w") as fh:
-        json.dump({"alignment": r.alignment, "fields": fields, "tensors": tensors}, fh)
+        json.dump({"alignment": int(r.alignment), "fields": fields, "tensors": tensors}, fh)
 
 
 if __name__ == "__main__":
