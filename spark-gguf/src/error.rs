@@ -67,16 +67,25 @@ pub enum GgufError {
 impl GgufError {
     /// Shorthand for a [`GgufError::Format`] error.
     pub fn format(offset: u64, message: impl Into<String>) -> Self {
-        GgufError::Format { offset, message: message.into() }
+        GgufError::Format {
+            offset,
+            message: message.into(),
+        }
     }
 
     /// Shorthand for a [`GgufError::Metadata`] error.
     pub fn metadata(key: impl Into<String>, message: impl Into<String>) -> Self {
-        GgufError::Metadata { key: key.into(), message: message.into() }
+        GgufError::Metadata {
+            key: key.into(),
+            message: message.into(),
+        }
     }
 
     /// Shorthand for a [`GgufError::Tensor`] error.
     pub fn tensor(tensor: impl Into<String>, message: impl Into<String>) -> Self {
-        GgufError::Tensor { tensor: tensor.into(), message: message.into() }
+        GgufError::Tensor {
+            tensor: tensor.into(),
+            message: message.into(),
+        }
     }
 }

@@ -151,7 +151,10 @@ impl GgmlType {
             )));
         }
         (ne0 / blck).checked_mul(self.type_size()).ok_or_else(|| {
-            GgufError::Shape(format!("row of {ne0} {} elements overflows u64 bytes", self.name()))
+            GgufError::Shape(format!(
+                "row of {ne0} {} elements overflows u64 bytes",
+                self.name()
+            ))
         })
     }
 
@@ -162,7 +165,10 @@ impl GgmlType {
         let mut total = self.row_bytes(ne0)?;
         for &n in ne.iter().skip(1) {
             total = total.checked_mul(n).ok_or_else(|| {
-                GgufError::Shape(format!("{} tensor of shape {ne:?} overflows u64 bytes", self.name()))
+                GgufError::Shape(format!(
+                    "{} tensor of shape {ne:?} overflows u64 bytes",
+                    self.name()
+                ))
             })?;
         }
         Ok(total)
@@ -197,7 +203,10 @@ mod tests {
         assert_eq!(GgmlType::F32.tensor_bytes(&[]).unwrap(), 4);
         assert_eq!(GgmlType::Q4_K.tensor_bytes(&[256, 0]).unwrap(), 0);
         let e = GgmlType::Q8_0.row_bytes(33).unwrap_err().to_string();
-        assert_eq!(e, "row length 33 is not a multiple of the q8_0 block size 32");
+        assert_eq!(
+            e,
+            "row length 33 is not a multiple of the q8_0 block size 32"
+        );
         assert!(GgmlType::F64.tensor_bytes(&[u64::MAX / 4, 4]).is_err());
     }
 }

@@ -58,7 +58,13 @@ fn inspect(f: &GgufFile, max_elems: usize) {
     let mut total_bytes = 0u64;
     let mut total_elems = 0u64;
     for t in f.tensors() {
-        println!("  {} {} {:?} {} bytes", t.name, t.ty.name(), t.ne, t.n_bytes);
+        println!(
+            "  {} {} {:?} {} bytes",
+            t.name,
+            t.ty.name(),
+            t.ne,
+            t.n_bytes
+        );
         total_bytes = total_bytes.saturating_add(t.n_bytes);
         total_elems = total_elems.saturating_add(t.n_elements());
     }
@@ -101,7 +107,11 @@ fn main() -> ExitCode {
                 for v in &violations {
                     println!("{}: {v}", file.display());
                 }
-                eprintln!("spark-gguf: {}: {} violation(s)", file.display(), violations.len());
+                eprintln!(
+                    "spark-gguf: {}: {} violation(s)",
+                    file.display(),
+                    violations.len()
+                );
                 ExitCode::FAILURE
             }
         }

@@ -2,8 +2,8 @@
 //!
 //! Encode: F32, F16, BF16, Q8_0, Q4_0. Decode: the same five.
 
-use half::slice::HalfFloatSliceExt;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::{GgmlType, GgufError};
 
@@ -67,7 +67,9 @@ pub fn encode_f32(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), Gg
 
 /// Decodes `n` elements of type `ty` from `src` (which must hold exactly their bytes).
 pub fn decode_to_f32(ty: GgmlType, src: &[u8], n: usize) -> Result<Vec<f32>, GgufError> {
-    let expected = ty.row_bytes(n as u64).map_err(|e| GgufError::Quant(e.to_string()))?;
+    let expected = ty
+        .row_bytes(n as u64)
+        .map_err(|e| GgufError::Quant(e.to_string()))?;
     if src.len() as u64 != expected {
         return Err(GgufError::Quant(format!(
             "{n} {} elements take {expected} bytes, got {}",
@@ -78,11 +80,16 @@ pub fn decode_to_f32(ty: GgmlType, src: &[u8], n: usize) -> Result<Vec<f32>, Ggu
     let mut out = Vec::with_capacity(n);
     match ty {
         GgmlType::F32 => {
-            out.extend(src.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+            out.extend(
+                src.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
         }
         GgmlType::F16 => {
-            let h: Vec<f16> =
-                src.chunks_exact(2).map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]]))).collect();
+            let h: Vec<f16> = src
+                .chunks_exact(2)
+                .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                .collect();
             out.resize(n, 0.0);
             h.convert_to_f32_slice(&mut out);
         }

@@ -88,7 +88,11 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Memory-maps and parses `path`.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
-        let io = |op, source| GgufError::Io { path: path.to_path_buf(), op, source };
+        let io = |op, source| GgufError::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        };
         let file = File::open(path).map_err(|e| io("open", e))?;
         let len = file.metadata().map_err(|e| io("stat", e))?.len();
         let storage = if len == 0 {
@@ -284,7 +288,8 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
         1 => {
             return Err(GgufError::Version {
                 version,
-                reason: "GGUF v1 is no longer supported (llama.cpp refuses it too); reconvert the model",
+                reason:
+                    "GGUF v1 is no longer supported (llama.cpp refuses it too); reconvert the model",
             })
         }
         v if v & 0xFFFF == 0 => {
@@ -294,7 +299,10 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
             })
         }
         _ => {
-            return Err(GgufError::Version { version, reason: "only versions 2 and 3 are supported" })
+            return Err(GgufError::Version {
+                version,
+                reason: "only versions 2 and 3 are supported",
+            })
         }
     }
     let at = c.offset();
@@ -311,10 +319,16 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
         let key_at = c.offset();
         let key = c.string(&|| format!("metadata key #{i}"))?;
         if key.is_empty() {
-            return Err(GgufError::format(key_at, format!("metadata key #{i} is empty")));
+            return Err(GgufError::format(
+                key_at,
+                format!("metadata key #{i} is empty"),
+            ));
         }
         if !seen_keys.insert(key.clone()) {
-            return Err(GgufError::format(key_at, format!("duplicate metadata key '{key}'")));
+            return Err(GgufError::format(
+                key_at,
+                format!("duplicate metadata key '{key}'"),
+            ));
         }
         let value = read_value(&mut c, &key)?;
         metadata.push((key, value));
@@ -344,7 +358,10 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
         let name_at = c.offset();
         let name = c.string(&|| format!("the name of tensor #{i}"))?;
         if !seen_names.insert(name.clone()) {
-            return Err(GgufError::format(name_at, format!("duplicate tensor name '{name}'")));
+            return Err(GgufError::format(
+                name_at,
+                format!("duplicate tensor name '{name}'"),
+            ));
         }
         let dims_at = c.offset();
         let n_dims = c.u32(&|| format!("the dimension count of tensor '{name}'"))?;
@@ -376,7 +393,10 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
         let ty_at = c.offset();
         let ty_id = c.u32(&|| format!("the type of tensor '{name}'"))?;
         let ty = GgmlType::from_u32(ty_id).ok_or_else(|| {
-            GgufError::format(ty_at, format!("tensor '{name}' has unknown ggml type id {ty_id}"))
+            GgufError::format(
+                ty_at,
+                format!("tensor '{name}' has unknown ggml type id {ty_id}"),
+            )
         })?;
         let n_bytes = ty
             .tensor_bytes(&ne)
@@ -389,7 +409,13 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
                 format!("tensor '{name}' data offset {offset} is not a multiple of the alignment {alignment}"),
             ));
         }
-        tensors.push(TensorInfo { name, ty, ne, offset, n_bytes });
+        tensors.push(TensorInfo {
+            name,
+            ty,
+            ne,
+            offset,
+            n_bytes,
+        });
     }
 
     let header_end = c.offset();
@@ -400,7 +426,9 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
     };
     let file_len = buf.len() as u64;
     for t in &tensors {
-        let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes));
+        let end = data_offset
+            .checked_add(t.offset)
+            .and_then(|s| s.checked_add(t.n_bytes));
         match end {
             Some(e) if e <= file_len => {}
             _ => {
@@ -432,7 +460,13 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
             ));
         }
     }
-    Ok(Parsed { version, alignment, metadata, tensors, data_offset })
+    Ok(Parsed {
+        version,
+        alignment,
+        metadata,
+        tensors,
+        data_offset,
+    })
 }
 
 /// Pre-allocation for `n` parsed items: bounded so that a count that the file size allows but
@@ -445,13 +479,19 @@ fn read_value(c: &mut Cursor<'_>, key: &str) -> Result<Value, GgufError> {
     let ty_at = c.offset();
     let ty_id = c.u32(&|| format!("the type of key '{key}'"))?;
     let ty = ValueType::from_u32(ty_id).ok_or_else(|| {
-        GgufError::format(ty_at, format!("key '{key}' has unknown value type id {ty_id}"))
+        GgufError::format(
+            ty_at,
+            format!("key '{key}' has unknown value type id {ty_id}"),
+        )
     })?;
     if ty == ValueType::Array {
         let et_at = c.offset();
         let et_id = c.u32(&|| format!("the element type of key '{key}'"))?;
         let et = ValueType::from_u32(et_id).ok_or_else(|| {
-            GgufError::format(et_at, format!("array key '{key}' has unknown element type id {et_id}"))
+            GgufError::format(
+                et_at,
+                format!("array key '{key}' has unknown element type id {et_id}"),
+            )
         })?;
         if et == ValueType::Array {
             return Err(GgufError::format(
@@ -462,7 +502,12 @@ fn read_value(c: &mut Cursor<'_>, key: &str) -> Result<Value, GgufError> {
         let n_at = c.offset();
         let n = c.u64(&|| format!("the element count of key '{key}'"))?;
         let min = et.fixed_size().unwrap_or(8);
-        c.check_count(n_at, n, min, &format!("the element count of array key '{key}'"))?;
+        c.check_count(
+            n_at,
+            n,
+            min,
+            &format!("the element count of array key '{key}'"),
+        )?;
         return Ok(Value::Array(read_array(c, key, et, n as usize)?));
     }
     read_scalar(c, key, ty)
@@ -492,7 +537,10 @@ fn read_bool(c: &mut Cursor<'_>, key: &str) -> Result<bool, GgufError> {
     match c.array::<1>(&|| format!("a bool of key '{key}'"))?[0] {
         0 => Ok(false),
         1 => Ok(true),
-        b => Err(GgufError::format(at, format!("key '{key}' has bool byte {b}, expected 0 or 1"))),
+        b => Err(GgufError::format(
+            at,
+            format!("key '{key}' has bool byte {b}, expected 0 or 1"),
+        )),
     }
 }
 

@@ -74,7 +74,12 @@ pub mod suffix {
 }
 
 const fn k(suffix: &'static str, ty: ValueType, required: bool, doc: &'static str) -> KeySpec {
-    KeySpec { suffix, ty, required, doc }
+    KeySpec {
+        suffix,
+        ty,
+        required,
+        doc,
+    }
 }
 
 macro_rules! common_keys {
@@ -101,10 +106,30 @@ macro_rules! common_keys {
 }
 
 static SPARK_KEYS: [KeySpec; 19] = common_keys!(
-    k(suffix::SPARK_FFN_K, ValueType::U32, true, "k_f, FFN neurons kept per token"),
-    k(suffix::SPARK_FFN_R, ValueType::U32, true, "r_f, FFN predictor input dims"),
-    k(suffix::SPARK_ATTN_K, ValueType::U32, true, "k_a, positions kept per query"),
-    k(suffix::SPARK_ATTN_R, ValueType::U32, true, "r_a, attention predictor dims per head"),
+    k(
+        suffix::SPARK_FFN_K,
+        ValueType::U32,
+        true,
+        "k_f, FFN neurons kept per token"
+    ),
+    k(
+        suffix::SPARK_FFN_R,
+        ValueType::U32,
+        true,
+        "r_f, FFN predictor input dims"
+    ),
+    k(
+        suffix::SPARK_ATTN_K,
+        ValueType::U32,
+        true,
+        "k_a, positions kept per query"
+    ),
+    k(
+        suffix::SPARK_ATTN_R,
+        ValueType::U32,
+        true,
+        "r_a, attention predictor dims per head"
+    ),
 );
 
 static GEMMA2_KEYS: [KeySpec; 15] = common_keys!();
@@ -173,42 +198,177 @@ impl TensorSpec {
     }
 }
 
-const fn t(name: &'static str, per_layer: bool, dims: &'static [Dim], doc: &'static str) -> TensorSpec {
-    TensorSpec { name, per_layer, dims, doc }
+const fn t(
+    name: &'static str,
+    per_layer: bool,
+    dims: &'static [Dim],
+    doc: &'static str,
+) -> TensorSpec {
+    TensorSpec {
+        name,
+        per_layer,
+        dims,
+        doc,
+    }
 }
 
 use Dim::*;
 
 static SPARK_TENSORS: [TensorSpec; 13] = [
-    t("token_embd.weight", false, &[Embd, Vocab], "embedding, tied output"),
-    t("output_norm.weight", false, &[Embd], "final RMSNorm weight (1 + scale)"),
-    t("blk.{l}.attn_norm.weight", true, &[Embd], "pre-attention RMSNorm (1 + scale)"),
-    t("blk.{l}.attn_q.weight", true, &[Embd, NHeadTimesHeadDim], "Wq"),
-    t("blk.{l}.attn_k.weight", true, &[Embd, NKvTimesHeadDim], "Wk"),
-    t("blk.{l}.attn_v.weight", true, &[Embd, NKvTimesHeadDim], "Wv"),
-    t("blk.{l}.attn_output.weight", true, &[NHeadTimesHeadDim, Embd], "Wo"),
-    t("blk.{l}.post_attention_norm.weight", true, &[Embd], "post-attention RMSNorm (1 + scale)"),
-    t("blk.{l}.ffn_norm.weight", true, &[Embd], "pre-FFN RMSNorm (1 + scale)"),
-    t("blk.{l}.ffn_gate.weight", true, &[FfnR, Ff], "K1: row j = neuron j's predictor weights"),
-    t("blk.{l}.ffn_up.weight", true, &[EmbdMinusFfnR, Ff], "K2: row j = neuron j's value weights"),
-    t("blk.{l}.ffn_down_t.weight", true, &[Embd, Ff], "V, neuron-major: row j = neuron j's output"),
-    t("blk.{l}.post_ffw_norm.weight", true, &[Embd], "post-FFN RMSNorm (1 + scale)"),
+    t(
+        "token_embd.weight",
+        false,
+        &[Embd, Vocab],
+        "embedding, tied output",
+    ),
+    t(
+        "output_norm.weight",
+        false,
+        &[Embd],
+        "final RMSNorm weight (1 + scale)",
+    ),
+    t(
+        "blk.{l}.attn_norm.weight",
+        true,
+        &[Embd],
+        "pre-attention RMSNorm (1 + scale)",
+    ),
+    t(
+        "blk.{l}.attn_q.weight",
+        true,
+        &[Embd, NHeadTimesHeadDim],
+        "Wq",
+    ),
+    t(
+        "blk.{l}.attn_k.weight",
+        true,
+        &[Embd, NKvTimesHeadDim],
+        "Wk",
+    ),
+    t(
+        "blk.{l}.attn_v.weight",
+        true,
+        &[Embd, NKvTimesHeadDim],
+        "Wv",
+    ),
+    t(
+        "blk.{l}.attn_output.weight",
+        true,
+        &[NHeadTimesHeadDim, Embd],
+        "Wo",
+    ),
+    t(
+        "blk.{l}.post_attention_norm.weight",
+        true,
+        &[Embd],
+        "post-attention RMSNorm (1 + scale)",
+    ),
+    t(
+        "blk.{l}.ffn_norm.weight",
+        true,
+        &[Embd],
+        "pre-FFN RMSNorm (1 + scale)",
+    ),
+    t(
+        "blk.{l}.ffn_gate.weight",
+        true,
+        &[FfnR, Ff],
+        "K1: row j = neuron j's predictor weights",
+    ),
+    t(
+        "blk.{l}.ffn_up.weight",
+        true,
+        &[EmbdMinusFfnR, Ff],
+        "K2: row j = neuron j's value weights",
+    ),
+    t(
+        "blk.{l}.ffn_down_t.weight",
+        true,
+        &[Embd, Ff],
+        "V, neuron-major: row j = neuron j's output",
+    ),
+    t(
+        "blk.{l}.post_ffw_norm.weight",
+        true,
+        &[Embd],
+        "post-FFN RMSNorm (1 + scale)",
+    ),
 ];
 
 static GEMMA2_TENSORS: [TensorSpec; 13] = [
-    t("token_embd.weight", false, &[Embd, Vocab], "embedding, tied output"),
-    t("output_norm.weight", false, &[Embd], "final RMSNorm weight (1 + scale)"),
-    t("blk.{l}.attn_norm.weight", true, &[Embd], "pre-attention RMSNorm (1 + scale)"),
-    t("blk.{l}.attn_q.weight", true, &[Embd, NHeadTimesHeadDim], "Wq"),
-    t("blk.{l}.attn_k.weight", true, &[Embd, NKvTimesHeadDim], "Wk"),
-    t("blk.{l}.attn_v.weight", true, &[Embd, NKvTimesHeadDim], "Wv"),
-    t("blk.{l}.attn_output.weight", true, &[NHeadTimesHeadDim, Embd], "Wo"),
-    t("blk.{l}.post_attention_norm.weight", true, &[Embd], "post-attention RMSNorm (1 + scale)"),
-    t("blk.{l}.ffn_norm.weight", true, &[Embd], "pre-FFN RMSNorm (1 + scale)"),
-    t("blk.{l}.ffn_gate.weight", true, &[Embd, Ff], "gate projection"),
+    t(
+        "token_embd.weight",
+        false,
+        &[Embd, Vocab],
+        "embedding, tied output",
+    ),
+    t(
+        "output_norm.weight",
+        false,
+        &[Embd],
+        "final RMSNorm weight (1 + scale)",
+    ),
+    t(
+        "blk.{l}.attn_norm.weight",
+        true,
+        &[Embd],
+        "pre-attention RMSNorm (1 + scale)",
+    ),
+    t(
+        "blk.{l}.attn_q.weight",
+        true,
+        &[Embd, NHeadTimesHeadDim],
+        "Wq",
+    ),
+    t(
+        "blk.{l}.attn_k.weight",
+        true,
+        &[Embd, NKvTimesHeadDim],
+        "Wk",
+    ),
+    t(
+        "blk.{l}.attn_v.weight",
+        true,
+        &[Embd, NKvTimesHeadDim],
+        "Wv",
+    ),
+    t(
+        "blk.{l}.attn_output.weight",
+        true,
+        &[NHeadTimesHeadDim, Embd],
+        "Wo",
+    ),
+    t(
+        "blk.{l}.post_attention_norm.weight",
+        true,
+        &[Embd],
+        "post-attention RMSNorm (1 + scale)",
+    ),
+    t(
+        "blk.{l}.ffn_norm.weight",
+        true,
+        &[Embd],
+        "pre-FFN RMSNorm (1 + scale)",
+    ),
+    t(
+        "blk.{l}.ffn_gate.weight",
+        true,
+        &[Embd, Ff],
+        "gate projection",
+    ),
     t("blk.{l}.ffn_up.weight", true, &[Embd, Ff], "up projection"),
-    t("blk.{l}.ffn_down.weight", true, &[Ff, Embd], "down projection"),
-    t("blk.{l}.post_ffw_norm.weight", true, &[Embd], "post-FFN RMSNorm (1 + scale)"),
+    t(
+        "blk.{l}.ffn_down.weight",
+        true,
+        &[Ff, Embd],
+        "down projection",
+    ),
+    t(
+        "blk.{l}.post_ffw_norm.weight",
+        true,
+        &[Embd],
+        "post-FFN RMSNorm (1 + scale)",
+    ),
 ];
 
 /// The tensors of `arch` (SPEC section 3 for `spark-gemma2`; llama.cpp's layout for `gemma2`).
@@ -268,7 +428,10 @@ impl Hparams {
             let key = format!("{arch}.{suffix}");
             match get(&key) {
                 Some(Value::U32(v)) => Ok(u64::from(*v)),
-                Some(v) => Err(GgufError::metadata(key, format!("must have type u32 but has type {}", v.type_name()))),
+                Some(v) => Err(GgufError::metadata(
+                    key,
+                    format!("must have type u32 but has type {}", v.type_name()),
+                )),
                 None => Err(GgufError::metadata(key, "is missing")),
             }
         };
@@ -279,7 +442,10 @@ impl Hparams {
         if value_len != head_dim {
             return Err(GgufError::metadata(
                 format!("{arch}.{}", suffix::VALUE_LENGTH),
-                format!("is {value_len} but {arch}.{} is {head_dim}; they must be equal", suffix::KEY_LENGTH),
+                format!(
+                    "is {value_len} but {arch}.{} is {head_dim}; they must be equal",
+                    suffix::KEY_LENGTH
+                ),
             ));
         }
         let vocab_key = format!("{arch}.{}", suffix::VOCAB_SIZE);
@@ -287,7 +453,10 @@ impl Hparams {
             None => None,
             Some(Value::U32(v)) => Some(u64::from(*v)),
             Some(v) => {
-                return Err(GgufError::metadata(vocab_key, format!("must have type u32 but has type {}", v.type_name())))
+                return Err(GgufError::metadata(
+                    vocab_key,
+                    format!("must have type u32 but has type {}", v.type_name()),
+                ))
             }
         };
         let vocab = match get(keys::TOKENIZER_TOKENS) {
@@ -308,7 +477,10 @@ impl Hparams {
                 ))
             }
             None => declared.ok_or_else(|| {
-                GgufError::metadata(keys::TOKENIZER_TOKENS, format!("is missing (and so is {vocab_key})"))
+                GgufError::metadata(
+                    keys::TOKENIZER_TOKENS,
+                    format!("is missing (and so is {vocab_key})"),
+                )
             })?,
         };
         Ok(Hparams {
@@ -350,7 +522,10 @@ impl Hparams {
         if self.n_heads % self.n_kv_heads != 0 {
             return Err(GgufError::metadata(
                 key(suffix::HEAD_COUNT_KV),
-                format!("{} does not divide the head count {}", self.n_kv_heads, self.n_heads),
+                format!(
+                    "{} does not divide the head count {}",
+                    self.n_kv_heads, self.n_heads
+                ),
             ));
         }
         if a != SPARK_ARCH {
@@ -359,13 +534,19 @@ impl Hparams {
         if self.ffn_r == 0 || self.ffn_r >= self.d_model {
             return Err(GgufError::metadata(
                 key(suffix::SPARK_FFN_R),
-                format!("is {}, must satisfy 0 < r_f < D = {}", self.ffn_r, self.d_model),
+                format!(
+                    "is {}, must satisfy 0 < r_f < D = {}",
+                    self.ffn_r, self.d_model
+                ),
             ));
         }
         if self.attn_r == 0 || self.attn_r >= self.head_dim {
             return Err(GgufError::metadata(
                 key(suffix::SPARK_ATTN_R),
-                format!("is {}, must satisfy 0 < r_a < H = {}", self.attn_r, self.head_dim),
+                format!(
+                    "is {}, must satisfy 0 < r_a < H = {}",
+                    self.attn_r, self.head_dim
+                ),
             ));
         }
         if self.attn_r % 2 != 0 || (self.head_dim - self.attn_r) % 2 != 0 {
@@ -379,10 +560,16 @@ impl Hparams {
             ));
         }
         if self.ffn_k == 0 {
-            return Err(GgufError::metadata(key(suffix::SPARK_FFN_K), "must be at least 1, is 0"));
+            return Err(GgufError::metadata(
+                key(suffix::SPARK_FFN_K),
+                "must be at least 1, is 0",
+            ));
         }
         if self.attn_k == 0 {
-            return Err(GgufError::metadata(key(suffix::SPARK_ATTN_K), "must be at least 1, is 0"));
+            return Err(GgufError::metadata(
+                key(suffix::SPARK_ATTN_K),
+                "must be at least 1, is 0",
+            ));
         }
         Ok(())
     }
@@ -392,10 +579,18 @@ impl Hparams {
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
         let specs = arch_tensors(&self.arch).unwrap_or(&[]);
         let shape = |s: &TensorSpec| s.dims.iter().map(|d| d.resolve(self)).collect::<Vec<u64>>();
-        let mut out: Vec<(String, Vec<u64>)> =
-            specs.iter().filter(|s| !s.per_layer).map(|s| (s.name.to_string(), shape(s))).collect();
+        let mut out: Vec<(String, Vec<u64>)> = specs
+            .iter()
+            .filter(|s| !s.per_layer)
+            .map(|s| (s.name.to_string(), shape(s)))
+            .collect();
         for l in 0..self.n_layers {
-            out.extend(specs.iter().filter(|s| s.per_layer).map(|s| (s.name_for(l), shape(s))));
+            out.extend(
+                specs
+                    .iter()
+                    .filter(|s| s.per_layer)
+                    .map(|s| (s.name_for(l), shape(s))),
+            );
         }
         out
     }
@@ -459,7 +654,10 @@ pub fn file_type_for(types: &[GgmlType]) -> Result<u32, GgufError> {
     ftype_of(ty).ok_or_else(|| {
         GgufError::metadata(
             keys::GENERAL_FILE_TYPE,
-            format!("llama.cpp has no file type for tensors stored as {}", ty.name()),
+            format!(
+                "llama.cpp has no file type for tensors stored as {}",
+                ty.name()
+            ),
         )
     })
 }
@@ -484,7 +682,10 @@ mod tests {
             u(suffix::SPARK_FFN_R, 1024),
             u(suffix::SPARK_ATTN_K, 256),
             u(suffix::SPARK_ATTN_R, 128),
-            (keys::TOKENIZER_TOKENS.into(), Value::Array(Array::String(vec!["a".into(); 7]))),
+            (
+                keys::TOKENIZER_TOKENS.into(),
+                Value::Array(Array::String(vec!["a".into(); 7])),
+            ),
         ]
     }
 
@@ -516,18 +717,33 @@ mod tests {
             (suffix::SPARK_ATTN_R, 127, "spark-gemma2.spark.attn_r"),
             (suffix::SPARK_ATTN_R, 256, "spark-gemma2.spark.attn_r"),
             (suffix::SPARK_FFN_K, 0, "spark-gemma2.spark.ffn_k"),
-            (suffix::HEAD_COUNT_KV, 3, "spark-gemma2.attention.head_count_kv"),
+            (
+                suffix::HEAD_COUNT_KV,
+                3,
+                "spark-gemma2.attention.head_count_kv",
+            ),
         ];
         for (s, v, key) in cases {
             let mut m = spark_meta();
             m.iter_mut().find(|(k, _)| k.ends_with(s)).unwrap().1 = Value::U32(v);
-            let e = Hparams::from_metadata(SPARK_ARCH, lookup(&m)).unwrap().validate().unwrap_err();
-            assert!(e.to_string().starts_with(&format!("metadata key '{key}'")), "{e}");
+            let e = Hparams::from_metadata(SPARK_ARCH, lookup(&m))
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(
+                e.to_string().starts_with(&format!("metadata key '{key}'")),
+                "{e}"
+            );
         }
         let mut m = spark_meta();
         m[1].1 = Value::U64(2304);
-        let e = Hparams::from_metadata(SPARK_ARCH, lookup(&m)).unwrap_err().to_string();
-        assert_eq!(e, "metadata key 'spark-gemma2.embedding_length': must have type u32 but has type u64");
+        let e = Hparams::from_metadata(SPARK_ARCH, lookup(&m))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "metadata key 'spark-gemma2.embedding_length': must have type u32 but has type u64"
+        );
     }
 
     #[test]
@@ -537,7 +753,10 @@ mod tests {
             .filter(|(k, _)| !k.contains(".spark."))
             .map(|(k, v)| (k.replace(SPARK_ARCH, GEMMA2_ARCH), v))
             .collect();
-        m.push((format!("{GEMMA2_ARCH}.{}", suffix::VOCAB_SIZE), Value::U32(7)));
+        m.push((
+            format!("{GEMMA2_ARCH}.{}", suffix::VOCAB_SIZE),
+            Value::U32(7),
+        ));
         let hp = Hparams::from_metadata(GEMMA2_ARCH, lookup(&m)).unwrap();
         hp.validate().unwrap();
         let t = hp.expected_tensors();
@@ -545,7 +764,10 @@ mod tests {
         assert_eq!(find("blk.0.ffn_gate.weight"), vec![2304, 13824]);
         assert_eq!(find("blk.0.ffn_up.weight"), vec![2304, 13824]);
         assert_eq!(find("blk.0.ffn_down.weight"), vec![13824, 2304]);
-        assert_eq!(arch_keys(GEMMA2_ARCH).unwrap().len() + 4, arch_keys(SPARK_ARCH).unwrap().len());
+        assert_eq!(
+            arch_keys(GEMMA2_ARCH).unwrap().len() + 4,
+            arch_keys(SPARK_ARCH).unwrap().len()
+        );
     }
 
     #[test]

@@ -49,11 +49,17 @@ impl Expect {
 }
 
 const GLOBAL_KEYS: &[(&str, Expect)] = &[
-    (keys::GENERAL_ARCHITECTURE, Expect::Scalar(ValueType::String)),
+    (
+        keys::GENERAL_ARCHITECTURE,
+        Expect::Scalar(ValueType::String),
+    ),
     (keys::GENERAL_NAME, Expect::Scalar(ValueType::String)),
     (keys::GENERAL_ALIGNMENT, Expect::Scalar(ValueType::U32)),
     (keys::GENERAL_FILE_TYPE, Expect::Scalar(ValueType::U32)),
-    (keys::GENERAL_QUANTIZATION_VERSION, Expect::Scalar(ValueType::U32)),
+    (
+        keys::GENERAL_QUANTIZATION_VERSION,
+        Expect::Scalar(ValueType::U32),
+    ),
     (keys::TOKENIZER_MODEL, Expect::Scalar(ValueType::String)),
     (keys::TOKENIZER_PRE, Expect::Scalar(ValueType::String)),
     (keys::TOKENIZER_TOKENS, Expect::ArrayOf(ValueType::String)),
@@ -71,8 +77,14 @@ const GLOBAL_KEYS: &[(&str, Expect)] = &[
     (keys::TOKENIZER_EOM_ID, Expect::Scalar(ValueType::U32)),
     (keys::TOKENIZER_ADD_BOS, Expect::Scalar(ValueType::Bool)),
     (keys::TOKENIZER_ADD_EOS, Expect::Scalar(ValueType::Bool)),
-    (keys::TOKENIZER_ADD_SPACE_PREFIX, Expect::Scalar(ValueType::Bool)),
-    (keys::TOKENIZER_CHAT_TEMPLATE, Expect::Scalar(ValueType::String)),
+    (
+        keys::TOKENIZER_ADD_SPACE_PREFIX,
+        Expect::Scalar(ValueType::Bool),
+    ),
+    (
+        keys::TOKENIZER_CHAT_TEMPLATE,
+        Expect::Scalar(ValueType::String),
+    ),
 ];
 
 const SPECIAL_ID_KEYS: &[&str] = &[
@@ -91,7 +103,10 @@ struct Report(Vec<Violation>);
 
 impl Report {
     fn add(&mut self, what: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Violation { what: what.into(), message: message.into() });
+        self.0.push(Violation {
+            what: what.into(),
+            message: message.into(),
+        });
     }
 }
 
@@ -113,7 +128,10 @@ fn check_layout(file: &GgufFile, r: &mut Report) {
         if t.name.len() > MAX_TENSOR_NAME_BYTES {
             r.add(
                 &t.name,
-                format!("name is {} bytes, llama.cpp allows at most {MAX_TENSOR_NAME_BYTES}", t.name.len()),
+                format!(
+                    "name is {} bytes, llama.cpp allows at most {MAX_TENSOR_NAME_BYTES}",
+                    t.name.len()
+                ),
             );
         }
         if t.offset != expected {
@@ -128,7 +146,10 @@ fn check_layout(file: &GgufFile, r: &mut Report) {
         expected = t.offset.saturating_add(t.n_bytes.next_multiple_of(align));
     }
     if let Some(last) = file.tensors().last() {
-        let end = file.data_offset().saturating_add(last.offset.saturating_add(last.n_bytes.next_multiple_of(align)));
+        let end = file.data_offset().saturating_add(
+            last.offset
+                .saturating_add(last.n_bytes.next_multiple_of(align)),
+        );
         if file.file_size() < end {
             r.add(
                 &last.name,
@@ -139,8 +160,15 @@ fn check_layout(file: &GgufFile, r: &mut Report) {
             );
         }
     }
-    if file.tensors().iter().any(|t| t.ty.is_quantized()) && file.get(keys::GENERAL_QUANTIZATION_VERSION).is_none() {
-        let q = file.tensors().iter().find(|t| t.ty.is_quantized()).map(|t| t.name.as_str()).unwrap_or("");
+    if file.tensors().iter().any(|t| t.ty.is_quantized())
+        && file.get(keys::GENERAL_QUANTIZATION_VERSION).is_none()
+    {
+        let q = file
+            .tensors()
+            .iter()
+            .find(|t| t.ty.is_quantized())
+            .map(|t| t.name.as_str())
+            .unwrap_or("");
         r.add(
             keys::GENERAL_QUANTIZATION_VERSION,
             format!("is missing but tensor '{q}' is quantized"),
@@ -155,13 +183,19 @@ fn expected_type(key: &str, arch: Option<&str>) -> Option<Expect> {
     // Architecture keys: the Spark table's suffixes, under whatever architecture the file names.
     let arch = arch?;
     let suffix = key.strip_prefix(arch)?.strip_prefix('.')?;
-    arch_keys(SPARK_ARCH)?.iter().find(|s| s.suffix == suffix).map(|s| Expect::Scalar(s.ty))
+    arch_keys(SPARK_ARCH)?
+        .iter()
+        .find(|s| s.suffix == suffix)
+        .map(|s| Expect::Scalar(s.ty))
 }
 
 fn check_metadata_types(file: &GgufFile, r: &mut Report) {
     let arch = match file.get(keys::GENERAL_ARCHITECTURE) {
         None => {
-            r.add(keys::GENERAL_ARCHITECTURE, "is missing (llama.cpp needs it to pick a model loader)");
+            r.add(
+                keys::GENERAL_ARCHITECTURE,
+                "is missing (llama.cpp needs it to pick a model loader)",
+            );
             None
         }
         Some(Value::String(s)) => Some(s.as_str()),
@@ -170,7 +204,14 @@ fn check_metadata_types(file: &GgufFile, r: &mut Report) {
     for (key, value) in file.metadata() {
         if let Some(e) = expected_type(key, arch) {
             if !e.matches(value) {
-                r.add(key, format!("must have type {} but has type {}", e.name(), value.type_name()));
+                r.add(
+                    key,
+                    format!(
+                        "must have type {} but has type {}",
+                        e.name(),
+                        value.type_name()
+                    ),
+                );
             }
         }
     }
@@ -178,7 +219,10 @@ fn check_metadata_types(file: &GgufFile, r: &mut Report) {
         if *v != keys::QUANTIZATION_VERSION {
             r.add(
                 keys::GENERAL_QUANTIZATION_VERSION,
-                format!("is {v}, llama.cpp writes and expects {}", keys::QUANTIZATION_VERSION),
+                format!(
+                    "is {v}, llama.cpp writes and expects {}",
+                    keys::QUANTIZATION_VERSION
+                ),
             );
         }
     }
@@ -192,22 +236,35 @@ fn check_tokenizer(file: &GgufFile, r: &mut Report) {
     for key in [keys::TOKENIZER_SCORES, keys::TOKENIZER_TOKEN_TYPE] {
         if let Some(Value::Array(a)) = file.get(key) {
             if a.len() != n {
-                r.add(key, format!("has {} entries but {} has {n}", a.len(), keys::TOKENIZER_TOKENS));
+                r.add(
+                    key,
+                    format!(
+                        "has {} entries but {} has {n}",
+                        a.len(),
+                        keys::TOKENIZER_TOKENS
+                    ),
+                );
             }
         }
     }
     for key in SPECIAL_ID_KEYS {
         if let Some(Value::U32(id)) = file.get(key) {
             if *id as usize >= n {
-                r.add(*key, format!("token id {id} is outside the vocabulary of {n} tokens"));
+                r.add(
+                    *key,
+                    format!("token id {id} is outside the vocabulary of {n} tokens"),
+                );
             }
         }
     }
     if let Some(Value::String(model)) = file.get(keys::TOKENIZER_MODEL) {
         if model == "llama" {
-            let present: std::collections::HashSet<&str> = tokens.iter().map(String::as_str).collect();
-            let missing: Vec<String> =
-                (0..=255u8).map(|b| format!("<0x{b:02X}>")).filter(|t| !present.contains(t.as_str())).collect();
+            let present: std::collections::HashSet<&str> =
+                tokens.iter().map(String::as_str).collect();
+            let missing: Vec<String> = (0..=255u8)
+                .map(|b| format!("<0x{b:02X}>"))
+                .filter(|t| !present.contains(t.as_str()))
+                .collect();
             if !missing.is_empty() {
                 r.add(
                     keys::TOKENIZER_TOKENS,
@@ -235,7 +292,10 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
         let key = s.key(arch);
         match file.get(&key) {
             None if s.required => {
-                r.add(&key, format!("is missing (required by {arch}, type {})", s.ty.name()));
+                r.add(
+                    &key,
+                    format!("is missing (required by {arch}, type {})", s.ty.name()),
+                );
                 key_problem = true;
             }
             Some(v) if v.value_type() != s.ty => key_problem = true, // reported by the type check
@@ -243,15 +303,25 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
         }
     }
     if arch == GEMMA2_ARCH {
-        for s in arch_keys(SPARK_ARCH).unwrap_or(&[]).iter().filter(|s| s.suffix.starts_with("spark.")) {
+        for s in arch_keys(SPARK_ARCH)
+            .unwrap_or(&[])
+            .iter()
+            .filter(|s| s.suffix.starts_with("spark."))
+        {
             let key = s.key(arch);
             if file.get(&key).is_some() {
-                r.add(&key, format!("is a Spark key in a dense {GEMMA2_ARCH} file"));
+                r.add(
+                    &key,
+                    format!("is a Spark key in a dense {GEMMA2_ARCH} file"),
+                );
             }
         }
     }
     if file.get(keys::TOKENIZER_MODEL).is_none() {
-        r.add(keys::TOKENIZER_MODEL, format!("is missing (required by {arch})"));
+        r.add(
+            keys::TOKENIZER_MODEL,
+            format!("is missing (required by {arch})"),
+        );
     }
     if key_problem {
         return;
@@ -268,7 +338,11 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
         return;
     }
     let expected = hp.expected_tensors();
-    let present: HashMap<&str, &crate::TensorInfo> = file.tensors().iter().map(|t| (t.name.as_str(), t)).collect();
+    let present: HashMap<&str, &crate::TensorInfo> = file
+        .tensors()
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
     for (name, shape) in &expected {
         match present.get(name.as_str()) {
             None => r.add(name, format!("is missing (expected shape {shape:?})")),
@@ -278,7 +352,8 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
             Some(_) => {}
         }
     }
-    let expected_names: std::collections::HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    let expected_names: std::collections::HashSet<&str> =
+        expected.iter().map(|(n, _)| n.as_str()).collect();
     for t in file.tensors() {
         if !expected_names.contains(t.name.as_str()) {
             r.add(
@@ -299,7 +374,9 @@ fn error_subject(e: &crate::GgufError) -> String {
 
 fn error_message(e: &crate::GgufError) -> String {
     match e {
-        crate::GgufError::Metadata { message, .. } | crate::GgufError::Tensor { message, .. } => message.clone(),
+        crate::GgufError::Metadata { message, .. } | crate::GgufError::Tensor { message, .. } => {
+            message.clone()
+        }
         other => other.to_string(),
     }
 }

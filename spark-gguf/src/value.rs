@@ -326,8 +326,9 @@ impl Value {
             Value::F64(v) => format!("{v:?}"),
             Value::Array(a) => {
                 let n = a.len();
-                let shown: Vec<String> =
-                    (0..n.min(max_elems)).filter_map(|i| a.elem_to_string(i)).collect();
+                let shown: Vec<String> = (0..n.min(max_elems))
+                    .filter_map(|i| a.elem_to_string(i))
+                    .collect();
                 if n > max_elems {
                     format!("[{}, ...] ({n} elements)", shown.join(", "))
                 } else {

@@ -75,7 +75,8 @@ impl GgufWriter {
                 "alignment {alignment} is not a power of two that fits in u32"
             )));
         }
-        let mut kvs: Vec<(&str, std::borrow::Cow<'_, Value>)> = Vec::with_capacity(metadata.len() + 1);
+        let mut kvs: Vec<(&str, std::borrow::Cow<'_, Value>)> =
+            Vec::with_capacity(metadata.len() + 1);
         let mut seen = HashSet::new();
         for (k, v) in metadata {
             if k.is_empty() {
@@ -87,13 +88,20 @@ impl GgufWriter {
             if k == keys::GENERAL_ALIGNMENT && v.as_u32().map(u64::from) != Some(alignment) {
                 return Err(GgufError::metadata(
                     k,
-                    format!("is {} ({}) but the writer aligns to {alignment}", v.display(4), v.type_name()),
+                    format!(
+                        "is {} ({}) but the writer aligns to {alignment}",
+                        v.display(4),
+                        v.type_name()
+                    ),
                 ));
             }
             kvs.push((k.as_str(), std::borrow::Cow::Borrowed(v)));
         }
         if alignment != DEFAULT_ALIGNMENT && !seen.contains(keys::GENERAL_ALIGNMENT) {
-            kvs.push((keys::GENERAL_ALIGNMENT, std::borrow::Cow::Owned(Value::U32(alignment as u32))));
+            kvs.push((
+                keys::GENERAL_ALIGNMENT,
+                std::borrow::Cow::Owned(Value::U32(alignment as u32)),
+            ));
         }
 
         let mut names_seen = HashSet::new();
@@ -102,11 +110,17 @@ impl GgufWriter {
             if t.name.len() > MAX_TENSOR_NAME_BYTES {
                 return Err(GgufError::tensor(
                     &t.name,
-                    format!("name is {} bytes, at most {MAX_TENSOR_NAME_BYTES} are allowed", t.name.len()),
+                    format!(
+                        "name is {} bytes, at most {MAX_TENSOR_NAME_BYTES} are allowed",
+                        t.name.len()
+                    ),
                 ));
             }
             if !names_seen.insert(t.name.as_str()) {
-                return Err(GgufError::tensor(&t.name, "appears twice in the tensor plan"));
+                return Err(GgufError::tensor(
+                    &t.name,
+                    "appears twice in the tensor plan",
+                ));
             }
             if t.ne.is_empty() || t.ne.len() > MAX_DIMS {
                 return Err(GgufError::tensor(
@@ -115,9 +129,14 @@ impl GgufWriter {
                 ));
             }
             if t.ne.iter().any(|&n| n > i64::MAX as u64) {
-                return Err(GgufError::tensor(&t.name, format!("dimension too large in {:?}", t.ne)));
+                return Err(GgufError::tensor(
+                    &t.name,
+                    format!("dimension too large in {:?}", t.ne),
+                ));
             }
-            let n = t.ty.tensor_bytes(&t.ne).map_err(|e| GgufError::tensor(&t.name, e.to_string()))?;
+            let n =
+                t.ty.tensor_bytes(&t.ne)
+                    .map_err(|e| GgufError::tensor(&t.name, e.to_string()))?;
             sizes.push(n);
         }
 
@@ -156,7 +175,11 @@ impl GgufWriter {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let io = |op, source| GgufError::Io { path: path.to_path_buf(), op, source };
+        let io = |op, source| GgufError::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        };
         let tmp = tempfile::Builder::new()
             .prefix(".spark-gguf-")
             .suffix(".tmp")
@@ -180,7 +203,11 @@ impl GgufWriter {
 
     fn io_err(&mut self, op: &'static str, source: std::io::Error) -> GgufError {
         self.failed = true;
-        GgufError::Io { path: self.path.clone(), op, source }
+        GgufError::Io {
+            path: self.path.clone(),
+            op,
+            source,
+        }
     }
 
     fn ready(&self) -> Result<(), GgufError> {
@@ -197,18 +224,28 @@ impl GgufWriter {
     pub fn write_tensor(&mut self, bytes: &[u8]) -> Result<(), GgufError> {
         self.ready()?;
         let Some(name) = self.names.get(self.current) else {
-            return Err(GgufError::Writer(format!("all {} planned tensors are already written", self.names.len())));
+            return Err(GgufError::Writer(format!(
+                "all {} planned tensors are already written",
+                self.names.len()
+            )));
         };
         if self.written_in_current != 0 {
             return Err(GgufError::tensor(
                 name,
-                format!("write_tensor after {} bytes were streamed in chunks", self.written_in_current),
+                format!(
+                    "write_tensor after {} bytes were streamed in chunks",
+                    self.written_in_current
+                ),
             ));
         }
         if bytes.len() as u64 != self.sizes[self.current] {
             return Err(GgufError::tensor(
                 name,
-                format!("got {} bytes, the plan needs exactly {}", bytes.len(), self.sizes[self.current]),
+                format!(
+                    "got {} bytes, the plan needs exactly {}",
+                    bytes.len(),
+                    self.sizes[self.current]
+                ),
             ));
         }
         self.write_tensor_chunk(bytes)
@@ -220,7 +257,10 @@ impl GgufWriter {
     pub fn write_tensor_chunk(&mut self, bytes: &[u8]) -> Result<(), GgufError> {
         self.ready()?;
         let Some(name) = self.names.get(self.current) else {
-            return Err(GgufError::Writer(format!("all {} planned tensors are already written", self.names.len())));
+            return Err(GgufError::Writer(format!(
+                "all {} planned tensors are already written",
+                self.names.len()
+            )));
         };
         let size = self.sizes[self.current];
         let left = size - self.written_in_current;
@@ -287,11 +327,16 @@ impl GgufWriter {
         }
         let out = self.out.take().expect("output is present until finish");
         let path = self.path.clone();
-        let io = |op, source| GgufError::Io { path: path.clone(), op, source };
+        let io = |op, source| GgufError::Io {
+            path: path.clone(),
+            op,
+            source,
+        };
         let tmp = out.into_inner().map_err(|e| io("write", e.into_error()))?;
         tmp.as_file().sync_all().map_err(|e| io("sync", e))?;
         if self.overwrite {
-            tmp.persist(&self.path).map_err(|e| io("rename the temporary file to", e.error))?;
+            tmp.persist(&self.path)
+                .map_err(|e| io("rename the temporary file to", e.error))?;
         } else {
             tmp.persist_noclobber(&self.path).map_err(|e| {
                 if e.error.kind() == std::io::ErrorKind::AlreadyExists {

@@ -31,7 +31,11 @@ fn python() -> Option<PathBuf> {
 
 fn run_python(py: &Path, args: &[&std::ffi::OsStr]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gguf_py_reference.py");
-    let out = Command::new(py).arg(&script).args(args).output().expect("cannot run SPARK_PYTHON");
+    let out = Command::new(py)
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("cannot run SPARK_PYTHON");
     assert!(
         out.status.success(),
         "{} failed: {}\n{}",
@@ -51,7 +55,9 @@ fn quant_inputs() -> Vec<f32> {
         v.extend((0..64).map(|_| rng.f32() * scale));
     }
     // Q8_0 ties: amax 127 gives d = 1, so x * id = x exactly: halves round away from zero.
-    let mut b: Vec<f32> = vec![127.0, -0.5, 0.5, 1.5, -1.5, 2.5, -2.5, 126.5, -126.5, 0.0, -0.0];
+    let mut b: Vec<f32> = vec![
+        127.0, -0.5, 0.5, 1.5, -1.5, 2.5, -2.5, 126.5, -126.5, 0.0, -0.0,
+    ];
     b.extend((0..21).map(|i| i as f32 + 0.5));
     v.extend(&b);
     v.extend(b.iter().map(|x| -x));
@@ -103,9 +109,24 @@ fn encodings_are_bit_identical_to_gguf_py() {
     let dir = tmpdir();
     let input = quant_inputs();
     let inp = in_dir(&dir, "in.f32");
-    std::fs::write(&inp, input.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-    run_python(&py, &["quant".as_ref(), inp.as_os_str(), dir.path().as_os_str()]);
-    for (name, ty) in [("f16", GgmlType::F16), ("bf16", GgmlType::BF16), ("q8_0", GgmlType::Q8_0), ("q4_0", GgmlType::Q4_0)] {
+    std::fs::write(
+        &inp,
+        input
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    run_python(
+        &py,
+        &["quant".as_ref(), inp.as_os_str(), dir.path().as_os_str()],
+    );
+    for (name, ty) in [
+        ("f16", GgmlType::F16),
+        ("bf16", GgmlType::BF16),
+        ("q8_0", GgmlType::Q8_0),
+        ("q4_0", GgmlType::Q4_0),
+    ] {
         let reference = std::fs::read(in_dir(&dir, &format!("{name}.bin"))).unwrap();
         // Whole input at once and row by row (64 values) must give the same bytes.
         let mut ours = Vec::new();
@@ -119,20 +140,33 @@ fn encodings_are_bit_identical_to_gguf_py() {
         let block = ty.type_size() as usize;
         for (i, (a, b)) in ours.chunks(block).zip(reference.chunks(block)).enumerate() {
             let n = ty.block_size() as usize;
-            assert_eq!(a, b, "{name}: block {i} differs from gguf-py; inputs {:?}", &input[i * n..(i + 1) * n]);
+            assert_eq!(
+                a,
+                b,
+                "{name}: block {i} differs from gguf-py; inputs {:?}",
+                &input[i * n..(i + 1) * n]
+            );
         }
         let ref_dec: Vec<u32> = std::fs::read(in_dir(&dir, &format!("{name}.dec.f32")))
             .unwrap()
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
             .collect();
-        let dec: Vec<u32> = decode_to_f32(ty, &ours, input.len()).unwrap().iter().map(|x| x.to_bits()).collect();
+        let dec: Vec<u32> = decode_to_f32(ty, &ours, input.len())
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
         assert_eq!(dec, ref_dec, "{name}: decoding differs from gguf-py");
     }
 }
 
 fn json_u64s(j: &Json) -> Vec<u64> {
-    j.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+    j.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
 }
 
 /// The values of one gguf-py field, compared with ours by exact type and bits.
@@ -142,8 +176,18 @@ fn check_field(key: &str, ours: &Value, types: &[u64], values: &[Json]) {
         Value::Array(a) => assert_eq!(types, [9, ids(a.elem_type())], "{key}: types"),
         v => assert_eq!(types, [ids(v.value_type())], "{key}: type"),
     }
-    let int = |j: &Json| j.as_i64().map(|x| x as i128).or_else(|| j.as_u64().map(|x| x as i128)).unwrap();
-    let strs = || values.iter().map(|j| j.as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let int = |j: &Json| {
+        j.as_i64()
+            .map(|x| x as i128)
+            .or_else(|| j.as_u64().map(|x| x as i128))
+            .unwrap()
+    };
+    let strs = || {
+        values
+            .iter()
+            .map(|j| j.as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
     let ints = || values.iter().map(int).collect::<Vec<i128>>();
     let got: Vec<i128> = match ours {
         Value::String(s) => return assert_eq!(strs(), vec![s.clone()], "{key}"),
@@ -187,7 +231,12 @@ fn cross_read(py: &Path, path: &Path) {
     assert_eq!(fields.len(), f.metadata().len());
     for (field, (key, value)) in fields.iter().zip(f.metadata()) {
         assert_eq!(field["key"].as_str().unwrap(), key);
-        check_field(key, value, &json_u64s(&field["types"]), field["values"].as_array().unwrap());
+        check_field(
+            key,
+            value,
+            &json_u64s(&field["types"]),
+            field["values"].as_array().unwrap(),
+        );
     }
     let tensors = j["tensors"].as_array().unwrap();
     assert_eq!(tensors.len(), f.tensors().len());
@@ -196,8 +245,17 @@ fn cross_read(py: &Path, path: &Path) {
         assert_eq!(jt["type"].as_u64().unwrap(), t.ty.id() as u64, "{}", t.name);
         assert_eq!(json_u64s(&jt["shape"]), t.ne, "{}", t.name);
         assert_eq!(jt["n_bytes"].as_u64().unwrap(), t.n_bytes, "{}", t.name);
-        assert_eq!(jt["data_offset"].as_u64().unwrap(), f.data_offset() + t.offset, "{}", t.name);
-        let hex: String = f.tensor_data(t).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            jt["data_offset"].as_u64().unwrap(),
+            f.data_offset() + t.offset,
+            "{}",
+            t.name
+        );
+        let hex: String = f
+            .tensor_data(t)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         assert_eq!(jt["hex"].as_str().unwrap(), hex, "{}: bytes", t.name);
         if let Some(bits) = jt.get("f32_bits") {
             let ours: Vec<u64> = decode_to_f32(t.ty, f.tensor_data(t), t.n_elements() as usize)
@@ -216,7 +274,10 @@ fn gguf_py_reads_our_files_identically() {
     let dir = tmpdir();
     // Every value type, several tensor types and odd shapes, default and custom alignment.
     let meta = vec![
-        ("general.architecture".to_string(), Value::String("test".into())),
+        (
+            "general.architecture".to_string(),
+            Value::String("test".into()),
+        ),
         ("v.u8".into(), Value::U8(250)),
         ("v.i8".into(), Value::I8(-3)),
         ("v.u16".into(), Value::U16(65000)),
@@ -233,17 +294,37 @@ fn gguf_py_reads_our_files_identically() {
         ("a.i8".into(), Value::Array(Array::I8(vec![-1, 1]))),
         ("a.u16".into(), Value::Array(Array::U16(vec![9]))),
         ("a.i16".into(), Value::Array(Array::I16(vec![-9, 9]))),
-        ("a.u32".into(), Value::Array(Array::U32(vec![1, 4_000_000_000]))),
+        (
+            "a.u32".into(),
+            Value::Array(Array::U32(vec![1, 4_000_000_000])),
+        ),
         ("a.i32".into(), Value::Array(Array::I32(vec![-1, 2, 3]))),
-        ("a.f32".into(), Value::Array(Array::F32(vec![0.1, -0.0, 3e38]))),
-        ("a.bool".into(), Value::Array(Array::Bool(vec![false, true]))),
-        ("a.str".into(), Value::Array(Array::String(vec!["x".into(), String::new(), "<0xFF>".into()]))),
+        (
+            "a.f32".into(),
+            Value::Array(Array::F32(vec![0.1, -0.0, 3e38])),
+        ),
+        (
+            "a.bool".into(),
+            Value::Array(Array::Bool(vec![false, true])),
+        ),
+        (
+            "a.str".into(),
+            Value::Array(Array::String(vec![
+                "x".into(),
+                String::new(),
+                "<0xFF>".into(),
+            ])),
+        ),
         ("a.u64".into(), Value::Array(Array::U64(vec![0, u64::MAX]))),
         ("a.i64".into(), Value::Array(Array::I64(vec![-7]))),
         ("a.f64".into(), Value::Array(Array::F64(vec![2.5e-310]))),
         (keys::GENERAL_QUANTIZATION_VERSION.into(), Value::U32(2)),
     ];
-    let p = |name: &str, ty, ne: &[u64]| TensorPlan { name: name.into(), ty, ne: ne.to_vec() };
+    let p = |name: &str, ty, ne: &[u64]| TensorPlan {
+        name: name.into(),
+        ty,
+        ne: ne.to_vec(),
+    };
     let plans = vec![
         p("f32", GgmlType::F32, &[3, 5]),
         p("f16", GgmlType::F16, &[7, 1, 3]),

@@ -15,13 +15,27 @@ fn small_file() -> Vec<u8> {
     let dir = tmpdir();
     let path = in_dir(&dir, "s.gguf");
     let meta = vec![
-        ("general.architecture".to_string(), Value::String("x".into())),
-        ("a.arr".to_string(), Value::Array(spark_gguf::Array::String(vec!["ab".into(), "c".into()]))),
+        (
+            "general.architecture".to_string(),
+            Value::String("x".into()),
+        ),
+        (
+            "a.arr".to_string(),
+            Value::Array(spark_gguf::Array::String(vec!["ab".into(), "c".into()])),
+        ),
         ("a.f".to_string(), Value::F32(1.0)),
     ];
     let plans = vec![
-        TensorPlan { name: "w".into(), ty: GgmlType::F32, ne: vec![3, 2] },
-        TensorPlan { name: "v".into(), ty: GgmlType::F16, ne: vec![5] },
+        TensorPlan {
+            name: "w".into(),
+            ty: GgmlType::F32,
+            ne: vec![3, 2],
+        },
+        TensorPlan {
+            name: "v".into(),
+            ty: GgmlType::F16,
+            ne: vec![5],
+        },
     ];
     let data = vec![vec![1u8; 24], vec![2u8; 10]];
     write_file(&path, &meta, &plans, &data, 32);
@@ -39,19 +53,25 @@ fn every_truncation_is_an_error_without_panic() {
         let r = GgufFile::from_bytes(full[..len].to_vec());
         if len < data_end {
             let e = r.unwrap_err().to_string();
-            assert!(e.starts_with("malformed GGUF at byte offset "), "{len}: {e}");
+            assert!(
+                e.starts_with("malformed GGUF at byte offset "),
+                "{len}: {e}"
+            );
         } else {
             // The data is whole; only the last tensor's padding is missing: readable, but
             // `validate` reports it (ggml reads the padded size when it loads into memory).
             let f = r.unwrap();
             let v = validate(&f);
             assert!(
-                v.iter().any(|v| v.what == "v" && v.message.contains("before the alignment padding")),
+                v.iter()
+                    .any(|v| v.what == "v" && v.message.contains("before the alignment padding")),
                 "{len}: {v:?}"
             );
         }
     }
-    let e = GgufFile::from_bytes(full[..10].to_vec()).unwrap_err().to_string();
+    let e = GgufFile::from_bytes(full[..10].to_vec())
+        .unwrap_err()
+        .to_string();
     assert_eq!(e, "malformed GGUF at byte offset 8: file ends while reading the tensor count: 8 bytes needed, 2 left");
 }
 
@@ -66,10 +86,16 @@ fn header_errors() {
         "unsupported GGUF version 1: GGUF v1 is no longer supported (llama.cpp refuses it too); reconvert the model"
     );
     assert!(err(&Img::header(3 << 24, 0, 0)).contains("big-endian"));
-    assert_eq!(err(&Img::header(4, 0, 0)), "unsupported GGUF version 4: only versions 2 and 3 are supported");
+    assert_eq!(
+        err(&Img::header(4, 0, 0)),
+        "unsupported GGUF version 4: only versions 2 and 3 are supported"
+    );
     // Version 2 has the same layout and is accepted.
     let f = GgufFile::from_bytes(Img::header(2, 0, 0).0).unwrap();
-    assert_eq!((f.version(), f.metadata().len(), f.tensors().len()), (2, 0, 0));
+    assert_eq!(
+        (f.version(), f.metadata().len(), f.tensors().len()),
+        (2, 0, 0)
+    );
 }
 
 #[test]
@@ -95,9 +121,21 @@ fn huge_counts_and_lengths_are_refused_before_allocating() {
         "malformed GGUF at byte offset 43: the element count of array key 'big' is 4611686018427387904, more than the remaining 64 bytes can hold"
     );
     let mut i = Img::header(3, 0, 1);
-    i.str("strs").u32(9).u32(8).u64(3).u64(1).raw(b"a").u64(u64::MAX).zeros(8);
+    i.str("strs")
+        .u32(9)
+        .u32(8)
+        .u64(3)
+        .u64(1)
+        .raw(b"a")
+        .u64(u64::MAX)
+        .zeros(8);
     let e = err(&i);
-    assert!(e.contains("element 1 of array key 'strs' has length 18446744073709551615 but only 8 bytes remain"), "{e}");
+    assert!(
+        e.contains(
+            "element 1 of array key 'strs' has length 18446744073709551615 but only 8 bytes remain"
+        ),
+        "{e}"
+    );
     let mut i = Img::header(3, 0, 1);
     i.str("s").u32(8).u64(1000).raw(b"short");
     assert_eq!(
@@ -110,48 +148,84 @@ fn huge_counts_and_lengths_are_refused_before_allocating() {
 fn bad_utf8_names_the_offset() {
     let mut i = Img::header(3, 0, 1);
     i.u64(3).raw(b"a\xffb").u32(4).u32(1);
-    assert_eq!(err(&i), "malformed GGUF at byte offset 33: metadata key #0 is not valid UTF-8");
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 33: metadata key #0 is not valid UTF-8"
+    );
     let mut i = Img::header(3, 0, 1);
     i.str("k").u32(8).u64(2).raw(b"\xc3\x28");
-    assert_eq!(err(&i), "malformed GGUF at byte offset 45: the value of key 'k' is not valid UTF-8");
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 45: the value of key 'k' is not valid UTF-8"
+    );
     let mut i = Img::header(3, 1, 0);
     i.u64(2).raw(b"\x80x").u32(1).u64(1).u32(0).u64(0);
-    assert_eq!(err(&i), "malformed GGUF at byte offset 32: the name of tensor #0 is not valid UTF-8");
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 32: the name of tensor #0 is not valid UTF-8"
+    );
 }
 
 #[test]
 fn value_type_errors() {
     let mut i = Img::header(3, 0, 1);
     i.str("k").u32(13).u32(0);
-    assert_eq!(err(&i), "malformed GGUF at byte offset 33: key 'k' has unknown value type id 13");
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 33: key 'k' has unknown value type id 13"
+    );
     let mut i = Img::header(3, 0, 1);
     i.str("n").u32(9).u32(9).u32(4).u64(1);
-    assert_eq!(err(&i), "malformed GGUF at byte offset 37: key 'n' is a nested array, which is not supported");
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 37: key 'n' is a nested array, which is not supported"
+    );
     let mut i = Img::header(3, 0, 1);
     i.str("b").u32(7).raw(&[2]);
-    assert_eq!(err(&i), "malformed GGUF at byte offset 37: key 'b' has bool byte 2, expected 0 or 1");
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 37: key 'b' has bool byte 2, expected 0 or 1"
+    );
     let mut i = Img::header(3, 0, 2);
     i.kv_u32("d", 1).kv_u32("d", 2);
-    assert_eq!(err(&i), "malformed GGUF at byte offset 41: duplicate metadata key 'd'");
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 41: duplicate metadata key 'd'"
+    );
     let mut i = Img::header(3, 0, 1);
     i.str("").u32(4).u32(1);
-    assert_eq!(err(&i), "malformed GGUF at byte offset 24: metadata key #0 is empty");
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 24: metadata key #0 is empty"
+    );
 }
 
 #[test]
 fn alignment_errors() {
     let mut i = Img::header(3, 0, 1);
     i.kv_u32("general.alignment", 48);
-    assert_eq!(err(&i), "metadata key 'general.alignment': alignment 48 is not a power of two");
+    assert_eq!(
+        err(&i),
+        "metadata key 'general.alignment': alignment 48 is not a power of two"
+    );
     let mut i = Img::header(3, 0, 1);
     i.kv_u32("general.alignment", 0);
-    assert_eq!(err(&i), "metadata key 'general.alignment': alignment 0 is not a power of two");
+    assert_eq!(
+        err(&i),
+        "metadata key 'general.alignment': alignment 0 is not a power of two"
+    );
     let mut i = Img::header(3, 0, 1);
     i.str("general.alignment").u32(10).u64(64);
-    assert_eq!(err(&i), "metadata key 'general.alignment': must have type u32 but has type u64");
+    assert_eq!(
+        err(&i),
+        "metadata key 'general.alignment': must have type u32 but has type u64"
+    );
     // A valid non-default alignment is used for the data section.
     let mut i = Img::header(3, 1, 1);
-    i.kv_u32("general.alignment", 64).tensor("t", &[2], 0, 0).pad(64).zeros(8);
+    i.kv_u32("general.alignment", 64)
+        .tensor("t", &[2], 0, 0)
+        .pad(64)
+        .zeros(8);
     let f = GgufFile::from_bytes(i.0).unwrap();
     assert_eq!((f.alignment(), f.data_offset() % 64), (64, 0));
 }
@@ -167,8 +241,14 @@ fn tensor_info_errors() {
         err(&one("t", &[1, 1, 1, 1, 1], 0, 0)),
         "malformed GGUF at byte offset 33: tensor 't' has 5 dimensions, at most 4 are allowed"
     );
-    assert_eq!(err(&one("t", &[4], 4, 0)), "malformed GGUF at byte offset 45: tensor 't' has unknown ggml type id 4");
-    assert_eq!(err(&one("t", &[4], 99, 0)), "malformed GGUF at byte offset 45: tensor 't' has unknown ggml type id 99");
+    assert_eq!(
+        err(&one("t", &[4], 4, 0)),
+        "malformed GGUF at byte offset 45: tensor 't' has unknown ggml type id 4"
+    );
+    assert_eq!(
+        err(&one("t", &[4], 99, 0)),
+        "malformed GGUF at byte offset 45: tensor 't' has unknown ggml type id 99"
+    );
     assert_eq!(
         err(&one("t", &[33], 8, 0)),
         "malformed GGUF at byte offset 45: tensor 't': row length 33 is not a multiple of the q8_0 block size 32"
@@ -194,14 +274,23 @@ fn tensor_info_errors() {
         "malformed GGUF at byte offset 18446744073709551615: tensor 't' data (16 bytes at data offset 18446744073709551584) extends beyond the end of the 320-byte file"
     );
     let mut i = Img::header(3, 2, 0);
-    i.tensor("d", &[1], 0, 0).tensor("d", &[1], 0, 32).pad(32).zeros(64);
-    assert_eq!(err(&i), "malformed GGUF at byte offset 57: duplicate tensor name 'd'");
+    i.tensor("d", &[1], 0, 0)
+        .tensor("d", &[1], 0, 32)
+        .pad(32)
+        .zeros(64);
+    assert_eq!(
+        err(&i),
+        "malformed GGUF at byte offset 57: duplicate tensor name 'd'"
+    );
 }
 
 #[test]
 fn overlapping_and_misordered_offsets() {
     let mut i = Img::header(3, 2, 0);
-    i.tensor("a", &[16], 0, 0).tensor("b", &[16], 0, 32).pad(32).zeros(128);
+    i.tensor("a", &[16], 0, 0)
+        .tensor("b", &[16], 0, 32)
+        .pad(32)
+        .zeros(128);
     assert_eq!(
         err(&i),
         "malformed GGUF at byte offset 128: tensor 'b' data (data offset 32) overlaps tensor 'a' (data offsets 0..64)"
@@ -209,7 +298,10 @@ fn overlapping_and_misordered_offsets() {
     // Disjoint but not the running sum in info order: readable, but llama.cpp refuses it.
     let mut i = Img::header(3, 2, 1);
     i.str("general.architecture").u32(8).str("x");
-    i.tensor("a", &[8], 0, 32).tensor("b", &[8], 0, 0).pad(32).zeros(64);
+    i.tensor("a", &[8], 0, 32)
+        .tensor("b", &[8], 0, 0)
+        .pad(32)
+        .zeros(64);
     let f = GgufFile::from_bytes(i.0).unwrap();
     let v: Vec<String> = validate(&f).iter().map(|v| v.to_string()).collect();
     assert_eq!(
@@ -237,7 +329,10 @@ fn long_tensor_names_are_readable_but_invalid() {
     let v = validate(&f);
     assert_eq!(v.len(), 1, "{v:?}");
     assert_eq!(v[0].what, name);
-    assert_eq!(v[0].message, "name is 64 bytes, llama.cpp allows at most 63");
+    assert_eq!(
+        v[0].message,
+        "name is 64 bytes, llama.cpp allows at most 63"
+    );
 }
 
 #[test]

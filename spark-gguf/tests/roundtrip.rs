@@ -4,7 +4,9 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use spark_gguf::{keys, Array, GgmlType, GgufError, GgufFile, GgufWriter, TensorPlan, Value, ValueType};
+use spark_gguf::{
+    keys, Array, GgmlType, GgufError, GgufFile, GgufWriter, TensorPlan, Value, ValueType,
+};
 
 fn every_value() -> Vec<(String, Value)> {
     vec![
@@ -28,9 +30,18 @@ fn every_value() -> Vec<(String, Value)> {
         ("a.i16".into(), Value::Array(Array::I16(vec![-1, 2]))),
         ("a.u32".into(), Value::Array(Array::U32(vec![7, 8, 9]))),
         ("a.i32".into(), Value::Array(Array::I32(vec![-7]))),
-        ("a.f32".into(), Value::Array(Array::F32(vec![0.5, -0.0, 1e30]))),
-        ("a.bool".into(), Value::Array(Array::Bool(vec![true, false, true]))),
-        ("a.str".into(), Value::Array(Array::String(vec!["a".into(), String::new(), "ünï".into()]))),
+        (
+            "a.f32".into(),
+            Value::Array(Array::F32(vec![0.5, -0.0, 1e30])),
+        ),
+        (
+            "a.bool".into(),
+            Value::Array(Array::Bool(vec![true, false, true])),
+        ),
+        (
+            "a.str".into(),
+            Value::Array(Array::String(vec!["a".into(), String::new(), "ünï".into()])),
+        ),
         ("a.u64".into(), Value::Array(Array::U64(vec![u64::MAX]))),
         ("a.i64".into(), Value::Array(Array::I64(vec![i64::MIN, 0]))),
         ("a.f64".into(), Value::Array(Array::F64(vec![1e-300, -2.0]))),
@@ -39,7 +50,11 @@ fn every_value() -> Vec<(String, Value)> {
 }
 
 fn odd_plans() -> Vec<TensorPlan> {
-    let p = |name: &str, ty, ne: &[u64]| TensorPlan { name: name.into(), ty, ne: ne.to_vec() };
+    let p = |name: &str, ty, ne: &[u64]| TensorPlan {
+        name: name.into(),
+        ty,
+        ne: ne.to_vec(),
+    };
     vec![
         p("odd.f32", GgmlType::F32, &[3, 5]),
         p("odd.f16", GgmlType::F16, &[7]),
@@ -52,7 +67,10 @@ fn odd_plans() -> Vec<TensorPlan> {
 
 fn random_data(plans: &[TensorPlan], seed: u64) -> Vec<Vec<u8>> {
     let mut rng = Rng(seed);
-    plans.iter().map(|p| rng.bytes(p.ty.tensor_bytes(&p.ne).unwrap() as usize)).collect()
+    plans
+        .iter()
+        .map(|p| rng.bytes(p.ty.tensor_bytes(&p.ne).unwrap() as usize))
+        .collect()
 }
 
 #[test]
@@ -74,7 +92,11 @@ fn every_value_type_and_tensor_round_trips() {
         assert_eq!(f.metadata(), &expected[..]);
         assert_eq!(f.get("t.u32").unwrap().value_type(), ValueType::U32);
         assert_eq!(f.get("t.u32").unwrap().as_u32(), Some(4_000_000_000));
-        assert_eq!(f.get("t.u64").unwrap().as_u32(), None, "a u64 must not read as u32");
+        assert_eq!(
+            f.get("t.u64").unwrap().as_u32(),
+            None,
+            "a u64 must not read as u32"
+        );
         assert_eq!(f.tensors().len(), plans.len());
         let mut running = 0;
         for ((t, p), d) in f.tensors().iter().zip(&plans).zip(&data) {
@@ -87,8 +109,17 @@ fn every_value_type_and_tensor_round_trips() {
         }
         // The last tensor is padded too: the file ends exactly at the padded end.
         assert_eq!(f.file_size(), f.data_offset() + running);
-        let whats: Vec<String> = spark_gguf::validate::validate(&f).into_iter().map(|v| v.what).collect();
-        assert_eq!(whats, [keys::GENERAL_QUANTIZATION_VERSION, keys::GENERAL_ARCHITECTURE]);
+        let whats: Vec<String> = spark_gguf::validate::validate(&f)
+            .into_iter()
+            .map(|v| v.what)
+            .collect();
+        assert_eq!(
+            whats,
+            [
+                keys::GENERAL_QUANTIZATION_VERSION,
+                keys::GENERAL_ARCHITECTURE
+            ]
+        );
     }
 }
 
@@ -120,8 +151,10 @@ fn streaming_chunks_equal_whole_writes() {
 }
 
 fn dir_entries(dir: &tempfile::TempDir) -> Vec<String> {
-    let mut v: Vec<String> =
-        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
@@ -135,16 +168,28 @@ fn writer_refuses_misuse_and_leaves_nothing_behind() {
 
     let mut w = GgufWriter::create(&path, false, &[], &plans, 32).unwrap();
     let e = w.write_tensor(&data[0][1..]).unwrap_err().to_string();
-    assert_eq!(e, "tensor 'odd.f32': got 59 bytes, the plan needs exactly 60");
+    assert_eq!(
+        e,
+        "tensor 'odd.f32': got 59 bytes, the plan needs exactly 60"
+    );
     w.write_tensor_chunk(&data[0][..10]).unwrap();
     let e = w.write_tensor_chunk(&data[0]).unwrap_err().to_string();
-    assert_eq!(e, "tensor 'odd.f32': chunk of 60 bytes runs past the tensor's end (50 of 60 bytes left)");
+    assert_eq!(
+        e,
+        "tensor 'odd.f32': chunk of 60 bytes runs past the tensor's end (50 of 60 bytes left)"
+    );
     let e = w.write_tensor(&data[0]).unwrap_err().to_string();
-    assert_eq!(e, "tensor 'odd.f32': write_tensor after 10 bytes were streamed in chunks");
+    assert_eq!(
+        e,
+        "tensor 'odd.f32': write_tensor after 10 bytes were streamed in chunks"
+    );
     w.write_tensor_chunk(&data[0][10..]).unwrap();
     assert_eq!(w.current_tensor(), Some("odd.f16"));
     let e = w.finish().unwrap_err().to_string();
-    assert_eq!(e, "tensor 'odd.f16': not written in full (0 of 14 bytes); 1 of 6 tensors are complete");
+    assert_eq!(
+        e,
+        "tensor 'odd.f16': not written in full (0 of 14 bytes); 1 of 6 tensors are complete"
+    );
     assert!(dir_entries(&dir).is_empty(), "{:?}", dir_entries(&dir));
 
     // Dropping without finish removes the temporary file.
@@ -164,7 +209,11 @@ fn writer_refuses_misuse_and_leaves_nothing_behind() {
     // An existing file is refused unless overwrite.
     let e = GgufWriter::create(&path, false, &[], &[], 32).unwrap_err();
     assert!(matches!(e, GgufError::Exists(_)), "{e}");
-    assert!(e.to_string().ends_with("out.gguf: output file exists (pass overwrite to replace it)"), "{e}");
+    assert!(
+        e.to_string()
+            .ends_with("out.gguf: output file exists (pass overwrite to replace it)"),
+        "{e}"
+    );
     let w = GgufWriter::create(&path, true, &[("k".into(), Value::U8(1))], &[], 32).unwrap();
     w.finish().unwrap();
     assert_eq!(GgufFile::open(&path).unwrap().metadata().len(), 1);
@@ -175,16 +224,29 @@ fn writer_refuses_misuse_and_leaves_nothing_behind() {
 fn writer_rejects_bad_plans() {
     let dir = tmpdir();
     let path = in_dir(&dir, "bad.gguf");
-    let plan = |name: &str, ty, ne: &[u64]| TensorPlan { name: name.into(), ty, ne: ne.to_vec() };
+    let plan = |name: &str, ty, ne: &[u64]| TensorPlan {
+        name: name.into(),
+        ty,
+        ne: ne.to_vec(),
+    };
     let err = |meta: &[(String, Value)], plans: &[TensorPlan], a: u64| {
-        GgufWriter::create(&path, false, meta, plans, a).unwrap_err().to_string()
+        GgufWriter::create(&path, false, meta, plans, a)
+            .unwrap_err()
+            .to_string()
     };
     assert_eq!(
         err(&[], &[plan("x", GgmlType::Q8_0, &[33])], 32),
         "tensor 'x': row length 33 is not a multiple of the q8_0 block size 32"
     );
     assert_eq!(
-        err(&[], &[plan("x", GgmlType::F32, &[1]), plan("x", GgmlType::F32, &[1])], 32),
+        err(
+            &[],
+            &[
+                plan("x", GgmlType::F32, &[1]),
+                plan("x", GgmlType::F32, &[1])
+            ],
+            32
+        ),
         "tensor 'x': appears twice in the tensor plan"
     );
     let long = "n".repeat(64);
@@ -192,12 +254,27 @@ fn writer_rejects_bad_plans() {
         err(&[], &[plan(&long, GgmlType::F32, &[1])], 32),
         format!("tensor '{long}': name is 64 bytes, at most 63 are allowed")
     );
-    assert_eq!(err(&[], &[plan("x", GgmlType::F32, &[1; 5])], 32), "tensor 'x': has 5 dimensions, 1 to 4 are allowed");
-    assert_eq!(err(&[], &[], 48), "GGUF writer: alignment 48 is not a power of two that fits in u32");
-    let dup = [("k".to_string(), Value::U8(1)), ("k".to_string(), Value::U8(2))];
-    assert_eq!(err(&dup, &[], 32), "metadata key 'k': appears twice in the metadata");
+    assert_eq!(
+        err(&[], &[plan("x", GgmlType::F32, &[1; 5])], 32),
+        "tensor 'x': has 5 dimensions, 1 to 4 are allowed"
+    );
+    assert_eq!(
+        err(&[], &[], 48),
+        "GGUF writer: alignment 48 is not a power of two that fits in u32"
+    );
+    let dup = [
+        ("k".to_string(), Value::U8(1)),
+        ("k".to_string(), Value::U8(2)),
+    ];
+    assert_eq!(
+        err(&dup, &[], 32),
+        "metadata key 'k': appears twice in the metadata"
+    );
     let al = [(keys::GENERAL_ALIGNMENT.to_string(), Value::U64(64))];
-    assert_eq!(err(&al, &[], 64), "metadata key 'general.alignment': is 64 (u64) but the writer aligns to 64");
+    assert_eq!(
+        err(&al, &[], 64),
+        "metadata key 'general.alignment': is 64 (u64) but the writer aligns to 64"
+    );
     assert!(dir_entries_empty(&dir));
 }
 
@@ -242,7 +319,8 @@ fn arb_plan() -> impl Strategy<Value = (GgmlType, Vec<u64>)> {
         Just(GgmlType::I8)
     ];
     (ty, proptest::collection::vec(1u64..5, 0..4), 1u64..4).prop_map(|(ty, rest, blocks)| {
-        let mut ne = vec![blocks * ty.block_size() + if ty.block_size() == 1 { blocks % 3 } else { 0 }];
+        let mut ne =
+            vec![blocks * ty.block_size() + if ty.block_size() == 1 { blocks % 3 } else { 0 }];
         ne.extend(rest);
         (ty, ne)
     })

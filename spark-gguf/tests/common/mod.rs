@@ -97,9 +97,16 @@ pub fn in_dir(dir: &tempfile::TempDir, name: &str) -> PathBuf {
 
 /// A tiny vocabulary: specials, 256 byte-fallback tokens and a few pieces.
 pub fn tiny_vocab() -> Vec<String> {
-    let mut v: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"].iter().map(|s| s.to_string()).collect();
+    let mut v: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     v.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
-    v.extend(["\u{2581}the", "\u{2581}a", "s"].iter().map(|s| s.to_string()));
+    v.extend(
+        ["\u{2581}the", "\u{2581}a", "s"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
     v
 }
 
@@ -109,7 +116,10 @@ pub fn tiny_metadata(arch: &str) -> Vec<(String, Value)> {
     let vocab = tiny_vocab();
     let n = vocab.len();
     let mut m = vec![
-        (keys::GENERAL_ARCHITECTURE.to_string(), Value::String(arch.to_string())),
+        (
+            keys::GENERAL_ARCHITECTURE.to_string(),
+            Value::String(arch.to_string()),
+        ),
         (keys::GENERAL_NAME.to_string(), Value::String("tiny".into())),
         (keys::GENERAL_FILE_TYPE.to_string(), Value::U32(0)),
         (a(suffix::CONTEXT_LENGTH), Value::U32(128)),
@@ -137,10 +147,22 @@ pub fn tiny_metadata(arch: &str) -> Vec<(String, Value)> {
     }
     assert!(arch == SPARK_ARCH || arch == GEMMA2_ARCH);
     m.extend([
-        (keys::TOKENIZER_MODEL.to_string(), Value::String("llama".into())),
-        (keys::TOKENIZER_TOKENS.to_string(), Value::Array(Array::String(vocab))),
-        (keys::TOKENIZER_SCORES.to_string(), Value::Array(Array::F32((0..n).map(|i| -(i as f32)).collect()))),
-        (keys::TOKENIZER_TOKEN_TYPE.to_string(), Value::Array(Array::I32(vec![1; n]))),
+        (
+            keys::TOKENIZER_MODEL.to_string(),
+            Value::String("llama".into()),
+        ),
+        (
+            keys::TOKENIZER_TOKENS.to_string(),
+            Value::Array(Array::String(vocab)),
+        ),
+        (
+            keys::TOKENIZER_SCORES.to_string(),
+            Value::Array(Array::F32((0..n).map(|i| -(i as f32)).collect())),
+        ),
+        (
+            keys::TOKENIZER_TOKEN_TYPE.to_string(),
+            Value::Array(Array::I32(vec![1; n])),
+        ),
         (keys::TOKENIZER_BOS_ID.to_string(), Value::U32(2)),
         (keys::TOKENIZER_EOS_ID.to_string(), Value::U32(1)),
         (keys::TOKENIZER_PAD_ID.to_string(), Value::U32(0)),
@@ -152,10 +174,21 @@ pub fn tiny_metadata(arch: &str) -> Vec<(String, Value)> {
 /// Plans for every tensor of the tiny model, all of type `matrix_ty` except 1-D norms (F32).
 pub fn tiny_plans(metadata: &[(String, Value)], matrix_ty: GgmlType) -> Vec<TensorPlan> {
     let arch = metadata[0].1.as_str().unwrap().to_string();
-    let hp = Hparams::from_metadata(&arch, |k| metadata.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)).unwrap();
+    let hp = Hparams::from_metadata(&arch, |k| {
+        metadata.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)
+    })
+    .unwrap();
     hp.expected_tensors()
         .into_iter()
-        .map(|(name, ne)| TensorPlan { ty: if ne.len() == 1 { GgmlType::F32 } else { matrix_ty }, name, ne })
+        .map(|(name, ne)| TensorPlan {
+            ty: if ne.len() == 1 {
+                GgmlType::F32
+            } else {
+                matrix_ty
+            },
+            name,
+            ne,
+        })
         .collect()
 }
 
@@ -163,7 +196,10 @@ pub fn tiny_plans(metadata: &[(String, Value)], matrix_ty: GgmlType) -> Vec<Tens
 pub fn write_tiny_model(dir: &tempfile::TempDir, arch: &str, matrix_ty: GgmlType) -> PathBuf {
     let mut meta = tiny_metadata(arch);
     if matrix_ty.is_quantized() {
-        meta.push((keys::GENERAL_QUANTIZATION_VERSION.into(), Value::U32(keys::QUANTIZATION_VERSION)));
+        meta.push((
+            keys::GENERAL_QUANTIZATION_VERSION.into(),
+            Value::U32(keys::QUANTIZATION_VERSION),
+        ));
     }
     let plans = tiny_plans(&meta, matrix_ty);
     let mut rng = Rng(7);

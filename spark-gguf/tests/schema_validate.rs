@@ -1,0 +1,212 @@
+//! `validate` on whole model files: the Spark schema and llama.cpp's metadata rules.
+
+mod common;
+
+use common::*;
+use spark_gguf::schema::{suffix, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::validate::validate;
+use spark_gguf::{keys, Array, GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
+
+/// Writes metadata + plans with zero data and returns the violations as "what: message" lines.
+fn violations(meta: &[(String, Value)], plans: &[TensorPlan]) -> Vec<String> {
+    let dir = tmpdir();
+    let path = in_dir(&dir, "m.gguf");
+    let mut w = GgufWriter::create(&path, false, meta, plans, 32).unwrap();
+    for p in plans {
+        w.write_tensor(&vec![0u8; p.ty.tensor_bytes(&p.ne).unwrap() as usize])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    validate(&GgufFile::open(&path).unwrap())
+        .iter()
+        .map(|v| v.to_string())
+        .collect()
+}
+
+fn set(meta: &mut [(String, Value)], key: &str, v: Value) {
+    meta.iter_mut()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no key {key}"))
+        .1 = v;
+}
+
+fn remove(meta: &mut Vec<(String, Value)>, key: &str) {
+    let n = meta.len();
+    meta.retain(|(k, _)| k != key);
+    assert_eq!(meta.len() + 1, n, "{key}");
+}
+
+#[test]
+fn tiny_models_are_valid() {
+    let dir = tmpdir();
+    for arch in [SPARK_ARCH, GEMMA2_ARCH] {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0] {
+            let path = write_tiny_model(&dir, arch, ty);
+            let f = GgufFile::open(&path).unwrap();
+            assert_eq!(validate(&f), vec![], "{arch} {ty}");
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+}
+
+#[test]
+fn missing_and_mistyped_keys_are_named() {
+    let base = tiny_metadata(SPARK_ARCH);
+    let plans = tiny_plans(&base, GgmlType::F32);
+
+    let mut m = base.clone();
+    remove(&mut m, "spark-gemma2.spark.attn_k");
+    assert_eq!(
+        violations(&m, &plans),
+        ["spark-gemma2.spark.attn_k: is missing (required by spark-gemma2, type u32)"]
+    );
+
+    let mut m = base.clone();
+    set(&mut m, "spark-gemma2.context_length", Value::U64(128));
+    set(
+        &mut m,
+        "spark-gemma2.attention.layer_norm_rms_epsilon",
+        Value::F64(1e-6),
+    );
+    assert_eq!(
+        violations(&m, &plans),
+        [
+            "spark-gemma2.context_length: must have type u32 but has type u64",
+            "spark-gemma2.attention.layer_norm_rms_epsilon: must have type f32 but has type f64",
+        ]
+    );
+
+    let mut m = base.clone();
+    set(&mut m, keys::TOKENIZER_BOS_ID, Value::I32(2));
+    set(
+        &mut m,
+        keys::TOKENIZER_SCORES,
+        Value::Array(Array::F64(vec![0.0; 263])),
+    );
+    set(&mut m, keys::GENERAL_FILE_TYPE, Value::U8(0));
+    assert_eq!(
+        violations(&m, &plans),
+        [
+            "general.file_type: must have type u32 but has type u8",
+            "tokenizer.ggml.scores: must have type arr[f32] but has type arr[f64]",
+            "tokenizer.ggml.bos_token_id: must have type u32 but has type i32",
+        ]
+    );
+
+    let mut m = base.clone();
+    remove(&mut m, keys::GENERAL_ARCHITECTURE);
+    let plans_any = plans.clone();
+    assert_eq!(
+        violations(&m, &plans_any),
+        ["general.architecture: is missing (llama.cpp needs it to pick a model loader)"]
+    );
+}
+
+#[test]
+fn hparam_rules_and_tokenizer_consistency() {
+    let base = tiny_metadata(SPARK_ARCH);
+    let plans = tiny_plans(&base, GgmlType::F32);
+
+    let mut m = base.clone();
+    set(&mut m, "spark-gemma2.spark.attn_r", Value::U32(7));
+    assert_eq!(
+        violations(&m, &plans),
+        ["spark-gemma2.spark.attn_r: r_a = 7 and H - r_a = 9 must both be even (each part is rotated in pairs)"]
+    );
+
+    let mut m = base.clone();
+    set(&mut m, keys::TOKENIZER_EOS_ID, Value::U32(100_000));
+    set(
+        &mut m,
+        keys::TOKENIZER_TOKEN_TYPE,
+        Value::Array(Array::I32(vec![1; 5])),
+    );
+    assert_eq!(
+        violations(&m, &plans),
+        [
+            "tokenizer.ggml.token_type: has 5 entries but tokenizer.ggml.tokens has 263",
+            "tokenizer.ggml.eos_token_id: token id 100000 is outside the vocabulary of 263 tokens",
+        ]
+    );
+
+    // A SentencePiece vocabulary without byte-fallback tokens.
+    let mut m = base.clone();
+    let mut tokens = tiny_vocab();
+    tokens.retain(|t| t != "<0x41>");
+    tokens.push("extra".into());
+    set(
+        &mut m,
+        keys::TOKENIZER_TOKENS,
+        Value::Array(Array::String(tokens)),
+    );
+    assert_eq!(
+        violations(&m, &plans),
+        ["tokenizer.ggml.tokens: SentencePiece ('llama') vocabulary lacks 1 byte-fallback tokens (first: <0x41>); llama.cpp can fail to tokenize unknown bytes"]
+    );
+
+    let mut m = base.clone();
+    set(
+        &mut m,
+        "spark-gemma2.attention.value_length",
+        Value::U32(32),
+    );
+    assert_eq!(
+        violations(&m, &plans),
+        ["spark-gemma2.attention.value_length: is 32 but spark-gemma2.attention.key_length is 16; they must be equal"]
+    );
+}
+
+#[test]
+fn tensor_set_must_match_the_schema_exactly() {
+    let base = tiny_metadata(SPARK_ARCH);
+    let plans = tiny_plans(&base, GgmlType::F32);
+
+    let mut p = plans.clone();
+    p.retain(|t| t.name != "blk.1.ffn_down_t.weight");
+    p.iter_mut()
+        .find(|t| t.name == "blk.0.ffn_up.weight")
+        .unwrap()
+        .ne = vec![96, 96];
+    p.push(TensorPlan {
+        name: "blk.0.ffn_down.weight".into(),
+        ty: GgmlType::F32,
+        ne: vec![96, 96],
+    });
+    assert_eq!(
+        violations(&base, &p),
+        [
+            "blk.0.ffn_up.weight: has shape [96, 96], expected [64, 96]",
+            "blk.1.ffn_down_t.weight: is missing (expected shape [96, 96])",
+            "blk.0.ffn_down.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)",
+        ]
+    );
+
+    // A quantized tensor needs general.quantization_version.
+    let q = tiny_plans(&base, GgmlType::Q8_0);
+    assert_eq!(
+        violations(&base, &q),
+        ["general.quantization_version: is missing but tensor 'token_embd.weight' is quantized"]
+    );
+}
+
+#[test]
+fn gemma2_files_follow_llama_cpp_layout() {
+    let base = tiny_metadata(GEMMA2_ARCH);
+    let plans = tiny_plans(&base, GgmlType::F32);
+    assert!(plans
+        .iter()
+        .any(|p| p.name == "blk.1.ffn_down.weight" && p.ne == vec![96, 96]));
+    assert!(plans
+        .iter()
+        .any(|p| p.name == "blk.1.ffn_gate.weight" && p.ne == vec![96, 96]));
+    assert_eq!(violations(&base, &plans), Vec::<String>::new());
+    let mut m = base.clone();
+    m.push((
+        format!("{GEMMA2_ARCH}.{}", suffix::SPARK_FFN_K),
+        Value::U32(3),
+    ));
+    assert_eq!(
+        violations(&m, &plans),
+        ["gemma2.spark.ffn_k: is a Spark key in a dense gemma2 file"]
+    );
+}
