@@ -11,6 +11,8 @@
 //! # Ok::<(), spark_gguf::GgufError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod error;
 mod ggml_type;
 pub mod keys;

@@ -346,7 +346,7 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
     for (name, shape) in &expected {
         match present.get(name.as_str()) {
             None => r.add(name, format!("is missing (expected shape {shape:?})")),
-            Some(t) if &t.ne != shape => {
+            Some(t) if !same_shape(&t.ne, shape) => {
                 r.add(name, format!("has shape {:?}, expected {shape:?}", t.ne))
             }
             Some(_) => {}
@@ -362,6 +362,12 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
             );
         }
     }
+}
+
+/// Shapes compared as llama.cpp does: padded with 1s to four dimensions, so `[D]` equals `[D, 1]`.
+fn same_shape(a: &[u64], b: &[u64]) -> bool {
+    let dim = |s: &[u64], i: usize| s.get(i).copied().unwrap_or(1);
+    a.len() <= 4 && b.len() <= 4 && (0..4).all(|i| dim(a, i) == dim(b, i))
 }
 
 fn error_subject(e: &crate::GgufError) -> String {

@@ -10,8 +10,13 @@ fn err(img: &Img) -> String {
     GgufFile::from_bytes(img.0.clone()).unwrap_err().to_string()
 }
 
-/// A valid two-tensor file written by our writer.
+/// A valid two-tensor file written by our writer (written once, then copied).
 fn small_file() -> Vec<u8> {
+    static FILE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    FILE.get_or_init(write_small_file).clone()
+}
+
+fn write_small_file() -> Vec<u8> {
     let dir = tmpdir();
     let path = in_dir(&dir, "s.gguf");
     let meta = vec![
@@ -347,4 +352,33 @@ fn open_reports_missing_files_and_empty_files() {
         GgufFile::open(&empty).unwrap_err().to_string(),
         "malformed GGUF at byte offset 0: file ends while reading the magic: 4 bytes needed, 0 left"
     );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 2000, .. proptest::prelude::ProptestConfig::default() })]
+    /// Random byte corruptions of a valid file: the reader and the validator either succeed or
+    /// return an error; they never panic, and every tensor slice they hand out lies in the file.
+    #[test]
+    fn corrupted_files_never_panic(
+        edits in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..8),
+        cut in proptest::option::of(0usize..4096),
+    ) {
+        let mut bytes = small_file();
+        for (pos, val) in edits {
+            let n = bytes.len();
+            bytes[pos % n] = val;
+        }
+        if let Some(c) = cut {
+            let n = bytes.len();
+            bytes.truncate(c % (n + 1));
+        }
+        let len = bytes.len() as u64;
+        if let Ok(f) = GgufFile::from_bytes(bytes) {
+            let _ = validate(&f);
+            for t in f.tensors() {
+                proptest::prop_assert!(f.data_offset() + t.offset + t.n_bytes <= len);
+                proptest::prop_assert_eq!(f.tensor_data(t).len() as u64, t.n_bytes);
+            }
+        }
+    }
 }

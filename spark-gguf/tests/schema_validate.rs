@@ -181,6 +181,22 @@ fn tensor_set_must_match_the_schema_exactly() {
         ]
     );
 
+    // Shapes compare as llama.cpp compares them: trailing 1s do not matter.
+    let mut p = plans.clone();
+    p.iter_mut()
+        .find(|t| t.name == "output_norm.weight")
+        .unwrap()
+        .ne = vec![96, 1, 1];
+    assert_eq!(violations(&base, &p), Vec::<String>::new());
+    p.iter_mut()
+        .find(|t| t.name == "output_norm.weight")
+        .unwrap()
+        .ne = vec![96, 1, 2];
+    assert_eq!(
+        violations(&base, &p),
+        ["output_norm.weight: has shape [96, 1, 2], expected [96]"]
+    );
+
     // A quantized tensor needs general.quantization_version.
     let q = tiny_plans(&base, GgmlType::Q8_0);
     assert_eq!(
