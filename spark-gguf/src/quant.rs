@@ -19,40 +19,38 @@ const QK: usize = 32;
 pub fn encode_f32(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), GgufError> {
     match ty {
         GgmlType::F32 => {
-            dst.reserve(src.len() * 4);
-            for x in src {
-                dst.extend_from_slice(&x.to_le_bytes());
+            for (o, x) in grow(dst, src.len() * 4).chunks_exact_mut(4).zip(src) {
+                o.copy_from_slice(&x.to_le_bytes());
             }
         }
         GgmlType::F16 => {
-            dst.reserve(src.len() * 2);
+            let out = grow(dst, src.len() * 2);
             let mut tmp = [f16::ZERO; 1024];
-            for chunk in src.chunks(tmp.len()) {
+            for (chunk, o) in src.chunks(tmp.len()).zip(out.chunks_mut(2 * tmp.len())) {
                 let t = &mut tmp[..chunk.len()];
                 t.convert_from_f32_slice(chunk);
-                for h in t.iter() {
-                    dst.extend_from_slice(&h.to_bits().to_le_bytes());
+                for (ob, h) in o.chunks_exact_mut(2).zip(t.iter()) {
+                    ob.copy_from_slice(&h.to_bits().to_le_bytes());
                 }
             }
         }
         GgmlType::BF16 => {
-            dst.reserve(src.len() * 2);
-            for &x in src {
-                dst.extend_from_slice(&f32_to_bf16_bits(x).to_le_bytes());
+            for (o, &x) in grow(dst, src.len() * 2).chunks_exact_mut(2).zip(src) {
+                o.copy_from_slice(&f32_to_bf16_bits(x).to_le_bytes());
             }
         }
         GgmlType::Q8_0 => {
             check_blocks(ty, src.len())?;
-            dst.reserve(src.len() / QK * 34);
-            for block in src.chunks_exact(QK) {
-                encode_q8_0_block(block, dst);
+            let out = grow(dst, src.len() / QK * 34);
+            for (block, o) in src.chunks_exact(QK).zip(out.chunks_exact_mut(34)) {
+                encode_q8_0_block(block, o);
             }
         }
         GgmlType::Q4_0 => {
             check_blocks(ty, src.len())?;
-            dst.reserve(src.len() / QK * 18);
-            for block in src.chunks_exact(QK) {
-                encode_q4_0_block(block, dst);
+            let out = grow(dst, src.len() / QK * 18);
+            for (block, o) in src.chunks_exact(QK).zip(out.chunks_exact_mut(18)) {
+                encode_q4_0_block(block, o);
             }
         }
         other => {
@@ -63,6 +61,13 @@ pub fn encode_f32(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), Gg
         }
     }
     Ok(())
+}
+
+/// Extends `dst` by `n` zero bytes and returns them for filling.
+fn grow(dst: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    let start = dst.len();
+    dst.resize(start + n, 0);
+    &mut dst[start..]
 }
 
 /// Decodes `n` elements of type `ty` from `src` (which must hold exactly their bytes).
@@ -86,12 +91,15 @@ pub fn decode_to_f32(ty: GgmlType, src: &[u8], n: usize) -> Result<Vec<f32>, Ggu
             );
         }
         GgmlType::F16 => {
-            let h: Vec<f16> = src
-                .chunks_exact(2)
-                .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
-                .collect();
             out.resize(n, 0.0);
-            h.convert_to_f32_slice(&mut out);
+            let mut tmp = [f16::ZERO; 1024];
+            for (bytes, o) in src.chunks(2 * tmp.len()).zip(out.chunks_mut(tmp.len())) {
+                let t = &mut tmp[..o.len()];
+                for (h, b) in t.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *h = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+                }
+                t.convert_to_f32_slice(o);
+            }
         }
         GgmlType::BF16 => {
             out.extend(
@@ -138,7 +146,7 @@ fn check_blocks(ty: GgmlType, n: usize) -> Result<(), GgufError> {
 pub fn f32_to_bf16_bits(x: f32) -> u16 {
     let n = x.to_bits();
     if n & 0x7fff_ffff > 0x7f80_0000 {
-        return ((n & 0xffff_0000) | (64 << 16)).wrapping_shr(16) as u16;
+        return (((n & 0xffff_0000) | (64 << 16)) >> 16) as u16;
     }
     ((u64::from(n) + 0x7fff + u64::from((n >> 16) & 1)) >> 16) as u16
 }
@@ -153,16 +161,18 @@ fn low_byte_like_numpy(x: f32) -> u8 {
     }
 }
 
-fn encode_q8_0_block(block: &[f32], dst: &mut Vec<u8>) {
+fn encode_q8_0_block(block: &[f32], out: &mut [u8]) {
     let amax = block.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
     let d = amax / 127.0;
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
-    dst.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
-    // gguf-py's np_roundf is round-half-away-from-zero, which is f32::round.
-    dst.extend(block.iter().map(|&x| low_byte_like_numpy((x * id).round())));
+    out[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+    for (o, &x) in out[2..].iter_mut().zip(block) {
+        // gguf-py's np_roundf is round-half-away-from-zero, which is f32::round.
+        *o = low_byte_like_numpy((x * id).round());
+    }
 }
 
-fn encode_q4_0_block(block: &[f32], dst: &mut Vec<u8>) {
+fn encode_q4_0_block(block: &[f32], out: &mut [u8]) {
     // The value of largest magnitude, first one on ties (numpy argmax).
     let mut max = 0.0f32;
     let mut amax = -1.0f32;
@@ -174,10 +184,12 @@ fn encode_q4_0_block(block: &[f32], dst: &mut Vec<u8>) {
     }
     let d = max / -8.0;
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
-    dst.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+    out[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
     let q = |x: f32| low_byte_like_numpy((x * id + 8.5).trunc()).min(15);
     let (lo, hi) = block.split_at(QK / 2);
-    dst.extend(lo.iter().zip(hi).map(|(&a, &b)| q(a) | (q(b) << 4)));
+    for ((o, &a), &b) in out[2..].iter_mut().zip(lo).zip(hi) {
+        *o = q(a) | (q(b) << 4);
+    }
 }
 
 #[cfg(test)]
