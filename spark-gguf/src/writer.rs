@@ -180,9 +180,16 @@ impl GgufWriter {
             op,
             source,
         };
-        let tmp = tempfile::Builder::new()
-            .prefix(".spark-gguf-")
-            .suffix(".tmp")
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(".spark-gguf-").suffix(".tmp");
+        // A temporary file is private (0600) by default; the finished model should get the
+        // permissions any newly created file gets (0666 less the umask).
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            builder.permissions(std::fs::Permissions::from_mode(0o666));
+        }
+        let tmp = builder
             .tempfile_in(&dir)
             .map_err(|e| io("create a temporary file next to", e))?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);

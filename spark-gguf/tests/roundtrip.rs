@@ -368,3 +368,19 @@ proptest! {
         prop_assert!(layout.is_empty(), "{:?}", layout);
     }
 }
+
+#[cfg(unix)]
+#[test]
+fn output_gets_ordinary_file_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmpdir();
+    let plain = in_dir(&dir, "plain");
+    std::fs::write(&plain, b"x").unwrap();
+    let path = in_dir(&dir, "perm.gguf");
+    GgufWriter::create(&path, false, &[], &[], 32)
+        .unwrap()
+        .finish()
+        .unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), mode(&plain));
+}
