@@ -72,6 +72,15 @@ impl InputDtype {
         }
     }
 
+    /// The numpy name.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputDtype::F32 => "float32",
+            InputDtype::F16 => "float16",
+            InputDtype::BF16 => "bfloat16",
+        }
+    }
+
     fn source(self) -> SourceDtype {
         match self {
             InputDtype::F32 => SourceDtype::F32,
@@ -183,7 +192,13 @@ fn entry_dtype(name: &str, dt: NpyDtype, declared: Option<InputDtype>) -> Result
         NpyDtype::F16 => InputDtype::F16,
         NpyDtype::Raw2 => match declared {
             Some(InputDtype::BF16) => InputDtype::BF16,
-            _ => {
+            Some(d) => {
+                return Err(Error::entry(
+                    name,
+                    format!("holds raw 2-byte values (|V2, bfloat16) but the checkpoint is declared {}", d.name()),
+                ))
+            }
+            None => {
                 return Err(Error::entry(
                     name,
                     "holds raw 2-byte values (|V2); if they are bfloat16, say so with \"dtype\": \"bfloat16\" in the config or --input-dtype bfloat16",
