@@ -86,9 +86,14 @@ fn locate_pristine(out: &Path) -> Result<PathBuf, String> {
     if env::var("CARGO_NET_OFFLINE").is_ok_and(|v| v == "true") {
         cmd.arg("--offline");
     }
-    let o = cmd.output().map_err(|e| format!("run cargo metadata: {e}"))?;
+    let o = cmd
+        .output()
+        .map_err(|e| format!("run cargo metadata: {e}"))?;
     if !o.status.success() {
-        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&o.stderr)));
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
     }
     let v: serde_json::Value =
         serde_json::from_slice(&o.stdout).map_err(|e| format!("cargo metadata output: {e}"))?;
