@@ -10,7 +10,7 @@ use crate::checkpoint::{
     self, entry, layer_entry, GatingLayout, Shapes, TensorSource, CONFIG_ENTRY, TOKENIZER_ENTRY,
 };
 use crate::config::{config_text, ModelConfig};
-use crate::emit::{block_rows, write_rows};
+use crate::emit::{block_rows, write_pipelined, ChunkSink};
 use crate::error::{Error, Result};
 use crate::layout::SourceDtype;
 use crate::model::{self, OutType};
@@ -361,30 +361,30 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
         .map(|p| p.ty.tensor_bytes(&p.ne).unwrap_or(0))
         .sum();
 
-    let mut progress = Progress::new(plans.len(), total, o.quiet);
+    let progress = Progress::new(plans.len(), total, o.quiet);
     for k in &cfg.ignored_keys {
         progress.log(&format!("note: config key '{k}' is not used"));
     }
     for n in &notes {
         progress.log(n);
     }
-    let mut w = GgufWriter::create(&o.output, o.force, &md, &plans, 32)?;
-    let mut cache: Option<(String, ArrayBytes<'_>)> = None;
-    for job in &jobs {
-        progress.start_tensor(&job.source.name);
-        if cache.as_ref().is_none_or(|(n, _)| *n != job.source.entry) {
-            drop(cache.take()); // release the previous entry before decoding the next
-            let member = npz
-                .member(&job.source.entry)
-                .expect("planned entries exist");
-            cache = Some((job.source.entry.clone(), npz.data(member)?));
+    let w = GgufWriter::create(&o.output, o.force, &md, &plans, 32)?;
+    let file_bytes = write_pipelined(w, &progress, |sink| {
+        let mut cache: Option<(String, ArrayBytes<'_>)> = None;
+        for job in &jobs {
+            progress.start_tensor(&job.source.name);
+            if cache.as_ref().is_none_or(|(n, _)| *n != job.source.entry) {
+                drop(cache.take()); // release the previous entry before decoding the next
+                let member = npz
+                    .member(&job.source.entry)
+                    .expect("planned entries exist");
+                cache = Some((job.source.entry.clone(), npz.data(member)?));
+            }
+            let bytes = &cache.as_ref().expect("just filled").1;
+            write_tensor(sink, job, bytes)?;
         }
-        let bytes = &cache.as_ref().expect("just filled").1;
-        write_tensor(&mut w, job, bytes, &progress)?;
-        progress.end_tensor();
-    }
-    let file_bytes = w.bytes_written();
-    w.finish()?;
+        Ok(())
+    })?;
     progress.finish(&o.output, file_bytes);
     Ok(())
 }
@@ -401,7 +401,7 @@ fn check_extra_entries(npz: &Npz, used: &BTreeSet<String>, arch: &str) -> Result
     Ok(())
 }
 
-fn write_tensor(w: &mut GgufWriter, job: &Job, src: &[u8], progress: &Progress) -> Result<()> {
+fn write_tensor(sink: &ChunkSink<'_>, job: &Job, src: &[u8]) -> Result<()> {
     let view = &job.source.view;
     let need = view.source_extent() * job.dtype.size();
     if src.len() < need {
@@ -430,7 +430,7 @@ fn write_tensor(w: &mut GgufWriter, job: &Job, src: &[u8], progress: &Progress) 
                 ),
             ));
         }
-        write_rows(w, job.ty, block, cols, progress)?;
+        sink.send_rows(job.ty, block, cols)?;
         r0 = r1;
     }
     Ok(())

@@ -55,7 +55,7 @@ pub fn tensor_type(out: OutType, source: GgmlType, ne: &[u64]) -> (GgmlType, boo
         OutType::BF16 => (GgmlType::BF16, false),
         OutType::Auto => (source, false),
         OutType::Q8_0 => {
-            if ne[0] % GgmlType::Q8_0.block_size() == 0 {
+            if ne[0].is_multiple_of(GgmlType::Q8_0.block_size()) {
                 (GgmlType::Q8_0, false)
             } else {
                 (GgmlType::F16, true)

@@ -308,7 +308,7 @@ mod tests {
         v.push(0);
         let pre = if version == 1 { 10 } else { 12 };
         let mut d = dict.as_bytes().to_vec();
-        while (pre + d.len() + 1) % 64 != 0 {
+        while !(pre + d.len() + 1).is_multiple_of(64) {
             d.push(b' ');
         }
         d.push(b'\n');

@@ -48,31 +48,33 @@ impl Xoshiro256 {
         result
     }
 
-    /// Uniform in (0, 1], 53 bits.
-    fn open_unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Fills `out` with independent N(0, std^2) samples (Box-Muller, two per pair of uniforms).
+    /// Fills `out` with independent N(0, std^2) samples (Marsaglia's polar method: one pair of
+    /// normals per accepted point of the unit disc, 32-bit uniform coordinates).
     pub fn fill_normal(&mut self, out: &mut [f32], std: f32) {
-        let std = f64::from(std);
         let mut chunks = out.chunks_exact_mut(2);
         for pair in &mut chunks {
             let (a, b) = self.normal_pair();
-            pair[0] = (a * std) as f32;
-            pair[1] = (b * std) as f32;
+            pair[0] = a * std;
+            pair[1] = b * std;
         }
         if let [last] = chunks.into_remainder() {
-            *last = (self.normal_pair().0 * std) as f32;
+            *last = self.normal_pair().0 * std;
         }
     }
 
-    fn normal_pair(&mut self) -> (f64, f64) {
-        let u1 = self.open_unit();
-        let u2 = self.open_unit();
-        let r = (-2.0 * u1.ln()).sqrt();
-        let t = std::f64::consts::TAU * u2;
-        (r * t.cos(), r * t.sin())
+    fn normal_pair(&mut self) -> (f32, f32) {
+        const SCALE: f32 = 1.0 / (1u32 << 23) as f32;
+        loop {
+            let r = self.next_u64();
+            // Two uniforms in [-1, 1) from 24 bits of each 32-bit half.
+            let u = (r >> 40) as f32 * SCALE - 1.0;
+            let v = ((r >> 8) & 0xFF_FFFF) as f32 * SCALE - 1.0;
+            let s = u * u + v * v;
+            if s > 0.0 && s < 1.0 {
+                let f = (-2.0 * s.ln() / s).sqrt();
+                return (u * f, v * f);
+            }
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -13,7 +14,7 @@ pub struct Progress {
     quiet: bool,
     start: Instant,
     tensors: usize,
-    done: usize,
+    done: AtomicUsize,
 }
 
 impl Progress {
@@ -35,24 +36,20 @@ impl Progress {
             quiet,
             start: Instant::now(),
             tensors,
-            done: 0,
+            done: AtomicUsize::new(0),
         }
     }
 
-    /// Notes that tensor `name` starts.
-    pub fn start_tensor(&mut self, name: &str) {
+    /// Notes that tensor `name` starts (and so that the previous one is done).
+    pub fn start_tensor(&self, name: &str) {
+        let done = self.done.fetch_add(1, Ordering::Relaxed);
         self.bar
-            .set_message(format!("[{}/{}] {name}", self.done + 1, self.tensors));
+            .set_message(format!("[{}/{}] {name}", done + 1, self.tensors));
     }
 
     /// Notes `n` more bytes written.
     pub fn add_bytes(&self, n: u64) {
         self.bar.inc(n);
-    }
-
-    /// Notes that the current tensor is complete.
-    pub fn end_tensor(&mut self) {
-        self.done += 1;
     }
 
     /// Prints a log line to stderr (unless quiet), above the bar.

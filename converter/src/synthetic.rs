@@ -11,6 +11,7 @@ use spark_gguf::{quant, GgmlType, GgufError, GgufWriter, TensorPlan};
 
 use crate::config::ModelConfig;
 use crate::convert::{check_output, SparkOverrides};
+use crate::emit::write_pipelined;
 use crate::error::{Error, Result};
 use crate::model::{self, OutType};
 use crate::prng::Xoshiro256;
@@ -193,42 +194,40 @@ pub fn generate(o: &SyntheticOptions) -> Result<()> {
         .map(|p| p.ty.tensor_bytes(&p.ne).unwrap_or(0))
         .sum();
 
-    let mut progress = Progress::new(plans.len(), total, o.quiet);
+    let progress = Progress::new(plans.len(), total, o.quiet);
     for n in &notes {
         progress.log(n);
     }
-    let mut w = GgufWriter::create(&o.output, o.force, &md, &plans, 32)?;
+    let w = GgufWriter::create(&o.output, o.force, &md, &plans, 32)?;
     let window = (rayon::current_num_threads() * 2).max(2);
-    for (t, plan) in plans.iter().enumerate() {
-        progress.start_tensor(&plan.name);
-        let cols = plan.ne[0] as usize;
-        let rows: usize = plan.ne[1..].iter().map(|&n| n as usize).product();
-        let chunk_rows = (CHUNK_ELEMS / cols).max(1);
-        let n_chunks = rows.div_ceil(chunk_rows);
-        let init = init_for(&plan.name, &plan.ne);
-        for first in (0..n_chunks).step_by(window) {
-            let last = (first + window).min(n_chunks);
-            let encoded: Vec<std::result::Result<Vec<u8>, GgufError>> = (first..last)
-                .into_par_iter()
-                .map(|c| {
-                    let r0 = c * chunk_rows;
-                    let r1 = (r0 + chunk_rows).min(rows);
-                    let mut buf = vec![0f32; (r1 - r0) * cols];
-                    fill_chunk(o.seed, t as u64, c as u64, init, &mut buf);
-                    let mut bytes = Vec::new();
-                    quant::encode_f32(plan.ty, &buf, &mut bytes).map(|()| bytes)
-                })
-                .collect();
-            for e in encoded {
-                let bytes = e?;
-                w.write_tensor_chunk(&bytes)?;
-                progress.add_bytes(bytes.len() as u64);
+    let file_bytes = write_pipelined(w, &progress, |sink| {
+        for (t, plan) in plans.iter().enumerate() {
+            progress.start_tensor(&plan.name);
+            let cols = plan.ne[0] as usize;
+            let rows: usize = plan.ne[1..].iter().map(|&n| n as usize).product();
+            let chunk_rows = (CHUNK_ELEMS / cols).max(1);
+            let n_chunks = rows.div_ceil(chunk_rows);
+            let init = init_for(&plan.name, &plan.ne);
+            for first in (0..n_chunks).step_by(window) {
+                let last = (first + window).min(n_chunks);
+                let encoded: Vec<std::result::Result<Vec<u8>, GgufError>> = (first..last)
+                    .into_par_iter()
+                    .map(|c| {
+                        let r0 = c * chunk_rows;
+                        let r1 = (r0 + chunk_rows).min(rows);
+                        let mut buf = vec![0f32; (r1 - r0) * cols];
+                        fill_chunk(o.seed, t as u64, c as u64, init, &mut buf);
+                        let mut bytes = Vec::new();
+                        quant::encode_f32(plan.ty, &buf, &mut bytes).map(|()| bytes)
+                    })
+                    .collect();
+                for e in encoded {
+                    sink.send(e?)?;
+                }
             }
         }
-        progress.end_tensor();
-    }
-    let file_bytes = w.bytes_written();
-    w.finish()?;
+        Ok(())
+    })?;
     progress.finish(&o.output, file_bytes);
     Ok(())
 }
