@@ -374,7 +374,10 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
         for job in &jobs {
             progress.start_tensor(&job.source.name);
             if cache.as_ref().is_none_or(|(n, _)| *n != job.source.entry) {
-                drop(cache.take()); // release the previous entry before decoding the next
+                // Release the previous entry before decoding the next.
+                if let Some((done, _)) = cache.take() {
+                    npz.release(npz.member(&done).expect("planned entries exist"));
+                }
                 let member = npz
                     .member(&job.source.entry)
                     .expect("planned entries exist");

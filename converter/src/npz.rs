@@ -154,6 +154,9 @@ impl Npz {
         let len = member.header.data_len().unwrap_or(usize::MAX);
         if member.stored {
             let start = member.data_start + member.header.data_offset;
+            // Start reading the whole member ahead of the (possibly strided) accesses; this is
+            // only a hint, so failure is ignored.
+            let _ = self.map.advise_range(memmap2::Advice::WillNeed, start, len);
             return Ok(ArrayBytes::Mapped(&self.map[start..start + len]));
         }
         let mut archive =
@@ -181,6 +184,30 @@ impl Npz {
             ));
         }
         Ok(ArrayBytes::Owned(data))
+    }
+}
+
+impl Npz {
+    /// Drops the mapped pages of a stored `member` from this process once it has been used, so
+    /// resident memory stays near one member rather than the whole checkpoint (the kernel's page
+    /// cache keeps them if memory allows). Does nothing for deflated members.
+    pub fn release(&self, member: &Member) {
+        if !member.stored {
+            return;
+        }
+        let len = member.header.data_offset + member.header.data_len().unwrap_or(0);
+        // SAFETY: the map is a private, read-only mapping of a file that this process never
+        // writes through it. MADV_DONTNEED on such a mapping only discards the resident pages;
+        // the next access faults the same bytes back in from the file, so any slice still
+        // borrowed from the range keeps reading identical values. Failure is harmless (the
+        // pages simply stay resident), so the result is ignored.
+        let _ = unsafe {
+            self.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                member.data_start,
+                len,
+            )
+        };
     }
 }
 
