@@ -339,6 +339,12 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
         jobs.push(Job { source, dtype, ty });
     }
     let tok_md = tokenizer_metadata(o, &npz, &cfg)?;
+    if npz.member(TOKENIZER_ENTRY).is_some() && (o.tokenizer.is_some() || o.vocab_from.is_some()) {
+        notes.push(format!(
+            "note: the checkpoint's '{TOKENIZER_ENTRY}' entry is ignored; the vocabulary comes from {}",
+            if o.tokenizer.is_some() { "--tokenizer" } else { "--vocab-from" }
+        ));
+    }
     let name = o.name.clone().unwrap_or_else(|| {
         o.input
             .file_stem()

@@ -432,6 +432,36 @@ def test_bad_files_and_output(tmp_path, outdir, tiny_arrays):
     validate(out)
 
 
+def test_uint8_config_entry_and_cli_tokenizer_precedence(tmp_path, outdir, tiny_arrays, sp_model):
+    arrays = dict(tiny_arrays)
+    cfg = default_tiny_config(n_layers=1)
+    arrays = make_checkpoint(cfg, seed=4)
+    arrays["config"] = np.frombuffer(json.dumps(cfg).encode(), dtype=np.uint8)
+    arrays["tokenizer"] = np.frombuffer(b"not a model", dtype=np.uint8)
+    ck = tmp_path / "u8.npz"
+    save_raw(ck, arrays)
+    assert_fails(outdir, [ck, outdir / "x.gguf"], "'tokenizer'", "SentencePiece")
+    out = outdir / "u8.gguf"
+    p = run_convert(ck, out, "--tokenizer", sp_model)
+    assert "--tokenizer" in p.stderr and "'tokenizer' entry" in p.stderr  # the note says which wins
+    validate(out)
+    c, w = load_checkpoint(str(ck))
+    check_tensors(out, c, w, dense=False, outtype="auto")
+
+
+def test_bad_command_lines(tmp_path, outdir, tiny_arrays, sp_model):
+    good = tmp_path / "good.npz"
+    save_raw(good, tiny_arrays)
+    out = outdir / "m.gguf"
+    assert_fails(outdir, ["--synthetic", "huge", out], "unknown preset 'huge'")
+    assert_fails(outdir, ["--synthetic", "tiny", good, out], "only the output path")
+    assert_fails(outdir, ["--synthetic", "tiny-dense", out, "--ffn-k", "3"], "dense")
+    assert_fails(outdir, [good], "IN.npz OUT.gguf")
+    assert_fails(outdir, [good, out, "--outtype", "q4_k"], "--outtype")
+    assert_fails(outdir, [good, out, "--input-dtype", "int8"], "--input-dtype")
+    assert_fails(outdir, [good, out, "--tokenizer", sp_model, "--vocab-from", good], "not both")
+
+
 def test_bad_tokenizer_and_dtype(tmp_path, outdir, tiny_arrays, sp_model):
     out = outdir / "m.gguf"
     no_tok = tmp_path / "notok.npz"
