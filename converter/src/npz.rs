@@ -232,3 +232,121 @@ fn read_deflated_header(name: &str, f: &mut impl Read) -> Result<NpyHeader> {
     f.read_exact(&mut all[n..]).map_err(|e| corrupt(name, e))?;
     npy::parse_header(name, &all)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use zip::write::SimpleFileOptions;
+
+    fn npy_f32(shape: &str, values: &[f32]) -> Vec<u8> {
+        let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+        let mut h = dict.into_bytes();
+        while (10 + h.len() + 1) % 64 != 0 {
+            h.push(b' ');
+        }
+        h.push(b'\n');
+        let mut v = b"\x93NUMPY\x01\x00".to_vec();
+        v.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        v.extend_from_slice(&h);
+        for x in values {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v
+    }
+
+    fn write_zip(path: &Path, members: &[(&str, Vec<u8>, CompressionMethod)]) {
+        let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+        for (name, data, method) in members {
+            z.start_file(
+                *name,
+                SimpleFileOptions::default().compression_method(*method),
+            )
+            .unwrap();
+            z.write_all(data).unwrap();
+        }
+        z.finish().unwrap();
+    }
+
+    #[test]
+    fn reads_stored_and_deflated_members() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.npz");
+        let a: Vec<f32> = (0..6).map(|x| x as f32 * 0.5).collect();
+        let b: Vec<f32> = (0..1000).map(|x| (x as f32).sin()).collect();
+        write_zip(
+            &path,
+            &[
+                ("x/a.npy", npy_f32("(2, 3)", &a), CompressionMethod::Stored),
+                (
+                    "y/b.npy",
+                    npy_f32("(1000,)", &b),
+                    CompressionMethod::Deflated,
+                ),
+            ],
+        );
+        let npz = Npz::open(&path).unwrap();
+        assert_eq!(npz.members().len(), 2);
+        let ma = npz.member("x/a").unwrap();
+        assert_eq!(ma.header.shape, vec![2, 3]);
+        let da = npz.data(ma).unwrap();
+        assert!(matches!(da, ArrayBytes::Mapped(_)));
+        let got: Vec<f32> = da
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(got, a);
+        let mb = npz.member("y/b").unwrap();
+        let db = npz.data(mb).unwrap();
+        assert!(matches!(db, ArrayBytes::Owned(_)));
+        let got: Vec<f32> = db
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(got, b);
+        npz.release(ma);
+        assert_eq!(npz.data(ma).unwrap().len(), 24);
+    }
+
+    #[test]
+    fn rejects_bad_archives_and_members() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.npz");
+        std::fs::write(&path, b"plain text, not a zip").unwrap();
+        let e = Npz::open(&path).err().unwrap().to_string();
+        assert!(e.contains("a.npz") && e.contains("zip"), "{e}");
+
+        let mut short = npy_f32("(2, 3)", &[1.0; 6]);
+        short.truncate(short.len() - 4);
+        write_zip(&path, &[("w.npy", short, CompressionMethod::Stored)]);
+        let e = Npz::open(&path).err().unwrap().to_string();
+        assert!(e.contains("'w'") && e.contains("needs"), "{e}");
+
+        write_zip(
+            &path,
+            &[("w.txt", b"hello".to_vec(), CompressionMethod::Stored)],
+        );
+        assert!(Npz::open(&path)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("not a .npy member"));
+
+        write_zip(
+            &path,
+            &[(
+                "w.npy",
+                npy_f32("(64,)", &[2.0; 64]),
+                CompressionMethod::Stored,
+            )],
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        assert!(Npz::open(&path).is_err());
+        assert!(Npz::open(&dir.path().join("missing.npz"))
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("missing.npz"));
+    }
+}
