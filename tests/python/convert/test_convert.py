@@ -393,6 +393,8 @@ def test_bad_config(tmp_path, outdir, tiny_arrays):
     assert_fails(outdir, [good, out, "--attn-r", "16"], "attn_r", "0 < r_a < H")
     assert_fails(outdir, [good, out, "--ffn-k", "0"], "ffn_k", "at least 1")
     assert_fails(outdir, [good, out, "--attn-k", "0"], "attn_k", "at least 1")
+    save_raw(tmp_path / "kv.npz", tiny_arrays, config=default_tiny_config(n_kv_heads=3))
+    assert_fails(outdir, [tmp_path / "kv.npz", out], "head_count_kv", "does not divide")
     # A config whose shapes disagree with the arrays.
     save_raw(tmp_path / "d.npz", tiny_arrays, config=default_tiny_config(d_ff=128))
     assert_fails(outdir, [tmp_path / "d.npz", out], "has shape", "the config calls for")
