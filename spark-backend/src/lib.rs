@@ -6,8 +6,12 @@
 //! (`ggml_custom_4d`) from ggml's own worker threads. See `docs/INTERFACES.md`.
 
 pub mod error;
+pub mod ffn;
+pub mod ffn_op;
 pub mod params;
+pub mod rows;
 pub mod stats;
 pub mod tensor;
+pub mod topk;
 
 pub use error::KernelError;

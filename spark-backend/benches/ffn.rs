@@ -1,0 +1,195 @@
+//! Sparse Spark FFN vs the dense gated FFN of Gemma-2 2B, both as ggml graphs on the same
+//! persistent ggml thread pool (2 threads), at Gemma-2 2B shapes: D 2304, F 13824, r_f 1024,
+//! k_f 1106 (sparse); gate/up/down 2304 x 9216 (dense). Weight types f16 and q8_0, batches
+//! 1 and 64. Also measures this machine's read bandwidth (2 threads summing a 2 GiB buffer) and
+//! prints a summary table with the ratios and the sparse kernel's achieved bytes/s.
+//!
+//! Run: `cargo bench -p spark-backend --bench ffn` (add `-- --quick`-style criterion flags as
+//! usual). `SPARK_BENCH_TYPES=f16` / `SPARK_BENCH_BATCHES=1` restrict the grid.
+
+#[path = "../tests/ffn_common/mod.rs"]
+mod ffn_common;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use ffn_common::{Ggml, Rng, Runner};
+use llama_cpp_sys_2 as sys;
+use spark_backend::params::FfnParams;
+use spark_backend::rows::{quant, RowType};
+use std::time::{Duration, Instant};
+
+const D: usize = 2304;
+const F: usize = 13824;
+const R: usize = 1024;
+const K: i32 = 1106;
+const FF: usize = 9216;
+const THREADS: i32 = 2;
+
+fn types() -> Vec<RowType> {
+    let want = std::env::var("SPARK_BENCH_TYPES").unwrap_or_else(|_| "f16,q8_0".into());
+    want.split(',')
+        .filter_map(|n| RowType::ALL.into_iter().find(|t| t.name() == n))
+        .collect()
+}
+
+fn batches() -> Vec<usize> {
+    let want = std::env::var("SPARK_BENCH_BATCHES").unwrap_or_else(|_| "1,64".into());
+    want.split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect()
+}
+
+/// Random weights stored in `ty` (ggml's quantizer for quantized types).
+fn weights(rng: &mut Rng, ty: RowType, n_cols: usize, n_rows: usize, scale: f64) -> Vec<u8> {
+    let raw = rng.normals(n_cols * n_rows, scale);
+    quant::quantize_rows(ty, &raw, n_cols).expect("quantize")
+}
+
+struct Setup {
+    ggml: Ggml,
+    _params: Box<FfnParams>,
+    sparse: *mut sys::ggml_cgraph,
+    dense: *mut sys::ggml_cgraph,
+    u: *mut sys::ggml_tensor,
+    /// Bytes of weights the dense FFN reads per call.
+    dense_bytes: usize,
+    k1_bytes: usize,
+    k2_row: usize,
+    v_row: usize,
+}
+
+impl Setup {
+    fn new(ty: RowType, n_tokens: usize) -> Self {
+        let mut rng = Rng::new(7);
+        let row = |n: usize| ty.row_bytes(n).unwrap();
+        let total = row(R) * F + row(D - R) * F + row(D) * F + 3 * row(D) * FF;
+        let ggml = Ggml::new(total + (n_tokens * (4 * F + 8 * FF + 8 * D) + (64 << 20)));
+        let h = ggml.f32_tensor(D, n_tokens, &rng.normals(n_tokens * D, 1.0));
+        // Scale so that the predictor scores and the dense activations are O(1).
+        let k1 = ggml.tensor(
+            ty,
+            R,
+            F,
+            &weights(&mut rng, ty, R, F, 1.0 / (R as f64).sqrt()),
+        );
+        let k2 = ggml.tensor(ty, D - R, F, &weights(&mut rng, ty, D - R, F, 0.03));
+        let v = ggml.tensor(ty, D, F, &weights(&mut rng, ty, D, F, 0.03));
+        let params = Box::new(FfnParams { layer: 0, k: K });
+        let [_, u, out] = ggml.spark_ffn(h, k1, k2, v, &*params);
+        let sparse = ggml.graph(out);
+        let gate = ggml.tensor(ty, D, FF, &weights(&mut rng, ty, D, FF, 0.03));
+        let up = ggml.tensor(ty, D, FF, &weights(&mut rng, ty, D, FF, 0.03));
+        let down = ggml.tensor(ty, FF, D, &weights(&mut rng, ty, FF, D, 0.03));
+        let dense = ggml.graph(ggml.dense_ffn(h, gate, up, down));
+        Setup {
+            ggml,
+            _params: params,
+            sparse,
+            dense,
+            u,
+            dense_bytes: 3 * row(D) * FF,
+            k1_bytes: row(R) * F,
+            k2_row: row(D - R),
+            v_row: row(D),
+        }
+    }
+
+    /// Weight bytes the sparse FFN read in its last run: all of K1, and one K2 and one V row
+    /// per neuron active for any token of the batch.
+    fn sparse_bytes(&self) -> (usize, f64) {
+        let u = self.ggml.read(self.u);
+        let n_tokens = u.len() / F;
+        let union = u
+            .chunks_exact(n_tokens)
+            .filter(|c| c.iter().any(|&x| x != 0.0))
+            .count();
+        let kept = u.iter().filter(|&&x| x != 0.0).count() as f64 / n_tokens as f64;
+        (self.k1_bytes + union * (self.k2_row + self.v_row), kept)
+    }
+}
+
+/// Median wall time of `runs` calls.
+fn median_time(runs: usize, mut f: impl FnMut()) -> Duration {
+    let mut t: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed()
+        })
+        .collect();
+    t.sort();
+    t[runs / 2]
+}
+
+/// 2 threads each summing half of a buffer of `bytes` bytes; returns bytes/s (best of 3).
+fn read_bandwidth(bytes: usize) -> f64 {
+    let buf: Vec<f32> = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
+    let half = buf.len() / 2;
+    let sum = |x: &[f32]| {
+        let mut acc = [0f32; 64];
+        for c in x.chunks_exact(64) {
+            for i in 0..64 {
+                acc[i] += c[i];
+            }
+        }
+        acc.iter().sum::<f32>()
+    };
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let total: f32 = std::thread::scope(|s| {
+            let a = s.spawn(|| sum(&buf[..half]));
+            let b = sum(&buf[half..]);
+            a.join().unwrap() + b
+        });
+        std::hint::black_box(total);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best
+}
+
+fn bench(c: &mut Criterion) {
+    let bw = read_bandwidth(2 << 30);
+    let mut runner = Runner::new(THREADS);
+    let mut summary = Vec::new();
+    for ty in types() {
+        for n_tokens in batches() {
+            let setup = Setup::new(ty, n_tokens);
+            let mut g = c.benchmark_group(format!("ffn_{}_b{n_tokens}", ty.name()));
+            g.sample_size(10)
+                .warm_up_time(Duration::from_secs(1))
+                .measurement_time(Duration::from_secs(3));
+            g.throughput(Throughput::Elements(n_tokens as u64));
+            g.bench_function("dense_ggml", |b| b.iter(|| runner.compute(setup.dense)));
+            g.bench_function("sparse_spark", |b| b.iter(|| runner.compute(setup.sparse)));
+            g.finish();
+            // Same-run summary with interleaved medians.
+            let runs = if n_tokens == 1 { 41 } else { 7 };
+            let dense = median_time(runs, || runner.compute(setup.dense));
+            let sparse = median_time(runs, || runner.compute(setup.sparse));
+            let (bytes, kept) = setup.sparse_bytes();
+            summary.push((ty, n_tokens, dense, sparse, setup.dense_bytes, bytes, kept));
+        }
+    }
+    println!(
+        "\nread bandwidth (2 threads, 2 GiB sum): {:.1} GB/s",
+        bw / 1e9
+    );
+    println!("| type | batch | dense ms | sparse ms | speed-up | kept/token | sparse weight MB | sparse GB/s | dense GB/s | byte-limit speed-up |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (ty, n, dense, sparse, db, sb, kept) in summary {
+        println!(
+            "| {} | {n} | {:.2} | {:.2} | {:.2}x | {kept:.0} | {:.1} | {:.1} | {:.1} | {:.2}x |",
+            ty.name(),
+            dense.as_secs_f64() * 1e3,
+            sparse.as_secs_f64() * 1e3,
+            dense.as_secs_f64() / sparse.as_secs_f64(),
+            sb as f64 / 1e6,
+            sb as f64 / sparse.as_secs_f64() / 1e9,
+            db as f64 / dense.as_secs_f64() / 1e9,
+            db as f64 / sb as f64,
+        );
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,363 @@
+//! The sparse Spark FFN (SPEC.md section 4) for a batch of tokens, in three stages:
+//!
+//! 1. predictor: `s = K1 h[:r_f]` over all F neurons ([`predictor_scores`]; in the ggml graph
+//!    this is a stock `ggml_mul_mat`);
+//! 2. up ([`up_range`]): per token the statistical top-k threshold of its scores, then for each
+//!    active neuron `u_j = gelu_tanh(s_j - theta) * (K2_j . h[r_f:])`, stored neuron-major
+//!    (`u[j * n_tokens + t]`, exactly 0 for inactive neurons);
+//! 3. down ([`down_range`]): `out_t = sum_j u_j V_j` over the neurons active for any token.
+//!
+//! Stage 2 splits by neuron ranges and stage 3 by output-dimension ranges, so threads never
+//! share an output element: every value is computed by one thread in a fixed order, and results
+//! are bit-identical for any split. In a batch, each active row of K2 and V is read once for the
+//! union of the tokens' masks and applied to every token that has it active.
+
+use crate::rows::{self, Activation, RowMatrix};
+use crate::topk;
+use crate::KernelError;
+use std::ops::Range;
+
+/// `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with the limits
+/// `gelu_tanh(+inf) = +inf` and `gelu_tanh(-inf) = 0` (NaN stays NaN).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    if x == f32::NEG_INFINITY {
+        return 0.0;
+    }
+    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+    let inner = C * (x + 0.044_715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// The threshold per token of a batch of scores (`scores[t * f .. (t + 1) * f]`): `None` means
+/// dense (k >= F). See [`topk::threshold`].
+pub fn token_thresholds(scores: &[f32], f: usize, k: usize, out: &mut Vec<Option<f32>>) {
+    out.clear();
+    if f == 0 {
+        return;
+    }
+    out.extend(scores.chunks_exact(f).map(|s| topk::threshold(s, k)));
+}
+
+/// The activation value of a neuron with score `s` under threshold `theta` (None = dense), or
+/// `None` when the neuron is inactive (below the threshold, NaN, or an exact-zero activation).
+#[inline]
+pub fn activation(s: f32, theta: Option<f32>) -> Option<f32> {
+    let a = match theta {
+        Some(t) => {
+            if s > t {
+                gelu_tanh(s - t)
+            } else {
+                return None;
+            }
+        }
+        None => gelu_tanh(s),
+    };
+    (a != 0.0).then_some(a)
+}
+
+/// Stage 1: `scores[t * F + j] = K1_j . h_t[:r]` for every token and neuron, `h` given as
+/// `n_tokens` rows of at least `r` values (`h[t * h_stride ..]`). For tests and the serial
+/// [`sparse_ffn`]; the ggml graph uses `ggml_mul_mat` instead.
+pub fn predictor_scores(
+    k1: &RowMatrix<'_>,
+    h: &[f32],
+    h_stride: usize,
+    n_tokens: usize,
+    scores: &mut [f32],
+) -> Result<(), KernelError> {
+    let (r, f) = (k1.n_cols(), k1.n_rows());
+    check_len("scores", scores.len(), n_tokens * f)?;
+    let mut act = Activation::new();
+    for t in 0..n_tokens {
+        let row = token_row(h, h_stride, t, 0..r)?;
+        act.prepare(k1.ty(), row)?;
+        for (j, s) in scores[t * f..(t + 1) * f].iter_mut().enumerate() {
+            *s = rows::dot(k1.row(j), &act);
+        }
+    }
+    Ok(())
+}
+
+/// Reusable per-thread buffers for [`up_range`] and [`down_range`].
+#[derive(Debug, Default)]
+pub struct Scratch {
+    thetas: Vec<Option<f32>>,
+    acts: Vec<Activation>,
+    active: Vec<u32>,
+    tokens: Vec<(u32, f32)>,
+    row: Vec<f32>,
+}
+
+impl Scratch {
+    /// Empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Stage 2 for neurons `neurons` of every token: writes `u[(j - neurons.start) * n_tokens + t]`
+/// and returns how many (neuron, token) pairs are active in the range.
+///
+/// `scores` holds `n_tokens` rows of F scores (`scores[t * F + j]`, F = `k2.n_rows()`), `h`
+/// holds `n_tokens` rows of D values at stride `h_stride` of which `h[r..D]` is read
+/// (r = D - `k2.n_cols()`), `k` is k_f.
+#[allow(clippy::too_many_arguments)]
+pub fn up_range(
+    scores: &[f32],
+    h: &[f32],
+    h_stride: usize,
+    d: usize,
+    n_tokens: usize,
+    k2: &RowMatrix<'_>,
+    k: usize,
+    neurons: Range<usize>,
+    u: &mut [f32],
+    scratch: &mut Scratch,
+) -> Result<u64, KernelError> {
+    let f = k2.n_rows();
+    let r = d.checked_sub(k2.n_cols()).ok_or_else(|| {
+        KernelError::Shape(format!("K2 has {} columns, more than D = {d}", k2.n_cols()))
+    })?;
+    check_len("scores", scores.len(), n_tokens * f)?;
+    check_len("u", u.len(), neurons.len() * n_tokens)?;
+    if neurons.end > f {
+        return Err(KernelError::Shape(format!(
+            "neuron range {neurons:?} beyond F = {f}"
+        )));
+    }
+    token_thresholds(scores, f, k, &mut scratch.thetas);
+    scratch.acts.resize_with(n_tokens, Activation::new);
+    for t in 0..n_tokens {
+        scratch.acts[t].prepare(k2.ty(), token_row(h, h_stride, t, r..d)?)?;
+    }
+    u.fill(0.0);
+    let mut kept = 0u64;
+    if n_tokens == 1 {
+        // One token: list the active neurons first so the next rows can be prefetched.
+        let theta = scratch.thetas[0];
+        scratch.active.clear();
+        scratch.tokens.clear();
+        for j in neurons.clone() {
+            if let Some(a) = activation(scores[j], theta) {
+                scratch.active.push(j as u32);
+                scratch.tokens.push((0, a));
+            }
+        }
+        for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
+            if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
+                prefetch_row(k2, next as usize);
+            }
+            let j = j as usize;
+            u[j - neurons.start] = a * rows::dot(k2.row(j), &scratch.acts[0]);
+        }
+        return Ok(scratch.active.len() as u64);
+    }
+    for j in neurons.clone() {
+        let base = (j - neurons.start) * n_tokens;
+        let mut row = None;
+        for t in 0..n_tokens {
+            if let Some(a) = activation(scores[t * f + j], scratch.thetas[t]) {
+                let row = *row.get_or_insert_with(|| k2.row(j));
+                u[base + t] = a * rows::dot(row, &scratch.acts[t]);
+                kept += 1;
+            }
+        }
+    }
+    Ok(kept)
+}
+
+/// Stage 3 for output dimensions `dims` (block-aligned for V's type): for every token `t`,
+/// `out[t] = sum_j u[j * n_tokens + t] * V_j[dims]` over neurons in increasing order, skipping
+/// exact zeros. `out` holds one slice of `dims.len()` values per token.
+pub fn down_range(
+    u: &[f32],
+    v: &RowMatrix<'_>,
+    dims: Range<usize>,
+    out: &mut [&mut [f32]],
+    scratch: &mut Scratch,
+) -> Result<(), KernelError> {
+    let n_tokens = out.len();
+    let f = v.n_rows();
+    let w = dims.len();
+    check_len("u", u.len(), f * n_tokens)?;
+    let be = v.ty().block_elems();
+    if !dims.start.is_multiple_of(be) || !dims.end.is_multiple_of(be) || dims.end > v.n_cols() {
+        return Err(KernelError::Shape(format!(
+            "output range {dims:?} not {}-aligned within D = {}",
+            v.ty().name(),
+            v.n_cols()
+        )));
+    }
+    for o in out.iter_mut() {
+        check_len("output row", o.len(), w)?;
+        o[..w].fill(0.0);
+    }
+    if w == 0 {
+        return Ok(());
+    }
+    // The union of the batch's active neurons, in increasing order.
+    scratch.active.clear();
+    for (j, uj) in u.chunks_exact(n_tokens.max(1)).enumerate().take(f) {
+        if uj.iter().any(|&x| x != 0.0) {
+            scratch.active.push(j as u32);
+        }
+    }
+    scratch.row.resize(w, 0.0);
+    for i in 0..scratch.active.len() {
+        if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
+            prefetch_row_range(v, next as usize, dims.clone());
+        }
+        let j = scratch.active[i] as usize;
+        let row = v.row(j).slice(dims.start, dims.end);
+        let uj = &u[j * n_tokens..(j + 1) * n_tokens];
+        scratch.tokens.clear();
+        scratch.tokens.extend(
+            uj.iter()
+                .enumerate()
+                .filter(|(_, &x)| x != 0.0)
+                .map(|(t, &x)| (t as u32, x)),
+        );
+        if let [(t, alpha)] = scratch.tokens[..] {
+            rows::axpy(row, alpha, &mut out[t as usize][..w]);
+        } else {
+            // Several tokens share this neuron: convert the row once, then one axpy per token.
+            rows::to_f32(row, &mut scratch.row);
+            for &(t, alpha) in &scratch.tokens {
+                rows::axpy_f32(&scratch.row, alpha, &mut out[t as usize][..w]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The whole FFN serially: `out[t * D ..]` for `n_tokens` rows of `h` (`h[t * h_stride ..]`,
+/// D = `v.n_cols()`), with `k1` [F rows of r], `k2` [F rows of D - r], `v` [F rows of D].
+/// Returns the number of active (neuron, token) pairs.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_ffn(
+    h: &[f32],
+    h_stride: usize,
+    n_tokens: usize,
+    k1: &RowMatrix<'_>,
+    k2: &RowMatrix<'_>,
+    v: &RowMatrix<'_>,
+    k: usize,
+    out: &mut [f32],
+) -> Result<u64, KernelError> {
+    let d = v.n_cols();
+    let f = v.n_rows();
+    check_shapes(d, f, k1, k2)?;
+    let mut scores = vec![0f32; n_tokens * f];
+    predictor_scores(k1, h, h_stride, n_tokens, &mut scores)?;
+    let mut u = vec![0f32; n_tokens * f];
+    let mut scratch = Scratch::new();
+    let kept = up_range(
+        &scores,
+        h,
+        h_stride,
+        d,
+        n_tokens,
+        k2,
+        k,
+        0..f,
+        &mut u,
+        &mut scratch,
+    )?;
+    check_len("out", out.len(), n_tokens * d)?;
+    let mut rows_out: Vec<&mut [f32]> = out.chunks_mut(d).take(n_tokens).collect();
+    down_range(&u, v, 0..d, &mut rows_out, &mut scratch)?;
+    Ok(kept)
+}
+
+/// Checks that K1 [F x r], K2 [F x (D - r)] and V [F x D] agree, with 0 < r < D.
+pub fn check_shapes(
+    d: usize,
+    f: usize,
+    k1: &RowMatrix<'_>,
+    k2: &RowMatrix<'_>,
+) -> Result<(), KernelError> {
+    if k1.n_rows() != f || k2.n_rows() != f {
+        return Err(KernelError::Shape(format!(
+            "F differs: K1 has {} rows, K2 {}, V {f}",
+            k1.n_rows(),
+            k2.n_rows()
+        )));
+    }
+    let r = k1.n_cols();
+    if r == 0 || r >= d || k2.n_cols() != d - r {
+        return Err(KernelError::Shape(format!(
+            "K1 width {r} + K2 width {} != D = {d} (0 < r_f < D)",
+            k2.n_cols()
+        )));
+    }
+    Ok(())
+}
+
+/// A contiguous share of `0..n` for part `i` of `parts`, with boundaries on multiples of
+/// `align` (the last part takes the rest). Parts may be empty.
+pub fn split_range(n: usize, parts: usize, i: usize, align: usize) -> Range<usize> {
+    let align = align.max(1);
+    let units = n.div_ceil(align);
+    let parts = parts.max(1);
+    let lo = (units * i / parts * align).min(n);
+    let hi = if i + 1 >= parts {
+        n
+    } else {
+        (units * (i + 1) / parts * align).min(n)
+    };
+    lo..hi.max(lo)
+}
+
+fn check_len(what: &str, have: usize, want: usize) -> Result<(), KernelError> {
+    if have < want {
+        return Err(KernelError::Shape(format!(
+            "{what}: {have} values, need {want}"
+        )));
+    }
+    Ok(())
+}
+
+fn token_row(
+    h: &[f32],
+    stride: usize,
+    t: usize,
+    cols: Range<usize>,
+) -> Result<&[f32], KernelError> {
+    let start = t * stride + cols.start;
+    let end = t * stride + cols.end;
+    h.get(start..end)
+        .ok_or_else(|| KernelError::Shape(format!("h row {t} columns {cols:?} out of bounds")))
+}
+
+/// Rows ahead to prefetch in the sparse loops.
+const PREFETCH_AHEAD: usize = 2;
+
+/// Cache lines prefetched from the start of a row (the hardware prefetcher follows the rest).
+const PREFETCH_LINES: usize = 4;
+
+#[inline]
+fn prefetch_row(m: &RowMatrix<'_>, j: usize) {
+    prefetch(m.row_ptr(j));
+}
+
+#[inline]
+fn prefetch_row_range(m: &RowMatrix<'_>, j: usize, dims: Range<usize>) {
+    let offset = dims.start / m.ty().block_elems() * m.ty().block_bytes();
+    prefetch(m.row_ptr(j).wrapping_add(offset));
+}
+
+#[inline]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    for l in 0..PREFETCH_LINES {
+        // SAFETY: prefetch is a hint that never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(64 * l).cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}

@@ -1,0 +1,339 @@
+//! The ggml custom ops of the Spark FFN: `spark_ffn_up` and `spark_ffn_down` (contract in
+//! `docs/INTERFACES.md`; the predictor before them is a stock `ggml_mul_mat`).
+//!
+//! ggml calls each op on all `nth` threads at once with no barrier inside a node, so each
+//! thread computes a fixed share (up: a neuron range; down: an output-dimension range) and
+//! results do not depend on `nth`. Errors (bad shapes, types or parameters) print one line to
+//! stderr (the first few per process) and fill the thread's share of dst with NaN, so a broken
+//! graph shows in the logits; panics are caught and handled the same way, never unwinding into C.
+
+use crate::ffn::{self, Scratch};
+use crate::params::FfnParams;
+use crate::rows::{RowMatrix, RowType};
+use crate::stats;
+use crate::tensor::TensorView;
+use crate::KernelError;
+use llama_cpp_sys_2 as sys;
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const GGML_F32: u32 = 0;
+
+/// Output-dimension ranges of `spark_ffn_down` are multiples of this many elements (and of the
+/// weight type's block size), so SIMD loops run on whole vectors.
+const DIM_ALIGN: usize = 16;
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
+}
+
+/// `spark_ffn_up`: thresholds and gated value products, `dst u [n_tokens, F]`.
+///
+/// # Safety
+/// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..3]` are the tensors
+/// of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params` (or null,
+/// which is reported as an error).
+#[no_mangle]
+pub unsafe extern "C" fn spark_ffn_up(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    userdata: *mut c_void,
+) {
+    // SAFETY: forwarded contract of this function.
+    run_guarded("spark_ffn_up", dst, ith, nth, || unsafe {
+        up(dst, ith, nth, userdata)
+    });
+}
+
+/// `spark_ffn_down`: `dst [D, n_tokens] = sum_j u_j V_j` over neurons with `u_j != 0`.
+///
+/// # Safety
+/// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..2]` are `u` and `V`
+/// of `docs/INTERFACES.md`; `userdata` is not read.
+#[no_mangle]
+pub unsafe extern "C" fn spark_ffn_down(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    _userdata: *mut c_void,
+) {
+    // SAFETY: forwarded contract of this function.
+    run_guarded("spark_ffn_down", dst, ith, nth, || unsafe {
+        down(dst, ith, nth)
+    });
+}
+
+/// How many error lines are printed per process before going quiet.
+const MAX_ERROR_LINES: usize = 8;
+
+fn run_guarded(
+    name: &str,
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    body: impl FnOnce() -> Result<(), KernelError>,
+) {
+    static PRINTED: AtomicUsize = AtomicUsize::new(0);
+    let outcome = catch_unwind(AssertUnwindSafe(body));
+    let message = match outcome {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => (ith == 0).then(|| e.to_string()),
+        Err(_) => Some(format!("panic in thread {ith}")),
+    };
+    if let Some(m) = message {
+        if PRINTED.fetch_add(1, Ordering::Relaxed) < MAX_ERROR_LINES {
+            eprintln!("spark: {name}: {m}; output set to NaN");
+        }
+    }
+    // SAFETY: dst is the op's live output tensor (ggml contract); only this thread's share of
+    // its rows is written.
+    unsafe { fill_nan_share(dst, ith, nth) };
+}
+
+/// Fills this thread's share of dst's rows with NaN (dst must be f32 with contiguous rows).
+///
+/// # Safety
+/// `dst` is null or a live f32 ggml tensor whose data covers its ne/nb.
+unsafe fn fill_nan_share(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) {
+    // SAFETY: per the function contract.
+    let Ok(v) = (unsafe { TensorView::from_raw(dst) }) else {
+        return;
+    };
+    if v.ty != GGML_F32 || v.nb[0] != 4 {
+        return;
+    }
+    let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
+    let n_rows = v.n_rows();
+    for r in ffn::split_range(n_rows, nth, ith, 1) {
+        let (i1, rest) = (r % v.ne[1], r / v.ne[1]);
+        let (i2, i3) = (rest % v.ne[2].max(1), rest / v.ne[2].max(1));
+        let offset = i1 * v.nb[1] + i2 * v.nb[2] + i3 * v.nb[3];
+        // SAFETY: the row lies inside dst's data (ne/nb describe it) and this thread alone
+        // writes the rows of its share.
+        let row =
+            unsafe { std::slice::from_raw_parts_mut(v.data.add(offset).cast::<f32>(), v.ne[0]) };
+        row.fill(f32::NAN);
+    }
+}
+
+/// The tensor views of dst and its first `n` sources.
+///
+/// # Safety
+/// `dst` is null or a live ggml tensor whose sources are null or live.
+unsafe fn views<const N: usize>(
+    dst: *mut sys::ggml_tensor,
+) -> Result<(TensorView, [TensorView; N]), KernelError> {
+    if dst.is_null() {
+        return Err(KernelError::Shape("dst is null".into()));
+    }
+    // SAFETY: per the function contract.
+    let out = unsafe { TensorView::from_raw(dst)? };
+    // SAFETY: dst is live; src pointers are null or live tensors.
+    let srcs = unsafe { (*dst).src };
+    let mut views = [out; N];
+    for (i, v) in views.iter_mut().enumerate() {
+        // SAFETY: as above; from_raw rejects null pointers.
+        *v = unsafe { TensorView::from_raw(srcs[i]) }
+            .map_err(|e| KernelError::Shape(format!("args[{i}]: {e}")))?;
+    }
+    Ok((out, views))
+}
+
+fn expect_2d(v: &TensorView, name: &str, ne0: usize, ne1: usize) -> Result<(), KernelError> {
+    if v.ne != [ne0, ne1, 1, 1] {
+        return Err(KernelError::Shape(format!(
+            "{name}: ne {:?}, expected [{ne0}, {ne1}, 1, 1]",
+            v.ne
+        )));
+    }
+    Ok(())
+}
+
+fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
+    if v.ty != GGML_F32 {
+        return Err(KernelError::UnsupportedType {
+            tensor: name,
+            ty: v.ty,
+        });
+    }
+    if v.nb[0] != 4 || !v.nb[1].is_multiple_of(4) || v.nb[1] < 4 * v.ne[0] {
+        return Err(KernelError::Shape(format!(
+            "{name}: f32 rows not contiguous (nb {:?})",
+            v.nb
+        )));
+    }
+    Ok(())
+}
+
+/// A weight matrix view over a 2-D ggml tensor.
+///
+/// # Safety
+/// `v` describes a live tensor whose data covers `ne[1]` rows at stride `nb[1]`.
+unsafe fn weight<'a>(v: &TensorView, name: &'static str) -> Result<RowMatrix<'a>, KernelError> {
+    let ty = RowType::from_ggml(v.ty).ok_or(KernelError::UnsupportedType {
+        tensor: name,
+        ty: v.ty,
+    })?;
+    if v.nb[0] != ty.block_bytes() || v.ne[2] != 1 || v.ne[3] != 1 {
+        return Err(KernelError::Shape(format!(
+            "{name}: not a packed 2-D matrix (ne {:?})",
+            v.ne
+        )));
+    }
+    let row = ty.row_bytes(v.ne[0]).ok_or_else(|| {
+        KernelError::Shape(format!(
+            "{name}: {} columns are not whole {} blocks",
+            v.ne[0],
+            ty.name()
+        ))
+    })?;
+    let len = if v.ne[1] == 0 {
+        0
+    } else {
+        (v.ne[1] - 1) * v.nb[1] + row
+    };
+    // SAFETY: per the function contract the tensor's data covers `len` bytes.
+    let data = unsafe { std::slice::from_raw_parts(v.data.cast_const(), len) };
+    RowMatrix::new(ty, v.ne[0], v.ne[1], v.nb[1], data)
+        .map_err(|e| KernelError::Shape(format!("{name}: {e}")))
+}
+
+/// An f32 tensor's rows as one slice (rows at stride nb[1]).
+///
+/// # Safety
+/// `v` describes a live f32 tensor whose data covers `ne[1]` rows at stride `nb[1]`.
+unsafe fn f32_rows<'a>(v: &TensorView) -> (&'a [f32], usize) {
+    let stride = v.nb[1] / 4;
+    let len = if v.ne[1] == 0 {
+        0
+    } else {
+        (v.ne[1] - 1) * stride + v.ne[0]
+    };
+    // SAFETY: per the function contract.
+    (
+        unsafe { std::slice::from_raw_parts(v.data.cast::<f32>().cast_const(), len) },
+        stride,
+    )
+}
+
+fn thread_share(ith: c_int, nth: c_int) -> Result<(usize, usize), KernelError> {
+    if nth < 1 || ith < 0 || ith >= nth {
+        return Err(KernelError::Param(format!("thread {ith} of {nth}")));
+    }
+    Ok((ith as usize, nth as usize))
+}
+
+/// # Safety
+/// See [`spark_ffn_up`].
+unsafe fn up(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    userdata: *mut c_void,
+) -> Result<(), KernelError> {
+    let (ith, nth) = thread_share(ith, nth)?;
+    if userdata.is_null() {
+        return Err(KernelError::Param("spark_ffn_params is null".into()));
+    }
+    // SAFETY: userdata points to a live spark_ffn_params (contract); read unaligned to be safe.
+    let params = unsafe { userdata.cast::<FfnParams>().read_unaligned() };
+    let k = usize::try_from(params.k)
+        .ok()
+        .filter(|&k| k >= 1)
+        .ok_or_else(|| KernelError::Param(format!("k = {} (must be >= 1)", params.k)))?;
+    // SAFETY: the op contract: dst and its sources are live.
+    let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
+    expect_f32_rows(&s, "scores")?;
+    expect_f32_rows(&h, "h")?;
+    // SAFETY: k2 is a live tensor (contract).
+    let k2m = unsafe { weight(&k2, "ffn_up")? };
+    let (f, n_tokens, d) = (s.ne[0], s.ne[1], h.ne[0]);
+    expect_2d(&s, "scores", f, n_tokens)?;
+    expect_2d(&h, "h", d, n_tokens)?;
+    expect_2d(&k2, "ffn_up", k2.ne[0], f)?;
+    if k2.ne[0] == 0 || k2.ne[0] >= d {
+        return Err(KernelError::Shape(format!(
+            "ffn_up width {} not in (0, D = {d})",
+            k2.ne[0]
+        )));
+    }
+    if s.nb[1] != 4 * f {
+        return Err(KernelError::Shape("scores rows must be contiguous".into()));
+    }
+    expect_2d(&out, "dst", n_tokens, f)?;
+    expect_f32_rows(&out, "dst")?;
+    if out.nb[1] != 4 * n_tokens {
+        return Err(KernelError::Shape("dst must be contiguous".into()));
+    }
+    // SAFETY: s and h are live f32 tensors with the checked shapes.
+    let (scores, _) = unsafe { f32_rows(&s) };
+    // SAFETY: as above.
+    let (h_data, h_stride) = unsafe { f32_rows(&h) };
+    let neurons = ffn::split_range(f, nth, ith, 1);
+    // SAFETY: dst rows `neurons` (n_tokens f32 each, contiguous) belong to this thread alone:
+    // the shares of split_range are disjoint.
+    let u = unsafe {
+        std::slice::from_raw_parts_mut(
+            out.data.cast::<f32>().add(neurons.start * n_tokens),
+            neurons.len() * n_tokens,
+        )
+    };
+    let kept = SCRATCH.with(|sc| {
+        let mut sc = sc.borrow_mut();
+        ffn::up_range(
+            scores, h_data, h_stride, d, n_tokens, &k2m, k, neurons, u, &mut sc,
+        )
+    })?;
+    let tokens = if ith == 0 { n_tokens as u64 } else { 0 };
+    stats::record_ffn(params.layer, kept, tokens, f as u64);
+    Ok(())
+}
+
+/// # Safety
+/// See [`spark_ffn_down`].
+unsafe fn down(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) -> Result<(), KernelError> {
+    let (ith, nth) = thread_share(ith, nth)?;
+    // SAFETY: the op contract: dst and its sources are live.
+    let (out, [u, v]) = unsafe { views::<2>(dst)? };
+    expect_f32_rows(&u, "u")?;
+    // SAFETY: v is a live tensor (contract).
+    let vm = unsafe { weight(&v, "ffn_down_t")? };
+    let (n_tokens, f, d) = (u.ne[0], u.ne[1], v.ne[0]);
+    expect_2d(&u, "u", n_tokens, f)?;
+    expect_2d(&v, "ffn_down_t", d, f)?;
+    if u.nb[1] != 4 * n_tokens {
+        return Err(KernelError::Shape("u must be contiguous".into()));
+    }
+    expect_2d(&out, "dst", d, n_tokens)?;
+    expect_f32_rows(&out, "dst")?;
+    // SAFETY: u is a live f32 tensor with the checked shape.
+    let (u_data, _) = unsafe { f32_rows(&u) };
+    let align = lcm(DIM_ALIGN, vm.ty().block_elems());
+    let dims: Range<usize> = ffn::split_range(d, nth, ith, align);
+    let mut rows: Vec<&mut [f32]> = (0..n_tokens)
+        .map(|t| {
+            // SAFETY: columns `dims` of dst row t lie inside dst (shape checked) and belong to
+            // this thread alone: the shares of split_range are disjoint.
+            unsafe {
+                let p = out.data.add(t * out.nb[1]).cast::<f32>().add(dims.start);
+                std::slice::from_raw_parts_mut(p, dims.len())
+            }
+        })
+        .collect();
+    SCRATCH.with(|sc| ffn::down_range(u_data, &vm, dims, &mut rows, &mut sc.borrow_mut()))
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}

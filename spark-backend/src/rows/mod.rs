@@ -1,0 +1,398 @@
+//! Rows of a weight matrix in a ggml storage type, and the two operations the sparse kernels
+//! need on them: `dot(row, x)` and `axpy(row, alpha, y)` (`y += alpha * row`).
+//!
+//! Float rows (f32, f16, bf16) use this crate's own SIMD kernels ([`simd`]) against an f32
+//! activation. Quantized rows (q8_0, q4_0, q4_K, q6_K) use ggml's CPU type traits ([`quant`]):
+//! the activation is quantized once to the type's `vec_dot_type` ([`Activation::prepare`]),
+//! then each row costs one ggml `vec_dot`; `axpy` dequantizes with ggml's `to_float`.
+
+pub mod quant;
+pub mod simd;
+
+use crate::KernelError;
+
+/// A weight storage type the kernels support (a subset of ggml's types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowType {
+    /// `GGML_TYPE_F32`.
+    F32,
+    /// `GGML_TYPE_F16`.
+    F16,
+    /// `GGML_TYPE_BF16`.
+    Bf16,
+    /// `GGML_TYPE_Q8_0`: blocks of 32, 34 bytes.
+    Q8_0,
+    /// `GGML_TYPE_Q4_0`: blocks of 32, 18 bytes.
+    Q4_0,
+    /// `GGML_TYPE_Q4_K`: blocks of 256, 144 bytes.
+    Q4K,
+    /// `GGML_TYPE_Q6_K`: blocks of 256, 210 bytes.
+    Q6K,
+}
+
+impl RowType {
+    /// Every supported type.
+    pub const ALL: [RowType; 7] = [
+        RowType::F32,
+        RowType::F16,
+        RowType::Bf16,
+        RowType::Q8_0,
+        RowType::Q4_0,
+        RowType::Q4K,
+        RowType::Q6K,
+    ];
+
+    /// The type for a ggml type id, if supported.
+    pub fn from_ggml(ty: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.ggml() == ty)
+    }
+
+    /// The ggml type id (`GGML_TYPE_*`).
+    pub fn ggml(self) -> u32 {
+        match self {
+            RowType::F32 => 0,
+            RowType::F16 => 1,
+            RowType::Q4_0 => 2,
+            RowType::Q8_0 => 8,
+            RowType::Q4K => 12,
+            RowType::Q6K => 14,
+            RowType::Bf16 => 30,
+        }
+    }
+
+    /// Elements per block (1 for float types).
+    pub fn block_elems(self) -> usize {
+        match self {
+            RowType::F32 | RowType::F16 | RowType::Bf16 => 1,
+            RowType::Q8_0 | RowType::Q4_0 => 32,
+            RowType::Q4K | RowType::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            RowType::F32 => 4,
+            RowType::F16 | RowType::Bf16 => 2,
+            RowType::Q8_0 => 34,
+            RowType::Q4_0 => 18,
+            RowType::Q4K => 144,
+            RowType::Q6K => 210,
+        }
+    }
+
+    /// True for the block-quantized types.
+    pub fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+
+    /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        n.is_multiple_of(self.block_elems())
+            .then(|| n / self.block_elems() * self.block_bytes())
+    }
+
+    /// Short lowercase name as ggml spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowType::F32 => "f32",
+            RowType::F16 => "f16",
+            RowType::Bf16 => "bf16",
+            RowType::Q8_0 => "q8_0",
+            RowType::Q4_0 => "q4_0",
+            RowType::Q4K => "q4_K",
+            RowType::Q6K => "q6_K",
+        }
+    }
+}
+
+/// One row: `n` elements of type `ty` in `bytes` (exactly `ty.row_bytes(n)` bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    ty: RowType,
+    n: usize,
+    bytes: &'a [u8],
+}
+
+impl<'a> Row<'a> {
+    /// A row over `bytes`; errors when `n` is not whole blocks or `bytes` is too short.
+    pub fn new(ty: RowType, n: usize, bytes: &'a [u8]) -> Result<Self, KernelError> {
+        let need = ty.row_bytes(n).ok_or_else(|| {
+            KernelError::Shape(format!(
+                "row of {n} elements is not whole {} blocks",
+                ty.name()
+            ))
+        })?;
+        let bytes = bytes.get(..need).ok_or_else(|| {
+            KernelError::Shape(format!("row needs {need} bytes, has {}", bytes.len()))
+        })?;
+        Ok(Self { ty, n, bytes })
+    }
+
+    /// Storage type.
+    pub fn ty(&self) -> RowType {
+        self.ty
+    }
+
+    /// Elements in the row.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// True for a row of no elements.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The raw bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// Elements `start..end`; both must be multiples of the block size (panics otherwise:
+    /// callers derive ranges from [`RowType::block_elems`]).
+    pub fn slice(&self, start: usize, end: usize) -> Row<'a> {
+        let b = self.ty.block_elems();
+        assert!(
+            start.is_multiple_of(b) && end.is_multiple_of(b) && start <= end && end <= self.n,
+            "bad row slice"
+        );
+        let per = self.ty.block_bytes();
+        Row {
+            ty: self.ty,
+            n: end - start,
+            bytes: &self.bytes[start / b * per..end / b * per],
+        }
+    }
+}
+
+/// A matrix of `n_rows` rows of `n_cols` elements, row `j` starting at byte `j * stride`.
+#[derive(Debug, Clone, Copy)]
+pub struct RowMatrix<'a> {
+    ty: RowType,
+    n_cols: usize,
+    n_rows: usize,
+    stride: usize,
+    data: &'a [u8],
+}
+
+impl<'a> RowMatrix<'a> {
+    /// A matrix over `data`; checks that every row lies inside it.
+    pub fn new(
+        ty: RowType,
+        n_cols: usize,
+        n_rows: usize,
+        stride: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let row = ty.row_bytes(n_cols).ok_or_else(|| {
+            KernelError::Shape(format!(
+                "{n_cols} columns are not whole {} blocks",
+                ty.name()
+            ))
+        })?;
+        if n_rows > 0 {
+            if stride < row {
+                return Err(KernelError::Shape(format!(
+                    "row stride {stride} < row size {row}"
+                )));
+            }
+            let need = (n_rows - 1)
+                .checked_mul(stride)
+                .and_then(|v| v.checked_add(row))
+                .ok_or_else(|| KernelError::Shape("matrix size overflows".into()))?;
+            if data.len() < need {
+                return Err(KernelError::Shape(format!(
+                    "matrix needs {need} bytes, has {}",
+                    data.len()
+                )));
+            }
+        }
+        Ok(Self {
+            ty,
+            n_cols,
+            n_rows,
+            stride,
+            data,
+        })
+    }
+
+    /// A densely packed matrix (stride = row size).
+    pub fn packed(
+        ty: RowType,
+        n_cols: usize,
+        n_rows: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let stride = ty.row_bytes(n_cols).unwrap_or(0);
+        Self::new(ty, n_cols, n_rows, stride, data)
+    }
+
+    /// Storage type.
+    pub fn ty(&self) -> RowType {
+        self.ty
+    }
+
+    /// Elements per row.
+    pub fn n_cols(&self) -> usize {
+        self.n_cols
+    }
+
+    /// Number of rows.
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+
+    /// Row `j` (panics when `j >= n_rows`).
+    #[inline]
+    pub fn row(&self, j: usize) -> Row<'a> {
+        assert!(j < self.n_rows, "row {j} out of {}", self.n_rows);
+        let start = j * self.stride;
+        let len = self.n_cols / self.ty.block_elems() * self.ty.block_bytes();
+        Row {
+            ty: self.ty,
+            n: self.n_cols,
+            bytes: &self.data[start..start + len],
+        }
+    }
+
+    /// Address of row `j`'s first byte (for prefetching; `j` need not be in range).
+    #[inline]
+    pub fn row_ptr(&self, j: usize) -> *const u8 {
+        self.data.as_ptr().wrapping_add(j.wrapping_mul(self.stride))
+    }
+}
+
+/// An f32 activation prepared for dot products with rows of one type: kept as f32 for float
+/// rows, quantized to ggml's `vec_dot_type` for quantized rows. Reusable across tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Activation {
+    ty: Option<RowType>,
+    n: usize,
+    f32s: Vec<f32>,
+    quant: Vec<u8>,
+}
+
+impl Activation {
+    /// An empty activation (prepare it before use).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Prepares `x` for rows of type `ty`. For quantized types `x.len()` must be whole blocks.
+    pub fn prepare(&mut self, ty: RowType, x: &[f32]) -> Result<(), KernelError> {
+        self.ty = Some(ty);
+        self.n = x.len();
+        if ty.is_quantized() {
+            quant::quantize_activation(ty, x, &mut self.quant)?;
+        } else {
+            self.f32s.clear();
+            self.f32s.extend_from_slice(x);
+        }
+        Ok(())
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The row type this activation was prepared for.
+    pub fn row_type(&self) -> Option<RowType> {
+        self.ty
+    }
+}
+
+/// `row . x`. Panics when `x` was prepared for another type or length (a programming error in
+/// the caller; the ops validate shapes before calling).
+#[inline]
+pub fn dot(row: Row<'_>, x: &Activation) -> f32 {
+    assert!(
+        x.ty == Some(row.ty) && x.n == row.n,
+        "activation prepared for another row"
+    );
+    let k = simd::kernels();
+    // SAFETY: `kernels()` only returns SIMD functions whose CPU features were detected; the
+    // row holds `row.n` elements (checked at construction) and `x` has the same length.
+    unsafe {
+        match row.ty {
+            RowType::F32 => (k.dot_f32)(row.bytes, &x.f32s),
+            RowType::F16 => (k.dot_f16)(row.bytes, &x.f32s),
+            RowType::Bf16 => (k.dot_bf16)(row.bytes, &x.f32s),
+            _ => quant::vec_dot(row.ty, row.n, row.bytes, &x.quant),
+        }
+    }
+}
+
+/// `y += alpha * row`; `y.len()` must equal `row.len()`.
+#[inline]
+pub fn axpy(row: Row<'_>, alpha: f32, y: &mut [f32]) {
+    assert_eq!(
+        y.len(),
+        row.n,
+        "axpy: output length differs from row length"
+    );
+    let k = simd::kernels();
+    // SAFETY: as in `dot`; `y` has exactly `row.n` elements.
+    unsafe {
+        match row.ty {
+            RowType::F32 => (k.axpy_f32)(row.bytes, alpha, y),
+            RowType::F16 => (k.axpy_f16)(row.bytes, alpha, y),
+            RowType::Bf16 => (k.axpy_bf16)(row.bytes, alpha, y),
+            _ => quant::axpy(row.ty, row.bytes, alpha, y),
+        }
+    }
+}
+
+/// `out = row` as f32; `out.len()` must equal `row.len()`.
+#[inline]
+pub fn to_f32(row: Row<'_>, out: &mut [f32]) {
+    assert_eq!(
+        out.len(),
+        row.n,
+        "to_f32: output length differs from row length"
+    );
+    let k = simd::kernels();
+    // SAFETY: as in `dot`; `out` has exactly `row.n` elements.
+    unsafe {
+        match row.ty {
+            RowType::F32 => {
+                for (o, c) in out.iter_mut().zip(row.bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            RowType::F16 => (k.f16_to_f32)(row.bytes, out),
+            RowType::Bf16 => (k.bf16_to_f32)(row.bytes, out),
+            _ => quant::dequantize(row.ty, row.bytes, out),
+        }
+    }
+}
+
+/// `y += alpha * x` on f32 slices of equal length (SIMD).
+#[inline]
+pub fn axpy_f32(x: &[f32], alpha: f32, y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "axpy_f32: lengths differ");
+    let bytes: &[u8] = f32_bytes(x);
+    // SAFETY: `bytes` views exactly `x.len()` f32 values; features checked by `kernels()`.
+    unsafe { (simd::kernels().axpy_f32)(bytes, alpha, y) }
+}
+
+/// `x . y` on f32 slices of equal length (SIMD).
+#[inline]
+pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    assert_eq!(x.len(), y.len(), "dot_f32: lengths differ");
+    // SAFETY: as in `axpy_f32`.
+    unsafe { (simd::kernels().dot_f32)(f32_bytes(x), y) }
+}
+
+/// The bytes of an f32 slice.
+pub fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the length in bytes is
+    // 4 * len and the lifetime is tied to `x`.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}

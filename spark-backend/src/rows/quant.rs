@@ -1,0 +1,224 @@
+//! Quantized rows through ggml's own CPU type traits (the same code ggml's `mul_mat` runs).
+//!
+//! `ggml_get_type_traits_cpu(ty)` gives `from_float` (quantizes an f32 activation to the row
+//! type's `vec_dot_type`) and `vec_dot`; `ggml_get_type_traits(ty)` gives `to_float`.
+//! `ggml_cpu_init()` (fp16 and GELU tables, ggml's clock) runs once before the first use.
+
+use super::RowType;
+use crate::KernelError;
+use llama_cpp_sys_2 as sys;
+use std::ffi::c_void;
+use std::sync::{Once, OnceLock};
+
+type VecDot =
+    unsafe extern "C" fn(i32, *mut f32, usize, *const c_void, usize, *const c_void, usize, i32);
+type FromFloat = unsafe extern "C" fn(*const f32, *mut c_void, i64);
+type ToFloat = unsafe extern "C" fn(*const c_void, *mut f32, i64);
+
+/// The ggml functions and block layout for one quantized row type.
+#[derive(Clone, Copy)]
+struct Traits {
+    vec_dot: VecDot,
+    from_float: FromFloat,
+    to_float: ToFloat,
+    /// Elements and bytes per block of the activation type (`vec_dot_type`).
+    act_block_elems: usize,
+    act_block_bytes: usize,
+}
+
+/// Runs `ggml_cpu_init` once per process.
+pub fn ensure_cpu_init() {
+    static INIT: Once = Once::new();
+    // SAFETY: ggml_cpu_init takes no arguments and guards its own one-time table set-up with
+    // ggml's critical section; `Once` additionally serialises our callers.
+    INIT.call_once(|| unsafe { sys::ggml_cpu_init() });
+}
+
+fn load_traits(ty: RowType) -> Option<Traits> {
+    ensure_cpu_init();
+    // SAFETY: the trait getters return pointers to static tables for any valid type id; every
+    // RowType maps to a valid ggml type.
+    unsafe {
+        let cpu = sys::ggml_get_type_traits_cpu(ty.ggml());
+        let base = sys::ggml_get_type_traits(ty.ggml());
+        if cpu.is_null() || base.is_null() {
+            return None;
+        }
+        let (cpu, base) = (&*cpu, &*base);
+        let act = sys::ggml_get_type_traits(cpu.vec_dot_type);
+        if act.is_null() {
+            return None;
+        }
+        let act = &*act;
+        Some(Traits {
+            vec_dot: cpu.vec_dot?,
+            from_float: sys::ggml_get_type_traits_cpu(cpu.vec_dot_type)
+                .as_ref()?
+                .from_float?,
+            to_float: base.to_float?,
+            act_block_elems: usize::try_from(act.blck_size).ok()?,
+            act_block_bytes: act.type_size,
+        })
+    }
+}
+
+fn traits(ty: RowType) -> Result<&'static Traits, KernelError> {
+    static TABLE: [OnceLock<Option<Traits>>; 7] = [const { OnceLock::new() }; 7];
+    let slot = RowType::ALL
+        .iter()
+        .position(|&t| t == ty)
+        .expect("RowType::ALL lists every type");
+    TABLE[slot]
+        .get_or_init(|| load_traits(ty))
+        .as_ref()
+        .ok_or(KernelError::UnsupportedType {
+            tensor: "row",
+            ty: ty.ggml(),
+        })
+}
+
+/// Quantizes `x` to the activation type that `vec_dot` of `ty` rows expects, into `out`.
+pub fn quantize_activation(ty: RowType, x: &[f32], out: &mut Vec<u8>) -> Result<(), KernelError> {
+    let t = traits(ty)?;
+    if !x.len().is_multiple_of(t.act_block_elems) || !x.len().is_multiple_of(ty.block_elems()) {
+        return Err(KernelError::Shape(format!(
+            "activation of {} elements is not whole {} blocks",
+            x.len(),
+            ty.name()
+        )));
+    }
+    out.clear();
+    out.resize(x.len() / t.act_block_elems * t.act_block_bytes, 0);
+    // SAFETY: `out` holds exactly the bytes `from_float` writes for x.len() elements (whole
+    // blocks, checked above); `x` is readable for x.len() f32.
+    unsafe { (t.from_float)(x.as_ptr(), out.as_mut_ptr().cast(), x.len() as i64) };
+    Ok(())
+}
+
+/// ggml `vec_dot` of a quantized row of `n` elements with a prepared activation.
+///
+/// # Safety
+/// `row` must hold a row of `n` elements of `ty` and `act` the same `n` elements quantized by
+/// [`quantize_activation`] for `ty` (both are checked by length here as a last defence).
+pub unsafe fn vec_dot(ty: RowType, n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let t = traits(ty).expect("activation prepared, so the traits loaded");
+    assert!(
+        row.len() >= ty.row_bytes(n).unwrap_or(usize::MAX),
+        "short quantized row"
+    );
+    assert!(
+        act.len() >= n / t.act_block_elems * t.act_block_bytes,
+        "short activation"
+    );
+    let mut s = 0f32;
+    // SAFETY: lengths checked above; nrc = 1 reads one row and one activation and writes `s`.
+    unsafe {
+        (t.vec_dot)(
+            n as i32,
+            &mut s,
+            0,
+            row.as_ptr().cast(),
+            0,
+            act.as_ptr().cast(),
+            0,
+            1,
+        )
+    };
+    s
+}
+
+/// Elements dequantized per step of [`axpy`] (a multiple of every block size).
+const CHUNK: usize = 256;
+
+/// `y += alpha * row` for a quantized row of `y.len()` elements: dequantized in chunks of 256
+/// into a stack buffer, then a SIMD axpy.
+///
+/// # Safety
+/// `row` must hold `y.len()` elements of `ty` (checked by length).
+pub unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
+    let t = traits(ty).expect("quantized RowType with ggml traits");
+    let per = ty.block_bytes();
+    let be = ty.block_elems();
+    assert!(
+        row.len() >= ty.row_bytes(y.len()).unwrap_or(usize::MAX),
+        "short quantized row"
+    );
+    let mut buf = [0f32; CHUNK];
+    for (i, yc) in y.chunks_mut(CHUNK).enumerate() {
+        let src = &row[i * CHUNK / be * per..];
+        let n = yc.len();
+        // SAFETY: `src` holds at least n / be whole blocks (row length checked above and n is a
+        // multiple of be because y.len() is); `buf` holds n <= CHUNK floats.
+        unsafe { (t.to_float)(src.as_ptr().cast(), buf.as_mut_ptr(), n as i64) };
+        super::axpy_f32(&buf[..n], alpha, yc);
+    }
+}
+
+/// `out = row` for a quantized row of `out.len()` elements.
+///
+/// # Safety
+/// `row` must hold `out.len()` elements of `ty` (checked by length).
+pub unsafe fn dequantize(ty: RowType, row: &[u8], out: &mut [f32]) {
+    let t = traits(ty).expect("quantized RowType with ggml traits");
+    assert!(
+        row.len() >= ty.row_bytes(out.len()).unwrap_or(usize::MAX),
+        "short quantized row"
+    );
+    // SAFETY: length checked above.
+    unsafe { (t.to_float)(row.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
+}
+
+/// Quantizes `n_rows` rows of `n_cols` f32 values to `ty` with ggml's reference quantizer
+/// (`ggml_quantize_chunk`, no importance matrix). Float types are converted element-wise.
+pub fn quantize_rows(ty: RowType, x: &[f32], n_cols: usize) -> Result<Vec<u8>, KernelError> {
+    let row_bytes = ty.row_bytes(n_cols).ok_or_else(|| {
+        KernelError::Shape(format!(
+            "{n_cols} columns are not whole {} blocks",
+            ty.name()
+        ))
+    })?;
+    if n_cols == 0 || !x.len().is_multiple_of(n_cols) {
+        return Err(KernelError::Shape(format!(
+            "{} values are not rows of {n_cols}",
+            x.len()
+        )));
+    }
+    let n_rows = x.len() / n_cols;
+    let mut out = vec![0u8; n_rows * row_bytes];
+    match ty {
+        RowType::F32 => out.copy_from_slice(super::f32_bytes(x)),
+        RowType::F16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+        }
+        RowType::Bf16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+            }
+        }
+        _ => {
+            ensure_cpu_init();
+            // SAFETY: `x` holds n_rows * n_cols floats and `out` the n_rows * row_bytes bytes
+            // ggml writes for them; no importance matrix is passed (allowed for these types).
+            let written = unsafe {
+                sys::ggml_quantize_chunk(
+                    ty.ggml(),
+                    x.as_ptr(),
+                    out.as_mut_ptr().cast(),
+                    0,
+                    n_rows as i64,
+                    n_cols as i64,
+                    std::ptr::null(),
+                )
+            };
+            if written != out.len() {
+                return Err(KernelError::Shape(format!(
+                    "ggml wrote {written} bytes, expected {}",
+                    out.len()
+                )));
+            }
+        }
+    }
+    Ok(out)
+}

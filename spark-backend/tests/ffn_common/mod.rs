@@ -1,0 +1,345 @@
+//! Helpers shared by the FFN tests and the FFN benchmark: a seeded random source, a float64
+//! reference of SPEC sections 1 and 4, and a small owner of a ggml context that builds and runs
+//! graphs (stock ops and the Spark custom ops) on ggml's own CPU threads.
+#![allow(dead_code)]
+
+use llama_cpp_sys_2 as sys;
+use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_up};
+use spark_backend::params::FfnParams;
+use spark_backend::rows::{quant, RowMatrix, RowType};
+use std::ffi::c_void;
+
+/// xorshift64* random numbers (deterministic per seed).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+    pub fn normals(&mut self, n: usize, scale: f64) -> Vec<f32> {
+        (0..n).map(|_| (self.normal() * scale) as f32).collect()
+    }
+}
+
+/// A weight matrix stored in `ty` plus its exact f32 values after storage (dequantized).
+pub struct Weights {
+    pub ty: RowType,
+    pub n_cols: usize,
+    pub n_rows: usize,
+    pub bytes: Vec<u8>,
+    pub values: Vec<f32>,
+}
+
+impl Weights {
+    pub fn random(rng: &mut Rng, ty: RowType, n_cols: usize, n_rows: usize, scale: f64) -> Self {
+        let raw = rng.normals(n_cols * n_rows, scale);
+        let bytes = quant::quantize_rows(ty, &raw, n_cols).expect("quantize");
+        let m = RowMatrix::packed(ty, n_cols, n_rows, &bytes).expect("matrix");
+        let mut values = vec![0f32; n_cols * n_rows];
+        for (j, out) in values.chunks_exact_mut(n_cols).enumerate() {
+            spark_backend::rows::to_f32(m.row(j), out);
+        }
+        Self {
+            ty,
+            n_cols,
+            n_rows,
+            bytes,
+            values,
+        }
+    }
+    pub fn matrix(&self) -> RowMatrix<'_> {
+        RowMatrix::packed(self.ty, self.n_cols, self.n_rows, &self.bytes).expect("matrix")
+    }
+    pub fn row_f64(&self, j: usize) -> impl Iterator<Item = f64> + '_ {
+        self.values[j * self.n_cols..(j + 1) * self.n_cols]
+            .iter()
+            .map(|&v| f64::from(v))
+    }
+}
+
+/// f64 reference of SPEC 1: theta (None when k >= d), two-pass mean and unbiased std.
+pub fn ref_threshold(x: &[f32], k: usize) -> Option<f64> {
+    let d = x.len();
+    if k >= d {
+        return None;
+    }
+    let n = d as f64;
+    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let var = x
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / (n - 1.0);
+    Some(mean + var.sqrt() * spark_backend::topk::norm_ppf(1.0 - k as f64 / n))
+}
+
+pub fn ref_gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// f64 reference of the up stage given the scores: u[j * n_tokens + t].
+pub fn ref_up(
+    scores: &[f32],
+    h: &[f32],
+    d: usize,
+    n_tokens: usize,
+    k2: &Weights,
+    k: usize,
+) -> Vec<f64> {
+    let f = k2.n_rows;
+    let r = d - k2.n_cols;
+    let mut u = vec![0f64; f * n_tokens];
+    for t in 0..n_tokens {
+        let s = &scores[t * f..(t + 1) * f];
+        let theta = ref_threshold(s, k);
+        for j in 0..f {
+            let a = match theta {
+                Some(th) if f64::from(s[j]) > th => ref_gelu(f64::from(s[j]) - th),
+                Some(_) => 0.0,
+                None => ref_gelu(f64::from(s[j])),
+            };
+            if a != 0.0 {
+                let dot: f64 = k2
+                    .row_f64(j)
+                    .zip(&h[t * d + r..(t + 1) * d])
+                    .map(|(w, &x)| w * f64::from(x))
+                    .sum();
+                u[j * n_tokens + t] = a * dot;
+            }
+        }
+    }
+    u
+}
+
+/// f64 reference of the down stage: out[t * D + i] = sum_j u[j][t] V_j[i].
+pub fn ref_down(u: &[f32], n_tokens: usize, v: &Weights) -> Vec<f64> {
+    let d = v.n_cols;
+    let mut out = vec![0f64; n_tokens * d];
+    for j in 0..v.n_rows {
+        for t in 0..n_tokens {
+            let a = f64::from(u[j * n_tokens + t]);
+            if a != 0.0 {
+                for (o, w) in out[t * d..(t + 1) * d].iter_mut().zip(v.row_f64(j)) {
+                    *o += a * w;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// f64 predictor scores: s[t * F + j] = K1_j . h_t[:r].
+pub fn ref_scores(h: &[f32], d: usize, n_tokens: usize, k1: &Weights) -> Vec<f64> {
+    let f = k1.n_rows;
+    let mut s = vec![0f64; n_tokens * f];
+    for t in 0..n_tokens {
+        for j in 0..f {
+            s[t * f + j] = k1
+                .row_f64(j)
+                .zip(&h[t * d..t * d + k1.n_cols])
+                .map(|(w, &x)| w * f64::from(x))
+                .sum();
+        }
+    }
+    s
+}
+
+/// Owner of a ggml context with its own memory (freed on drop).
+pub struct Ggml {
+    pub ctx: *mut sys::ggml_context,
+}
+
+impl Ggml {
+    pub fn new(mem_bytes: usize) -> Self {
+        quant::ensure_cpu_init();
+        let params = sys::ggml_init_params {
+            mem_size: mem_bytes,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: false,
+        };
+        // SAFETY: plain init with ggml-owned memory.
+        let ctx = unsafe { sys::ggml_init(params) };
+        assert!(!ctx.is_null(), "ggml_init failed");
+        Self { ctx }
+    }
+
+    /// A new 2-D tensor holding `bytes` (already in the tensor's type).
+    pub fn tensor(
+        &self,
+        ty: RowType,
+        ne0: usize,
+        ne1: usize,
+        bytes: &[u8],
+    ) -> *mut sys::ggml_tensor {
+        // SAFETY: ctx is live; ggml asserts on out-of-memory.
+        let t = unsafe { sys::ggml_new_tensor_2d(self.ctx, ty.ggml(), ne0 as i64, ne1 as i64) };
+        // SAFETY: t is a fresh tensor of nbytes bytes.
+        let n = unsafe { sys::ggml_nbytes(t) };
+        assert_eq!(n, bytes.len(), "tensor size");
+        // SAFETY: t->data holds n bytes, bytes has n bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (*t).data.cast::<u8>(), n) };
+        t
+    }
+
+    pub fn f32_tensor(&self, ne0: usize, ne1: usize, x: &[f32]) -> *mut sys::ggml_tensor {
+        self.tensor(RowType::F32, ne0, ne1, spark_backend::rows::f32_bytes(x))
+    }
+
+    /// Copies out an f32 tensor (contiguous).
+    pub fn read(&self, t: *mut sys::ggml_tensor) -> Vec<f32> {
+        // SAFETY: t is a live contiguous f32 tensor of this context.
+        unsafe {
+            let n = sys::ggml_nelements(t) as usize;
+            std::slice::from_raw_parts((*t).data.cast::<f32>(), n).to_vec()
+        }
+    }
+
+    /// `ggml_custom_4d` with the given sources, op and params.
+    pub fn custom(
+        &self,
+        ne: [usize; 2],
+        args: &mut [*mut sys::ggml_tensor],
+        op: unsafe extern "C" fn(*mut sys::ggml_tensor, i32, i32, *mut c_void),
+        params: *const FfnParams,
+    ) -> *mut sys::ggml_tensor {
+        // SAFETY: args are live tensors of this context; params outlives the graph (caller).
+        unsafe {
+            sys::ggml_custom_4d(
+                self.ctx,
+                RowType::F32.ggml(),
+                ne[0] as i64,
+                ne[1] as i64,
+                1,
+                1,
+                args.as_mut_ptr(),
+                args.len() as i32,
+                Some(op),
+                -1, // GGML_N_TASKS_MAX
+                params as *mut c_void,
+            )
+        }
+    }
+
+    /// The Spark FFN as the INTERFACES.md graph: mul_mat + spark_ffn_up + spark_ffn_down.
+    /// Returns (scores, u, out).
+    pub fn spark_ffn(
+        &self,
+        h: *mut sys::ggml_tensor,
+        k1: *mut sys::ggml_tensor,
+        k2: *mut sys::ggml_tensor,
+        v: *mut sys::ggml_tensor,
+        params: *const FfnParams,
+    ) -> [*mut sys::ggml_tensor; 3] {
+        // SAFETY: live tensors of this context with INTERFACES.md shapes.
+        unsafe {
+            let (d, n_tokens) = ((*h).ne[0] as usize, (*h).ne[1] as usize);
+            let r = (*k1).ne[0];
+            let f = (*k1).ne[1] as usize;
+            let hp = sys::ggml_view_2d(self.ctx, h, r, n_tokens as i64, (*h).nb[1], 0);
+            let s = sys::ggml_mul_mat(self.ctx, k1, hp);
+            let u = self.custom([n_tokens, f], &mut [s, h, k2], spark_ffn_up, params);
+            let out = self.custom([d, n_tokens], &mut [u, v], spark_ffn_down, params);
+            [s, u, out]
+        }
+    }
+
+    /// The dense gated GELU FFN of Gemma-2: down(gelu(gate h) * (up h)).
+    pub fn dense_ffn(
+        &self,
+        h: *mut sys::ggml_tensor,
+        gate: *mut sys::ggml_tensor,
+        up: *mut sys::ggml_tensor,
+        down: *mut sys::ggml_tensor,
+    ) -> *mut sys::ggml_tensor {
+        // SAFETY: live tensors of this context with matching shapes.
+        unsafe {
+            let g = sys::ggml_gelu(self.ctx, sys::ggml_mul_mat(self.ctx, gate, h));
+            let x = sys::ggml_mul(self.ctx, g, sys::ggml_mul_mat(self.ctx, up, h));
+            sys::ggml_mul_mat(self.ctx, down, x)
+        }
+    }
+
+    /// Builds the graph ending at `out`.
+    pub fn graph(&self, out: *mut sys::ggml_tensor) -> *mut sys::ggml_cgraph {
+        // SAFETY: ctx is live and out belongs to it.
+        unsafe {
+            let g = sys::ggml_new_graph(self.ctx);
+            sys::ggml_build_forward_expand(g, out);
+            g
+        }
+    }
+
+    /// Computes `graph` on `n_threads` ggml threads (work buffer from the context).
+    pub fn compute(&self, graph: *mut sys::ggml_cgraph, n_threads: i32) {
+        // SAFETY: graph belongs to this context, which has room for the work buffer.
+        let status = unsafe { sys::ggml_graph_compute_with_ctx(self.ctx, graph, n_threads) };
+        assert_eq!(status, 0, "ggml_graph_compute failed");
+    }
+}
+
+impl Drop for Ggml {
+    fn drop(&mut self) {
+        // SAFETY: ctx came from ggml_init and is freed once.
+        unsafe { sys::ggml_free(self.ctx) };
+    }
+}
+
+/// A persistent ggml thread pool and a reusable plan, as llama.cpp runs graphs.
+pub struct Runner {
+    pool: *mut sys::ggml_threadpool,
+    work: Vec<u8>,
+    n_threads: i32,
+}
+
+impl Runner {
+    pub fn new(n_threads: i32) -> Self {
+        quant::ensure_cpu_init();
+        // SAFETY: default params for n_threads, then a pool owned by this struct.
+        let pool = unsafe {
+            let mut p = sys::ggml_threadpool_params_default(n_threads);
+            sys::ggml_threadpool_new(&mut p)
+        };
+        assert!(!pool.is_null(), "ggml_threadpool_new failed");
+        Self {
+            pool,
+            work: Vec::new(),
+            n_threads,
+        }
+    }
+
+    pub fn compute(&mut self, graph: *mut sys::ggml_cgraph) {
+        // SAFETY: graph is live; the plan's work buffer is owned here and sized by ggml.
+        unsafe {
+            let mut plan = sys::ggml_graph_plan(graph, self.n_threads, self.pool);
+            if self.work.len() < plan.work_size {
+                self.work.resize(plan.work_size, 0);
+            }
+            plan.work_data = self.work.as_mut_ptr();
+            let status = sys::ggml_graph_compute(graph, &mut plan);
+            assert_eq!(status, 0, "ggml_graph_compute failed");
+        }
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        // SAFETY: pool came from ggml_threadpool_new and is freed once.
+        unsafe { sys::ggml_threadpool_free(self.pool) };
+    }
+}

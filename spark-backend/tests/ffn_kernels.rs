@@ -1,0 +1,494 @@
+//! The sparse FFN stages and the ggml ops against a float64 reference of SPEC 4, for every
+//! weight type, odd shapes and batches; thread-count independence; the full ggml graph;
+//! errors surfacing as NaN.
+
+mod ffn_common;
+
+use ffn_common::{ref_down, ref_scores, ref_up, Ggml, Rng, Weights};
+use spark_backend::ffn::{self, Scratch};
+use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_up};
+use spark_backend::params::FfnParams;
+use spark_backend::rows::{quant, RowType};
+use spark_backend::stats;
+
+/// (D, r_f, F) shapes per weight type: quantized rows need whole blocks.
+fn shapes(ty: RowType) -> Vec<(usize, usize, usize)> {
+    match ty.block_elems() {
+        1 => vec![
+            (2, 1, 1),
+            (7, 3, 31),
+            (33, 17, 7),
+            (40, 9, 255),
+            (300, 100, 1000),
+        ],
+        32 => vec![(64, 32, 7), (96, 32, 33), (160, 64, 255)],
+        _ => vec![(512, 256, 33), (768, 256, 31)],
+    }
+}
+
+fn assert_close(got: &[f32], want: &[f64], mag: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
+        assert!(
+            (f64::from(g) - w).abs() <= rel * m + 1e-30,
+            "{what}: element {i}: {g} vs {w} (scale {m})"
+        );
+    }
+}
+
+/// Magnitude scale of the up stage per element: (|a| + |s_j| + |theta|) * sum |K2_j h2|, the
+/// middle terms covering the rounding of `s_j - theta` near the threshold.
+fn up_scale(scores: &[f32], h: &[f32], d: usize, n: usize, k2: &Weights, k: usize) -> Vec<f64> {
+    let f = k2.n_rows;
+    let r = d - k2.n_cols;
+    let mut out = vec![0f64; f * n];
+    for t in 0..n {
+        let s = &scores[t * f..(t + 1) * f];
+        let theta = ffn_common::ref_threshold(s, k);
+        for j in 0..f {
+            let sj = f64::from(s[j]);
+            let a = match theta {
+                Some(th) if sj > th => ffn_common::ref_gelu(sj - th).abs() + sj.abs() + th.abs(),
+                Some(_) => continue,
+                None => ffn_common::ref_gelu(sj).abs() + sj.abs(),
+            };
+            let dot: f64 = k2
+                .row_f64(j)
+                .zip(&h[t * d + r..(t + 1) * d])
+                .map(|(w, &x)| (w * f64::from(x)).abs())
+                .sum();
+            out[j * n + t] = a * dot;
+        }
+    }
+    out
+}
+
+#[test]
+fn stages_match_float64_for_every_type_and_shape() {
+    let mut rng = Rng::new(21);
+    for ty in RowType::ALL {
+        for (d, r, f) in shapes(ty) {
+            for n_tokens in [1usize, 3] {
+                let k1 = Weights::random(&mut rng, ty, r, f, 0.3);
+                let k2 = Weights::random(&mut rng, ty, d - r, f, 0.3);
+                let v = Weights::random(&mut rng, ty, d, f, 0.3);
+                let h = rng.normals(n_tokens * d, 1.0);
+                let k = (f / 10).max(1);
+                let what = format!("{ty:?} D={d} r={r} F={f} T={n_tokens}");
+
+                // Stage 1: scores.
+                let mut scores = vec![0f32; n_tokens * f];
+                ffn::predictor_scores(&k1.matrix(), &h, d, n_tokens, &mut scores).unwrap();
+                let want = ref_scores(&h, d, n_tokens, &k1);
+                let k1abs = Weights {
+                    values: k1.values.iter().map(|v| v.abs()).collect(),
+                    bytes: Vec::new(),
+                    ..k1
+                };
+                let habs: Vec<f32> = h.iter().map(|v| v.abs()).collect();
+                let mag = ref_scores(&habs, d, n_tokens, &k1abs);
+                // Quantized rows also quantize the activation (~1% of a block's max per element).
+                let rel = if ty.is_quantized() { 2e-2 } else { 1e-5 };
+                assert_close(&scores, &want, &mag, rel, &format!("{what} scores"));
+
+                // Stage 2 on our scores (same selection as the reference by construction).
+                let mut u = vec![0f32; n_tokens * f];
+                let mut sc = Scratch::new();
+                ffn::up_range(
+                    &scores,
+                    &h,
+                    d,
+                    d,
+                    n_tokens,
+                    &k2.matrix(),
+                    k,
+                    0..f,
+                    &mut u,
+                    &mut sc,
+                )
+                .unwrap();
+                let want = ref_up(&scores, &h, d, n_tokens, &k2, k);
+                let mag = up_scale(&scores, &h, d, n_tokens, &k2, k);
+                assert_close(&u, &want, &mag, rel, &format!("{what} u"));
+                assert!(
+                    u.iter().zip(&want).all(|(&a, &b)| (a == 0.0) == (b == 0.0)),
+                    "{what}: masks differ"
+                );
+
+                // Stage 3 on our u.
+                let mut out = vec![0f32; n_tokens * d];
+                {
+                    let mut rows: Vec<&mut [f32]> = out.chunks_mut(d).collect();
+                    ffn::down_range(&u, &v.matrix(), 0..d, &mut rows, &mut sc).unwrap();
+                }
+                let want = ref_down(&u, n_tokens, &v);
+                let uabs: Vec<f32> = u.iter().map(|x| x.abs()).collect();
+                let vabs = Weights {
+                    values: v.values.iter().map(|x| x.abs()).collect(),
+                    bytes: Vec::new(),
+                    ..v
+                };
+                let mag = ref_down(&uabs, n_tokens, &vabs);
+                assert_close(&out, &want, &mag, 1e-5, &format!("{what} out"));
+            }
+        }
+    }
+}
+
+#[test]
+fn serial_ffn_matches_float64_end_to_end_for_f32() {
+    // f32 weights: the f32 scores are close enough to float64 that the selection agrees.
+    let mut rng = Rng::new(22);
+    for (d, r, f, n_tokens, k) in [
+        (7, 3, 31, 2, 3),
+        (64, 16, 255, 3, 20),
+        (300, 100, 1000, 2, 80),
+    ] {
+        let k1 = Weights::random(&mut rng, RowType::F32, r, f, 0.3);
+        let k2 = Weights::random(&mut rng, RowType::F32, d - r, f, 0.3);
+        let v = Weights::random(&mut rng, RowType::F32, d, f, 0.3);
+        let h = rng.normals(n_tokens * d, 1.0);
+        let mut out = vec![0f32; n_tokens * d];
+        let kept = ffn::sparse_ffn(
+            &h,
+            d,
+            n_tokens,
+            &k1.matrix(),
+            &k2.matrix(),
+            &v.matrix(),
+            k,
+            &mut out,
+        )
+        .unwrap();
+        // Reference entirely in f64 from h.
+        let s64 = ref_scores(&h, d, n_tokens, &k1);
+        let mut want = vec![0f64; n_tokens * d];
+        let mut want_kept = 0;
+        for t in 0..n_tokens {
+            let s = &s64[t * f..(t + 1) * f];
+            let mean = s.iter().sum::<f64>() / f as f64;
+            let sd = (s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (f as f64 - 1.0)).sqrt();
+            let theta = mean + sd * spark_backend::topk::norm_ppf(1.0 - k as f64 / f as f64);
+            for (j, &sj) in s.iter().enumerate() {
+                if sj > theta {
+                    want_kept += 1;
+                    let a = ffn_common::ref_gelu(sj - theta);
+                    let dot: f64 = k2
+                        .row_f64(j)
+                        .zip(&h[t * d + r..(t + 1) * d])
+                        .map(|(w, &x)| w * f64::from(x))
+                        .sum();
+                    for (o, w) in want[t * d..(t + 1) * d].iter_mut().zip(v.row_f64(j)) {
+                        *o += a * dot * w;
+                    }
+                }
+            }
+        }
+        assert_eq!(kept, want_kept);
+        let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+        for (g, w) in out.iter().zip(&want) {
+            assert!((f64::from(*g) - w).abs() <= 1e-4 * scale, "{g} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn dense_when_k_at_least_f_and_inactive_rows_are_skipped() {
+    let mut rng = Rng::new(23);
+    let (d, r, f) = (16, 4, 9);
+    let k1 = Weights::random(&mut rng, RowType::F32, r, f, 1.0);
+    let k2 = Weights::random(&mut rng, RowType::F32, d - r, f, 1.0);
+    let v = Weights::random(&mut rng, RowType::F32, d, f, 1.0);
+    let h = rng.normals(d, 1.0);
+    let mut scores = vec![0f32; f];
+    ffn::predictor_scores(&k1.matrix(), &h, d, 1, &mut scores).unwrap();
+    let mut u = vec![0f32; f];
+    let kept = ffn::up_range(
+        &scores,
+        &h,
+        d,
+        d,
+        1,
+        &k2.matrix(),
+        f,
+        0..f,
+        &mut u,
+        &mut Scratch::new(),
+    )
+    .unwrap();
+    assert_eq!(kept, f as u64, "k >= F keeps every neuron");
+    for j in 0..f {
+        let dot: f64 = k2
+            .row_f64(j)
+            .zip(&h[r..])
+            .map(|(w, &x)| w * f64::from(x))
+            .sum();
+        let want = ffn_common::ref_gelu(f64::from(scores[j])) * dot;
+        assert!((f64::from(u[j]) - want).abs() < 1e-5 * (1.0 + want.abs()));
+    }
+    // A V row full of NaN is never read when its neuron is inactive.
+    let mut vbad = v.values.clone();
+    let mut u2 = u.clone();
+    u2[4] = 0.0;
+    vbad[4 * d..5 * d].fill(f32::NAN);
+    let vb = quant::quantize_rows(RowType::F32, &vbad, d).unwrap();
+    let vm = spark_backend::rows::RowMatrix::packed(RowType::F32, d, f, &vb).unwrap();
+    let mut out = vec![0f32; d];
+    ffn::down_range(&u2, &vm, 0..d, &mut [&mut out[..]], &mut Scratch::new()).unwrap();
+    assert!(out.iter().all(|x| x.is_finite()));
+}
+
+struct OpCase {
+    ggml: Ggml,
+    params: Box<FfnParams>,
+    h: *mut llama_cpp_sys_2::ggml_tensor,
+    k1: *mut llama_cpp_sys_2::ggml_tensor,
+    k2: *mut llama_cpp_sys_2::ggml_tensor,
+    v: *mut llama_cpp_sys_2::ggml_tensor,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn op_case(
+    rng: &mut Rng,
+    ty: RowType,
+    d: usize,
+    r: usize,
+    f: usize,
+    n_tokens: usize,
+    k: i32,
+    layer: i32,
+) -> (OpCase, [Weights; 3], Vec<f32>) {
+    let k1 = Weights::random(rng, ty, r, f, 0.3);
+    let k2 = Weights::random(rng, ty, d - r, f, 0.3);
+    let v = Weights::random(rng, ty, d, f, 0.3);
+    let h = rng.normals(n_tokens * d, 1.0);
+    let ggml = Ggml::new(64 << 20);
+    let ht = ggml.f32_tensor(d, n_tokens, &h);
+    let k1t = ggml.tensor(ty, r, f, &k1.bytes);
+    let k2t = ggml.tensor(ty, d - r, f, &k2.bytes);
+    let vt = ggml.tensor(ty, d, f, &v.bytes);
+    let case = OpCase {
+        ggml,
+        params: Box::new(FfnParams { layer, k }),
+        h: ht,
+        k1: k1t,
+        k2: k2t,
+        v: vt,
+    };
+    (case, [k1, k2, v], h)
+}
+
+/// Runs the ops directly for every ith of a simulated nth, in sequence.
+fn run_ops_simulated(c: &OpCase, s: &[f32], nth: i32) -> (Vec<f32>, Vec<f32>) {
+    // SAFETY: c.h is a live tensor of c.ggml.
+    let (d, n_tokens) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
+    let f = s.len() / n_tokens;
+    let st = c.ggml.f32_tensor(f, n_tokens, s);
+    let params = &*c.params as *const FfnParams;
+    let u = c
+        .ggml
+        .custom([n_tokens, f], &mut [st, c.h, c.k2], spark_ffn_up, params);
+    let out = c
+        .ggml
+        .custom([d, n_tokens], &mut [u, c.v], spark_ffn_down, params);
+    for ith in 0..nth {
+        // SAFETY: u is a custom-op tensor of this context with the INTERFACES.md sources.
+        unsafe { spark_ffn_up(u, ith, nth, params as *mut _) };
+    }
+    for ith in (0..nth).rev() {
+        // SAFETY: as above.
+        unsafe { spark_ffn_down(out, ith, nth, std::ptr::null_mut()) };
+    }
+    (c.ggml.read(u), c.ggml.read(out))
+}
+
+#[test]
+fn ops_are_bit_identical_for_any_thread_count() {
+    let mut rng = Rng::new(24);
+    for ty in RowType::ALL {
+        let (d, r, f) = *shapes(ty).last().unwrap();
+        for n_tokens in [1usize, 5] {
+            let (c, [k1, ..], h) = op_case(&mut rng, ty, d, r, f, n_tokens, (f / 8) as i32, 200);
+            let mut s = vec![0f32; n_tokens * f];
+            ffn::predictor_scores(&k1.matrix(), &h, d, n_tokens, &mut s).unwrap();
+            let (u1, o1) = run_ops_simulated(&c, &s, 1);
+            assert!(o1.iter().all(|x| x.is_finite()) && o1.iter().any(|&x| x != 0.0));
+            for nth in [2, 3, 7] {
+                let (u, o) = run_ops_simulated(&c, &s, nth);
+                assert!(
+                    u.iter().zip(&u1).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?} T={n_tokens} nth={nth}: u differs"
+                );
+                assert!(
+                    o.iter().zip(&o1).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?} T={n_tokens} nth={nth}: out differs"
+                );
+            }
+            // And equal to the library's serial stages.
+            let mut u = vec![0f32; n_tokens * f];
+            ffn::up_range(
+                &s,
+                &h,
+                d,
+                d,
+                n_tokens,
+                &k1_k2(&c, ty, d, r, f),
+                (f / 8).max(1),
+                0..f,
+                &mut u,
+                &mut Scratch::new(),
+            )
+            .unwrap();
+            assert_eq!(u, u1);
+        }
+    }
+}
+
+fn k1_k2(
+    c: &OpCase,
+    ty: RowType,
+    d: usize,
+    r: usize,
+    f: usize,
+) -> spark_backend::rows::RowMatrix<'_> {
+    // SAFETY: k2 is a live tensor of c.ggml holding f rows of d - r elements.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (*c.k2).data.cast::<u8>(),
+            llama_cpp_sys_2::ggml_nbytes(c.k2),
+        )
+    };
+    spark_backend::rows::RowMatrix::packed(ty, d - r, f, bytes).unwrap()
+}
+
+#[test]
+fn ggml_graph_with_real_threads_matches_reference_and_records_stats() {
+    let mut rng = Rng::new(25);
+    for ty in [RowType::F32, RowType::F16, RowType::Q8_0, RowType::Q4K] {
+        let (d, r, f) = *shapes(ty).last().unwrap();
+        let n_tokens = 4;
+        let k = (f / 8) as i32;
+        let (c, [_, k2, v], h) = op_case(&mut rng, ty, d, r, f, n_tokens, k, 201);
+        let [s, u, out] = c.ggml.spark_ffn(c.h, c.k1, c.k2, c.v, &*c.params);
+        let g = c.ggml.graph(out);
+        let mut results = Vec::new();
+        for n_threads in [1, 2, 3] {
+            stats::reset();
+            c.ggml.compute(g, n_threads);
+            let st = stats::snapshot(201).unwrap();
+            assert_eq!(st.ffn_tokens, n_tokens as u64);
+            assert_eq!(st.ffn_width, f as u64);
+            let uv = c.ggml.read(u);
+            assert_eq!(st.ffn_kept, uv.iter().filter(|&&x| x != 0.0).count() as u64);
+            results.push((c.ggml.read(s), uv, c.ggml.read(out)));
+        }
+        let (s0, u0, o0) = &results[0];
+        for (s1, u1, o1) in &results[1..] {
+            if s1 == s0 {
+                assert_eq!(u1, u0, "{ty:?}: u depends on the thread count");
+                assert_eq!(o1, o0, "{ty:?}: out depends on the thread count");
+            }
+        }
+        // Against float64 given ggml's scores.
+        let want_u = ref_up(s0, &h, d, n_tokens, &k2, k as usize);
+        let mag = up_scale(s0, &h, d, n_tokens, &k2, k as usize);
+        let rel = if ty.is_quantized() { 2e-2 } else { 1e-5 };
+        let ut: Vec<f32> = (0..f * n_tokens).map(|i| u0[i]).collect();
+        assert_close(&ut, &want_u, &mag, rel, &format!("{ty:?} graph u"));
+        let want = ref_down(u0, n_tokens, &v);
+        let uabs: Vec<f32> = u0.iter().map(|x| x.abs()).collect();
+        let vabs = Weights {
+            values: v.values.iter().map(|x| x.abs()).collect(),
+            bytes: Vec::new(),
+            ..v
+        };
+        assert_close(
+            o0,
+            &want,
+            &ref_down(&uabs, n_tokens, &vabs),
+            1e-5,
+            &format!("{ty:?} graph out"),
+        );
+    }
+}
+
+#[test]
+fn invalid_arguments_fill_dst_with_nan() {
+    let mut rng = Rng::new(26);
+    let (c, _, _) = op_case(&mut rng, RowType::F32, 16, 4, 9, 2, 3, 202);
+    let params = &*c.params as *const FfnParams;
+    // Scores of the wrong length (F + 1).
+    let st = c.ggml.f32_tensor(10, 2, &[0.5; 20]);
+    let u = c
+        .ggml
+        .custom([2, 9], &mut [st, c.h, c.k2], spark_ffn_up, params);
+    for ith in 0..2 {
+        // SAFETY: u is a live custom-op tensor; the op validates its sources.
+        unsafe { spark_ffn_up(u, ith, 2, params as *mut _) };
+    }
+    assert!(c.ggml.read(u).iter().all(|x| x.is_nan()));
+    // k = 0 is invalid.
+    let bad = Box::new(FfnParams { layer: 0, k: 0 });
+    let st = c.ggml.f32_tensor(9, 2, &[0.5; 18]);
+    let u = c
+        .ggml
+        .custom([2, 9], &mut [st, c.h, c.k2], spark_ffn_up, &*bad);
+    // SAFETY: as above.
+    unsafe { spark_ffn_up(u, 0, 1, &*bad as *const FfnParams as *mut _) };
+    assert!(c.ggml.read(u).iter().all(|x| x.is_nan()));
+    // V of the wrong width for dst.
+    let out = c
+        .ggml
+        .custom([16, 2], &mut [u, c.k2], spark_ffn_down, params);
+    // SAFETY: as above.
+    unsafe { spark_ffn_down(out, 0, 1, std::ptr::null_mut()) };
+    assert!(c.ggml.read(out).iter().all(|x| x.is_nan()));
+    // Null userdata for up.
+    let u = c
+        .ggml
+        .custom([2, 9], &mut [st, c.h, c.k2], spark_ffn_up, params);
+    // SAFETY: as above; null userdata is reported, not dereferenced.
+    unsafe { spark_ffn_up(u, 0, 1, std::ptr::null_mut()) };
+    assert!(c.ggml.read(u).iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn batch_union_loads_each_row_once_and_matches_single_token_calls() {
+    // Each token of a batch gets exactly what it gets alone.
+    let mut rng = Rng::new(27);
+    for ty in [RowType::F16, RowType::Q8_0] {
+        let (d, r, f) = (96, 32, 255);
+        let n_tokens = 6;
+        let k1 = Weights::random(&mut rng, ty, r, f, 0.3);
+        let k2 = Weights::random(&mut rng, ty, d - r, f, 0.3);
+        let v = Weights::random(&mut rng, ty, d, f, 0.3);
+        let h = rng.normals(n_tokens * d, 1.0);
+        let mut batch = vec![0f32; n_tokens * d];
+        ffn::sparse_ffn(
+            &h,
+            d,
+            n_tokens,
+            &k1.matrix(),
+            &k2.matrix(),
+            &v.matrix(),
+            20,
+            &mut batch,
+        )
+        .unwrap();
+        for t in 0..n_tokens {
+            let mut one = vec![0f32; d];
+            ffn::sparse_ffn(
+                &h[t * d..(t + 1) * d],
+                d,
+                1,
+                &k1.matrix(),
+                &k2.matrix(),
+                &v.matrix(),
+                20,
+                &mut one,
+            )
+            .unwrap();
+            assert_eq!(&batch[t * d..(t + 1) * d], &one[..], "{ty:?} token {t}");
+        }
+    }
+}

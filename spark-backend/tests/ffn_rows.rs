@@ -1,0 +1,208 @@
+//! Row kernels: the SIMD versions against the scalar reference and float64 on odd lengths, and
+//! quantized rows (through ggml's traits) against float64 on the dequantized weights.
+
+mod ffn_common;
+
+use ffn_common::{Rng, Weights};
+use proptest::prelude::*;
+use spark_backend::rows::{self, simd, Activation, Row, RowType};
+
+const LENGTHS: [usize; 10] = [1, 2, 7, 8, 31, 33, 255, 256, 1000, 2304];
+
+fn encode(ty: RowType, x: &[f32]) -> Vec<u8> {
+    rows::quant::quantize_rows(ty, x, x.len()).unwrap()
+}
+
+fn decoded(ty: RowType, bytes: &[u8], n: usize) -> Vec<f64> {
+    let mut out = vec![0f32; n];
+    rows::to_f32(Row::new(ty, n, bytes).unwrap(), &mut out);
+    out.into_iter().map(f64::from).collect()
+}
+
+/// Checks every float kernel of `k` against float64 on one row and activation.
+fn check_float_kernels(k: &simd::Kernels, w: &[f32], x: &[f32], alpha: f32) {
+    let n = x.len();
+    for ty in [RowType::F32, RowType::F16, RowType::Bf16] {
+        let bytes = encode(ty, w);
+        let wd = decoded(ty, &bytes, n);
+        let exact: f64 = wd.iter().zip(x).map(|(a, &b)| a * f64::from(b)).sum();
+        let mag: f64 = wd
+            .iter()
+            .zip(x)
+            .map(|(a, &b)| (a * f64::from(b)).abs())
+            .sum();
+        let (dot, axpy, conv) = match ty {
+            RowType::F32 => (k.dot_f32, k.axpy_f32, None),
+            RowType::F16 => (k.dot_f16, k.axpy_f16, Some(k.f16_to_f32)),
+            _ => (k.dot_bf16, k.axpy_bf16, Some(k.bf16_to_f32)),
+        };
+        // SAFETY: the kernels come from `simd::avx2()` (features detected) or SCALAR, and
+        // the row holds n elements.
+        let got = unsafe { dot(&bytes, x) };
+        let tol = 1e-6 * mag + 1e-30;
+        assert!(
+            (f64::from(got) - exact).abs() <= tol,
+            "{} {ty:?} n={n}: dot {got} vs {exact}",
+            k.name
+        );
+        let mut y: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
+        // SAFETY: as above; y has n elements.
+        unsafe { axpy(&bytes, alpha, &mut y) };
+        for i in 0..n {
+            let want = f64::from(x[i] * 0.5) + f64::from(alpha) * wd[i];
+            let scale = f64::from(x[i] * 0.5).abs() + (f64::from(alpha) * wd[i]).abs();
+            assert!(
+                (f64::from(y[i]) - want).abs() <= 1e-6 * scale + 1e-30,
+                "{} {ty:?} axpy n={n} i={i}",
+                k.name
+            );
+        }
+        if let Some(conv) = conv {
+            let mut out = vec![0f32; n];
+            // SAFETY: as above.
+            unsafe { conv(&bytes, &mut out) };
+            assert!(
+                out.iter().zip(&wd).all(|(&a, &b)| f64::from(a) == b),
+                "{} {ty:?} to_f32",
+                k.name
+            );
+        }
+    }
+}
+
+#[test]
+fn float_kernels_match_float64_on_odd_lengths() {
+    let mut rng = Rng::new(1);
+    let kernels: Vec<simd::Kernels> = std::iter::once(simd::SCALAR).chain(simd::avx2()).collect();
+    for &n in &LENGTHS {
+        let w = rng.normals(n, 1.0);
+        let x = rng.normals(n, 2.0);
+        for k in &kernels {
+            check_float_kernels(k, &w, &x, -0.75);
+        }
+    }
+}
+
+#[test]
+fn simd_axpy_equals_scalar_bit_for_bit_on_any_slice() {
+    // Both use one fused multiply-add per element, so tiling an output across threads at any
+    // boundary cannot change a result.
+    let Some(avx) = simd::avx2() else { return };
+    let mut rng = Rng::new(2);
+    let n = 2304;
+    let w = rng.normals(n, 1.0);
+    for ty in [RowType::F32, RowType::F16, RowType::Bf16] {
+        let bytes = encode(ty, &w);
+        let (a, s) = match ty {
+            RowType::F32 => (avx.axpy_f32, simd::SCALAR.axpy_f32),
+            RowType::F16 => (avx.axpy_f16, simd::SCALAR.axpy_f16),
+            _ => (avx.axpy_bf16, simd::SCALAR.axpy_bf16),
+        };
+        for start in [0usize, 1, 5, 16, 333] {
+            let esz = if ty == RowType::F32 { 4 } else { 2 };
+            let y0 = rng.normals(n - start, 1.0);
+            let (mut y1, mut y2) = (y0.clone(), y0.clone());
+            // SAFETY: features detected; the row slice holds n - start elements.
+            unsafe {
+                a(&bytes[start * esz..], 0.3, &mut y1);
+                s(&bytes[start * esz..], 0.3, &mut y2);
+            }
+            assert_eq!(y1, y2, "{ty:?} start {start}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn simd_matches_scalar_reference(n in 1usize..600, seed in any::<u64>(), alpha in -4.0f32..4.0) {
+        let mut rng = Rng::new(seed);
+        let w = rng.normals(n, 1.0);
+        let x = rng.normals(n, 1.0);
+        check_float_kernels(&simd::SCALAR, &w, &x, alpha);
+        if let Some(k) = simd::avx2() {
+            check_float_kernels(&k, &w, &x, alpha);
+        }
+    }
+}
+
+/// Bound on |quantized dot - exact dot| from quantizing the activation: per element at most
+/// half a step of its block's scale (max|x| / 127), plus f32 rounding.
+fn act_quant_bound(w: &[f64], x: &[f32], block: usize) -> f64 {
+    let mut bound = 0.0;
+    for (wb, xb) in w.chunks(block).zip(x.chunks(block)) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let step = amax / 127.0;
+        bound += wb.iter().map(|v| v.abs()).sum::<f64>() * step * 0.51;
+    }
+    let mag: f64 = w
+        .iter()
+        .zip(x)
+        .map(|(a, &b)| (a * f64::from(b)).abs())
+        .sum();
+    bound + 1e-5 * mag
+}
+
+#[test]
+fn quantized_dot_and_axpy_match_float64_on_dequantized_weights() {
+    let mut rng = Rng::new(3);
+    for ty in [RowType::Q8_0, RowType::Q4_0, RowType::Q4K, RowType::Q6K] {
+        let be = ty.block_elems();
+        for blocks in [1usize, 3, 9] {
+            let n = be * blocks;
+            let w = Weights::random(&mut rng, ty, n, 2, 0.05);
+            let x = rng.normals(n, 1.0);
+            let mut act = Activation::new();
+            act.prepare(ty, &x).unwrap();
+            let m = w.matrix();
+            for j in 0..2 {
+                let wd: Vec<f64> = w.row_f64(j).collect();
+                let exact: f64 = wd.iter().zip(&x).map(|(a, &b)| a * f64::from(b)).sum();
+                let got = rows::dot(m.row(j), &act);
+                let bound = act_quant_bound(&wd, &x, 32.min(n));
+                assert!(
+                    (f64::from(got) - exact).abs() <= bound,
+                    "{ty:?} n={n}: {got} vs {exact} (bound {bound})"
+                );
+                let mut y = vec![0.25f32; n];
+                rows::axpy(m.row(j), 1.5, &mut y);
+                for i in 0..n {
+                    let want = 0.25 + 1.5 * wd[i];
+                    assert!(
+                        (f64::from(y[i]) - want).abs() <= 1e-6 * (0.25 + (1.5 * wd[i]).abs()),
+                        "{ty:?} axpy"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn row_slices_dequantize_like_the_whole_row() {
+    let mut rng = Rng::new(4);
+    for ty in RowType::ALL {
+        let n = 512;
+        let w = Weights::random(&mut rng, ty, n, 1, 1.0);
+        let row = w.matrix().row(0);
+        let be = ty.block_elems().max(16);
+        let mut part = vec![0f32; n - be];
+        rows::to_f32(row.slice(be, n), &mut part);
+        assert_eq!(&part[..], &w.values[be..], "{ty:?}");
+    }
+}
+
+#[test]
+fn row_and_matrix_constructors_reject_bad_sizes() {
+    assert!(Row::new(RowType::Q8_0, 33, &[0u8; 100]).is_err());
+    assert!(Row::new(RowType::F16, 10, &[0u8; 19]).is_err());
+    assert!(rows::RowMatrix::new(RowType::F32, 4, 3, 16, &[0u8; 47]).is_err());
+    assert!(rows::RowMatrix::new(RowType::F32, 4, 3, 12, &[0u8; 100]).is_err());
+    assert!(rows::RowMatrix::new(RowType::F32, 4, 3, 16, &[0u8; 48]).is_ok());
+    let mut a = Activation::new();
+    assert!(a.prepare(RowType::Q4K, &[0.0; 100]).is_err());
+    for ty in RowType::ALL {
+        assert_eq!(RowType::from_ggml(ty.ggml()), Some(ty));
+    }
+    assert_eq!(RowType::from_ggml(3), None);
+}
