@@ -1,0 +1,158 @@
+//! `spark eval`: logits for every position of a token sequence, saved as a `.npy` file.
+
+use crate::error::{CliError, Result};
+use crate::npy;
+use crate::session::{ModelArgs, Session};
+use clap::Args;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Arguments of `spark eval`.
+#[derive(Debug, Clone, Args)]
+pub struct EvalArgs {
+    /// Model and Spark options.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Token ids, comma-separated (no BOS is added).
+    #[arg(
+        long,
+        value_name = "IDS",
+        conflicts_with = "prompt",
+        required_unless_present = "prompt"
+    )]
+    pub tokens: Option<String>,
+    /// Text to tokenize (with BOS when the model asks for it).
+    #[arg(short = 'p', long = "prompt", value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// Output file: float32 logits of shape [T, vocab].
+    #[arg(long = "logits-out", value_name = "FILE.npy")]
+    pub logits_out: PathBuf,
+    /// Print nothing on success.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+/// Parses "2,17,5" into token ids.
+pub fn parse_token_list(text: &str) -> Result<Vec<i32>> {
+    let mut out = Vec::new();
+    for (i, part) in text.split(',').enumerate() {
+        let part = part.trim();
+        let id: i32 = part.parse().map_err(|_| {
+            CliError::new(format!("--tokens: entry {i} ({part:?}) is not a token id"))
+        })?;
+        if id < 0 {
+            return Err(CliError::new(format!(
+                "--tokens: entry {i} ({id}) is negative"
+            )));
+        }
+        out.push(id);
+    }
+    Ok(out)
+}
+
+/// Runs `spark eval`.
+pub fn run(args: &EvalArgs) -> Result<()> {
+    let session = Session::load(&args.model)?;
+    let n_vocab = session.model.n_vocab();
+    let tokens: Vec<i32> = match (&args.tokens, &args.prompt) {
+        (Some(list), _) => parse_token_list(list)?,
+        (None, Some(text)) => {
+            let vocab = session.model.vocab();
+            let add_bos = vocab.should_add_bos();
+            vocab
+                .tokenize(text.as_bytes(), add_bos, false)
+                .iter()
+                .map(|t| t.0)
+                .collect()
+        }
+        (None, None) => return Err(CliError::new("give --tokens or --prompt")),
+    };
+    if tokens.is_empty() {
+        return Err(CliError::new("no tokens to evaluate"));
+    }
+    if let Some((i, t)) = tokens.iter().enumerate().find(|(_, t)| **t >= n_vocab) {
+        return Err(CliError::new(format!(
+            "--tokens: entry {i} ({t}) is out of range for a vocabulary of {n_vocab}"
+        )));
+    }
+    let n = u32::try_from(tokens.len()).map_err(|_| CliError::new("too many tokens"))?;
+    let mut ctx = session.context(n)?;
+    let n_batch = ctx.n_batch() as usize;
+    let n_vocab_usize = n_vocab as usize;
+    crate::spark::reset_stats(&session.source);
+
+    let mut logits = Vec::with_capacity(tokens.len() * n_vocab_usize);
+    let mut batch = LlamaBatch::new(n_batch, 1);
+    for (chunk_index, chunk) in tokens.chunks(n_batch).enumerate() {
+        batch.clear();
+        for (j, t) in chunk.iter().enumerate() {
+            let pos = (chunk_index * n_batch + j) as i32;
+            batch
+                .add(LlamaToken(*t), pos, &[0], true)
+                .map_err(|e| CliError::new(format!("batch: {e}")))?;
+        }
+        ctx.decode(&mut batch).map_err(|e| {
+            let cause = crate::llama_log::last_error().unwrap_or_else(|| e.to_string());
+            CliError::new(format!("decode failed: {cause}"))
+        })?;
+        for j in 0..chunk.len() {
+            logits.extend_from_slice(ctx.get_logits_ith(j as i32));
+        }
+    }
+    write_atomically(&args.logits_out, |w| {
+        npy::write_f32_2d(w, tokens.len(), n_vocab_usize, &logits)
+    })?;
+    if !args.quiet {
+        eprintln!(
+            "spark: wrote logits [{}, {}] to {}",
+            tokens.len(),
+            n_vocab,
+            args.logits_out.display()
+        );
+    }
+    session.finish();
+    Ok(())
+}
+
+/// Writes through a temporary file in the same directory, renamed into place only on success.
+fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| CliError::new(format!("not a file path: {}", path.display())))?;
+    let tmp = dir.join(format!(".{}.partial", name.to_string_lossy()));
+    let fail = |e: std::io::Error| CliError::new(format!("cannot write {}: {e}", path.display()));
+    let result = (|| {
+        let file = std::fs::File::create(&tmp)?;
+        let mut w = BufWriter::new(file);
+        write(&mut w)?;
+        w.flush()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail(e));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_token_list;
+
+    #[test]
+    fn parses_token_lists() {
+        assert_eq!(parse_token_list("2,17, 5").unwrap(), vec![2, 17, 5]);
+        assert!(parse_token_list("2,x").unwrap_err().0.contains("entry 1"));
+        assert!(parse_token_list("-3").is_err());
+        assert!(parse_token_list("").is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! Loading a model and creating a context with the options every inference command shares.
+
+use crate::error::{CliError, Result};
+use crate::gguf_info::{self, ModelInfo};
+use crate::llama_log;
+use crate::spark::{self, KernelSource};
+use clap::{Args, ValueEnum};
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::params::kv_overrides::ParamOverrideValue;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use std::ffi::CString;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::pin::pin;
+
+/// Options shared by `run` and `eval`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// GGUF model file.
+    #[arg(short = 'm', long = "model", value_name = "MODEL")]
+    pub model: PathBuf,
+    /// Context size in tokens (0 = as needed).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 0)]
+    pub ctx: u32,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads", value_name = "N")]
+    pub threads: Option<i32>,
+    /// Logical batch size for prompt processing.
+    #[arg(
+        short = 'b',
+        long = "batch-size",
+        value_name = "N",
+        default_value_t = 512
+    )]
+    pub batch: u32,
+    /// Layers to offload to a GPU (when the build has one).
+    #[arg(
+        short = 'g',
+        long = "n-gpu-layers",
+        visible_alias = "ngl",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub n_gpu_layers: u32,
+    /// KV cache element type.
+    #[arg(long = "cache-type", value_enum, default_value_t = CacheType::F16)]
+    pub cache_type: CacheType,
+    /// Spark options.
+    #[command(flatten)]
+    pub spark: SparkArgs,
+}
+
+/// Options that choose and observe the Spark kernels.
+#[derive(Debug, Clone, Args)]
+pub struct SparkArgs {
+    /// Do not register the Spark kernels: run the dense stock-op graph.
+    #[arg(long, conflicts_with = "backend_path")]
+    pub dense: bool,
+    /// Override k_f, the FFN neurons kept per token (spark-gemma2.spark.ffn_k).
+    #[arg(long = "spark-ffn-k", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    pub ffn_k: Option<u32>,
+    /// Override k_a, the positions kept per query (spark-gemma2.spark.attn_k).
+    #[arg(long = "spark-attn-k", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    pub attn_k: Option<u32>,
+    /// At exit, print per-layer FFN keep rates and attended positions.
+    #[arg(long = "spark-stats")]
+    pub stats: bool,
+    /// Load the Spark kernels from this ggml backend library (as GGML_BACKEND_PATH does)
+    /// instead of registering them in-process.
+    #[arg(long = "backend-path", value_name = "PATH")]
+    pub backend_path: Option<PathBuf>,
+    /// Show llama.cpp's log.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
+
+impl SparkArgs {
+    /// Where the kernels come from.
+    pub fn kernel_source(&self) -> KernelSource {
+        if self.dense {
+            KernelSource::Dense
+        } else if let Some(p) = &self.backend_path {
+            KernelSource::Plugin(p.clone())
+        } else {
+            KernelSource::InProcess
+        }
+    }
+}
+
+/// KV cache element types accepted by spark-gemma2 (quantized caches need flash attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CacheType {
+    /// Half precision (llama.cpp's default).
+    F16,
+    /// Single precision.
+    F32,
+}
+
+/// A loaded model, its metadata and the kernel source in effect.
+pub struct Session {
+    /// The llama.cpp backend (must outlive the model).
+    pub backend: LlamaBackend,
+    /// The model.
+    pub model: LlamaModel,
+    /// Metadata read before loading.
+    pub info: ModelInfo,
+    /// Kernel source in effect.
+    pub source: KernelSource,
+    /// Options used to load.
+    pub args: ModelArgs,
+}
+
+impl Session {
+    /// Checks the file, makes the kernels available, and loads the model with the k overrides.
+    pub fn load(args: &ModelArgs) -> Result<Self> {
+        llama_log::install(args.spark.verbose);
+        let info = gguf_info::read(&args.model)?;
+        if !info.is_spark() && (args.spark.ffn_k.is_some() || args.spark.attn_k.is_some()) {
+            return Err(CliError::new(format!(
+                "--spark-ffn-k / --spark-attn-k need a {} model, {} is {}",
+                gguf_info::SPARK_ARCH,
+                args.model.display(),
+                info.arch
+            )));
+        }
+        let backend = LlamaBackend::init()
+            .map_err(|e| CliError::new(format!("cannot initialise llama.cpp: {e}")))?;
+        let source = args.spark.kernel_source();
+        spark::activate(&source)?;
+
+        let mut params = pin!(LlamaModelParams::default().with_n_gpu_layers(args.n_gpu_layers));
+        for (key, value) in [("ffn_k", args.spark.ffn_k), ("attn_k", args.spark.attn_k)] {
+            if let Some(v) = value {
+                let key = CString::new(format!("{}.spark.{key}", gguf_info::SPARK_ARCH))
+                    .map_err(|_| CliError::new("invalid override key"))?;
+                params
+                    .as_mut()
+                    .append_kv_override(&key, ParamOverrideValue::Int(i64::from(v)));
+            }
+        }
+        llama_log::clear_errors();
+        let model = LlamaModel::load_from_file(&backend, &args.model, &params).map_err(|e| {
+            let cause = llama_log::last_error().unwrap_or_else(|| e.to_string());
+            CliError::new(format!("cannot load {}: {cause}", args.model.display()))
+        })?;
+        Ok(Self {
+            backend,
+            model,
+            info,
+            source,
+            args: args.clone(),
+        })
+    }
+
+    /// A context with room for `n_tokens` tokens (or `-c`, when larger).
+    pub fn context(&self, n_tokens: u32) -> Result<LlamaContext<'_>> {
+        let n_ctx = self.args.ctx.max(n_tokens).max(1);
+        let n_batch = self.args.batch.clamp(1, n_ctx);
+        let threads = self.args.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(1))
+        });
+        if threads < 1 {
+            return Err(CliError::new(format!(
+                "--threads must be at least 1, got {threads}"
+            )));
+        }
+        let cache = match self.args.cache_type {
+            CacheType::F16 => KvCacheType::F16,
+            CacheType::F32 => KvCacheType::F32,
+        };
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(n_ctx))
+            .with_n_batch(n_batch)
+            .with_n_ubatch(n_batch)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads)
+            .with_type_k(cache)
+            .with_type_v(cache);
+        llama_log::clear_errors();
+        self.model.new_context(&self.backend, params).map_err(|e| {
+            let cause = llama_log::last_error().unwrap_or_else(|| e.to_string());
+            CliError::new(format!("cannot create a context: {cause}"))
+        })
+    }
+
+    /// Prints `--spark-stats` when requested.
+    pub fn finish(&self) {
+        if !self.args.spark.stats {
+            return;
+        }
+        let n_layer = self.info.n_layer.unwrap_or_else(|| self.model.n_layer());
+        let targets = spark::Targets {
+            n_ff: self.info.n_ff,
+            ffn_k: self.args.spark.ffn_k.or(self.info.ffn_k),
+            attn_k: self.args.spark.attn_k.or(self.info.attn_k),
+        };
+        spark::print_stats(&self.source, n_layer, targets);
+    }
+}

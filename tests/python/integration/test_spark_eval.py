@@ -1,0 +1,213 @@
+"""End to end: spark-convert -> patched llama.cpp (sparse kernels or the dense stock-op graph)
+-> logits, against the float64 reference of SPEC section 4."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from conftest import BIN_DIR, TinyModel, compare, eval_logits, spark, spark_checkpoint, spark_ref
+from gguf_writer_ref import write_spark_gguf
+
+MEDIAN_MAX = 5e-3
+TOP1_MIN = 0.97
+
+
+def check_close(stats: dict, median=MEDIAN_MAX, top1=TOP1_MIN):
+    assert stats["median"] <= median, stats
+    assert stats["top1"] >= top1, stats
+
+
+@pytest.fixture(scope="module")
+def logits(tiny, tmp_path_factory):
+    d = tmp_path_factory.mktemp("logits")
+    return {
+        "sparse": eval_logits(tiny.gguf, tiny.tokens, d / "sparse.npy"),
+        "dense": eval_logits(tiny.gguf, tiny.tokens, d / "dense.npy", "--dense"),
+        "sparse_f32kv": eval_logits(tiny.gguf, tiny.tokens, d / "sparse32.npy", "--cache-type", "f32"),
+        "dense_f32kv": eval_logits(tiny.gguf, tiny.tokens, d / "dense32.npy", "--dense", "--cache-type", "f32"),
+    }
+
+
+def test_sparsity_really_engages(tiny):
+    # the reference itself must have dropped positions and neurons, or the comparison proves little
+    stats = tiny.ref_stats
+    assert max(stats["attn_attended_full"]) <= tiny.config["attn_k"] * 2
+    assert len(tiny.tokens) >= 4 * tiny.config["attn_k"]
+    assert tiny.config["sliding_window"] < len(tiny.tokens)
+    assert all(f < 0.5 for f in stats["ffn_keep_fraction"])
+
+
+@pytest.mark.parametrize("kind", ["sparse", "dense", "sparse_f32kv", "dense_f32kv"])
+def test_matches_reference(tiny, logits, kind):
+    stats = compare(logits[kind], tiny.ref)
+    print(kind, stats)
+    check_close(stats)
+
+
+def test_sparse_and_dense_agree(logits):
+    for kv in ("", "_f32kv"):
+        stats = compare(logits["sparse" + kv], logits["dense" + kv].astype(np.float64))
+        print(kv, stats)
+        check_close(stats)
+
+
+def test_gguf_from_gguf_py_gives_the_same_logits(tiny, logits, tmp_path):
+    # an independent writer of SPEC sections 2-3 (gguf-py) must load and agree with spark-convert
+    path = tmp_path / "ref-writer.gguf"
+    write_spark_gguf(str(path), tiny.config, tiny.weights)
+    other = eval_logits(path, tiny.tokens, tmp_path / "o.npy")
+    np.testing.assert_allclose(other, logits["sparse"], rtol=0, atol=1e-5)
+
+
+def test_decode_one_token_at_a_time_matches_prefill(tiny, tmp_path):
+    # batch size 1: every position goes through the KV cache path of an incremental decoder
+    for flags in ((), ("--dense",)):
+        step = eval_logits(tiny.gguf, tiny.tokens, tmp_path / "step.npy", "-b", "1", *flags)
+        stats = compare(step, tiny.ref)
+        print(flags, stats)
+        check_close(stats)
+
+
+def test_k_overrides_change_the_model(tiny, tmp_path):
+    # k >= F and k_a >= T switch the selection off: the result must match a reference with the
+    # same overrides, and differ from the default
+    big = dict(tiny.config, ffn_k=tiny.config["d_ff"], attn_k=len(tiny.tokens))
+    ref = spark_ref.forward(big, tiny.weights, tiny.tokens)
+    for flags in ((), ("--dense",)):
+        out = eval_logits(tiny.gguf, tiny.tokens, tmp_path / "k.npy",
+                          "--spark-ffn-k", str(big["ffn_k"]), "--spark-attn-k", str(big["attn_k"]), *flags)
+        stats = compare(out, ref)
+        print(flags, stats)
+        check_close(stats)
+        assert compare(out, tiny.ref)["median"] > 10 * MEDIAN_MAX
+
+
+STATS_LINE = re.compile(r"^spark-stats:\s+(\d+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s*$")
+
+
+def parse_stats(stderr: str) -> dict[int, tuple[float, int, float, int]]:
+    rows = {}
+    for line in stderr.splitlines():
+        m = STATS_LINE.match(line)
+        if m:
+            rows[int(m[1])] = (float(m[2]), int(m[3]), float(m[4]), int(m[5]))
+    return rows
+
+
+def theorem_3_1_band(d: int, k: int, delta: float = 0.01) -> float:
+    return 4 * math.sqrt(math.log(6 / delta) / d) * (1 + math.sqrt(-2 * math.log(min(k / d, 1 - k / d))))
+
+
+def test_spark_stats_keep_rates(tmp_models, tmp_path):
+    # a wider FFN so that Theorem 3.1's band says something: F = 2048, k_f = 164 (8 %)
+    m = TinyModel(tmp_models, seed=7, d_ff=2048, ffn_k=164)
+    proc = spark("eval", "-m", m.gguf, "--tokens", ",".join(map(str, m.tokens)),
+                 "--logits-out", tmp_path / "s.npy", "--quiet", "--spark-stats")
+    rows = parse_stats(proc.stderr)
+    assert sorted(rows) == list(range(m.config["n_layers"])), proc.stderr
+    F, k = m.config["d_ff"], m.config["ffn_k"]
+    band = theorem_3_1_band(F, k)
+    for layer, (rate, tokens, attended, queries) in rows.items():
+        assert tokens == len(m.tokens)
+        assert abs(rate - k / F) <= band, (layer, rate, band)
+        # and the kernels kept what the reference keeps
+        assert abs(rate - m.ref_stats["ffn_keep_fraction"][layer]) <= 0.005, (layer, rate)
+        assert queries == len(m.tokens) * m.config["n_heads"]
+        assert abs(attended - m.ref_stats["attn_attended"][layer]) <= 0.05 * attended, (layer, attended)
+    print(proc.stderr)
+
+
+def test_plugin_backend_gives_the_same_logits(tiny, logits, tmp_path):
+    lib = BIN_DIR / "libspark_backend.so"
+    assert lib.is_file(), f"{lib} missing"
+    out = eval_logits(tiny.gguf, tiny.tokens, tmp_path / "plugin.npy", "--backend-path", lib)
+    np.testing.assert_array_equal(out, logits["sparse"])
+
+
+def test_q8_0_stays_within_quantization_error(tiny, tmp_path):
+    q8 = tmp_path / "q8.gguf"
+    spark("quantize", tiny.gguf, q8, "Q8_0", "--quiet")
+    for flags in ((), ("--dense",)):
+        out = eval_logits(q8, tiny.tokens, tmp_path / "q8.npy", *flags)
+        stats = compare(out, tiny.ref)
+        print("q8_0", flags, stats)
+        # 8-bit weights and activations: about 1% of the logit scale, most tokens unchanged
+        check_close(stats, median=3e-2, top1=0.85)
+
+
+def test_q4_k_m_quantizes_and_runs(tiny, tmp_path):
+    q4 = tmp_path / "q4km.gguf"
+    proc = spark("quantize", tiny.gguf, q4, "Q4_K_M")
+    assert "Q4_K_M" in proc.stderr
+    assert q4.stat().st_size < tiny.gguf.stat().st_size / 3
+    for flags in ((), ("--dense",)):
+        out = eval_logits(q4, tiny.tokens, tmp_path / "q4.npy", *flags)
+        stats = compare(out, tiny.ref)
+        print("q4_k_m", flags, stats)
+        check_close(stats, median=0.25, top1=0.5)
+
+
+def test_dense_gemma2_file_runs(tmp_models, tmp_path):
+    m = TinyModel(tmp_models, seed=3, dense=True)
+    out = eval_logits(m.gguf, m.tokens, tmp_path / "g.npy")
+    stats = compare(out, m.ref)
+    print("gemma2", stats)
+    # stock gemma2 graph: GELU through ggml's fp16 table, f16 KV cache
+    check_close(stats, median=1e-2, top1=0.95)
+
+
+def test_spark_run_generates_and_reports_speed(tiny):
+    proc = spark("run", "-m", tiny.gguf, "-p", "hello", "-n", "8", "--temp", "0", "--spark-stats")
+    assert re.search(r"prompt eval: \d+ tokens in [\d.]+ s \([\d.]+ tokens/s\)", proc.stderr), proc.stderr
+    assert re.search(r"generation: \d+ tokens in [\d.]+ s \([\d.]+ tokens/s\)", proc.stderr), proc.stderr
+    assert parse_stats(proc.stderr)
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("spark: error: "), lines[0]
+    assert "panicked" not in proc.stderr
+    return lines[0]
+
+
+def test_missing_file(tmp_path):
+    line = one_error_line(spark("eval", "-m", tmp_path / "nope.gguf", "--tokens", "1,2",
+                                "--logits-out", tmp_path / "x.npy", check=False))
+    assert "not found" in line and "nope.gguf" in line
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_unknown_architecture(tiny, tmp_path):
+    path = tmp_path / "alien.gguf"
+    write_spark_gguf(str(path), tiny.config, tiny.weights, arch="alien-arch")
+    line = one_error_line(spark("eval", "-m", path, "--tokens", "1,2", "--logits-out", tmp_path / "x.npy", check=False))
+    assert "unknown model architecture" in line and "alien-arch" in line
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_missing_tensor(tiny, tmp_path):
+    path = tmp_path / "missing.gguf"
+    write_spark_gguf(str(path), tiny.config, tiny.weights, skip_tensors={"blk.1.ffn_down_t.weight"})
+    line = one_error_line(spark("eval", "-m", path, "--tokens", "1,2", "--logits-out", tmp_path / "x.npy", check=False))
+    assert "blk.1.ffn_down_t.weight" in line
+
+
+def test_wrong_key_type(tiny, tmp_path):
+    path = tmp_path / "wrongtype.gguf"
+    write_spark_gguf(str(path), tiny.config, tiny.weights, float_keys={"spark.ffn_k"})
+    line = one_error_line(spark("run", "-m", path, "-p", "x", "-n", "1", check=False))
+    assert "spark-gemma2.spark.ffn_k" in line and "wrong type" in line
+
+
+def test_bad_token_and_quantize_type(tiny, tmp_path):
+    line = one_error_line(spark("eval", "-m", tiny.gguf, "--tokens", "1,99999", "--logits-out", tmp_path / "x.npy", check=False))
+    assert "entry 1" in line
+    line = one_error_line(spark("quantize", tiny.gguf, tmp_path / "q.gguf", "Q9_9", check=False))
+    assert "Q9_9" in line
+    assert not (tmp_path / "q.gguf").exists()
