@@ -5,7 +5,8 @@
 //! prints a summary table with the ratios and the sparse kernel's achieved bytes/s.
 //!
 //! Run: `cargo bench -p spark-backend --bench ffn` (add `-- --quick`-style criterion flags as
-//! usual). `SPARK_BENCH_TYPES=f16` / `SPARK_BENCH_BATCHES=1` restrict the grid.
+//! usual). `SPARK_BENCH_TYPES=f16` / `SPARK_BENCH_BATCHES=1` restrict the grid;
+//! `SPARK_BENCH_THREADS=1` runs both graphs on one ggml thread.
 
 #[path = "../tests/ffn_common/mod.rs"]
 mod ffn_common;
@@ -22,7 +23,13 @@ const F: usize = 13824;
 const R: usize = 1024;
 const K: i32 = 1106;
 const FF: usize = 9216;
-const THREADS: i32 = 2;
+/// ggml threads (`SPARK_BENCH_THREADS`, default 2).
+fn threads() -> i32 {
+    std::env::var("SPARK_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
 
 fn types() -> Vec<RowType> {
     let want = std::env::var("SPARK_BENCH_TYPES").unwrap_or_else(|_| "f16,q8_0".into());
@@ -149,7 +156,8 @@ fn read_bandwidth(bytes: usize) -> f64 {
 
 fn bench(c: &mut Criterion) {
     let bw = read_bandwidth(2 << 30);
-    let mut runner = Runner::new(THREADS);
+    let n_threads = threads();
+    let mut runner = Runner::new(n_threads);
     let mut summary = Vec::new();
     for ty in types() {
         for n_tokens in batches() {
@@ -171,7 +179,7 @@ fn bench(c: &mut Criterion) {
         }
     }
     println!(
-        "\nread bandwidth (2 threads, 2 GiB sum): {:.1} GB/s",
+        "\nread bandwidth (2 threads, 2 GiB sum): {:.1} GB/s; ggml threads: {n_threads}",
         bw / 1e9
     );
     println!("| type | batch | dense ms | sparse ms | speed-up | kept/token | sparse weight MB | sparse GB/s | dense GB/s | byte-limit speed-up |");

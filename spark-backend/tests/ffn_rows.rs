@@ -206,3 +206,36 @@ fn row_and_matrix_constructors_reject_bad_sizes() {
     }
     assert_eq!(RowType::from_ggml(3), None);
 }
+
+#[test]
+fn fused_quantized_kernels_equal_ggml_dequantize_then_axpy_bit_for_bit() {
+    let mut rng = Rng::new(5);
+    for ty in [RowType::Q8_0, RowType::Q4_0, RowType::Q4K, RowType::Q6K] {
+        let n = 2304;
+        let w = Weights::random(&mut rng, ty, n, 1, 0.7);
+        let row = w.matrix().row(0);
+        let mut reference = vec![0f32; n];
+        // SAFETY: the row holds n elements of ty.
+        unsafe { rows::quant::dequantize_ggml(ty, row.bytes(), &mut reference) };
+        let mut ours = vec![0f32; n];
+        rows::to_f32(row, &mut ours);
+        assert!(
+            ours.iter()
+                .zip(&reference)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?} to_f32"
+        );
+        let y0 = rng.normals(n, 1.0);
+        let mut fused = y0.clone();
+        rows::axpy(row, -0.37, &mut fused);
+        let mut split = y0.clone();
+        rows::axpy_f32(&reference, -0.37, &mut split);
+        assert!(
+            fused
+                .iter()
+                .zip(&split)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?} axpy"
+        );
+    }
+}

@@ -7,6 +7,8 @@
 //! then each row costs one ggml `vec_dot`; `axpy` dequantizes with ggml's `to_float`.
 
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod quant_x86;
 pub mod simd;
 
 use crate::KernelError;

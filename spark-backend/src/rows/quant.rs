@@ -130,12 +130,22 @@ pub unsafe fn vec_dot(ty: RowType, n: usize, row: &[u8], act: &[u8]) -> f32 {
 /// Elements dequantized per step of [`axpy`] (a multiple of every block size).
 const CHUNK: usize = 256;
 
-/// `y += alpha * row` for a quantized row of `y.len()` elements: dequantized in chunks of 256
-/// into a stack buffer, then a SIMD axpy.
+/// `y += alpha * row` for a quantized row of `y.len()` elements: fused AVX2 kernels for q8_0,
+/// q4_0 and q6_K; otherwise dequantized by ggml in chunks of 256 into a stack buffer, then a SIMD axpy.
 ///
 /// # Safety
 /// `row` must hold `y.len()` elements of `ty` (checked by length).
 pub unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::kernels().name == "avx2" {
+        // SAFETY: AVX2, FMA and F16C were detected; the kernels check lengths.
+        match ty {
+            RowType::Q8_0 => return unsafe { super::quant_x86::axpy_q8_0(row, alpha, y) },
+            RowType::Q4_0 => return unsafe { super::quant_x86::axpy_q4_0(row, alpha, y) },
+            RowType::Q6K => return unsafe { super::quant_x86::axpy_q6_k(row, alpha, y) },
+            _ => {}
+        }
+    }
     let t = traits(ty).expect("quantized RowType with ggml traits");
     let per = ty.block_bytes();
     let be = ty.block_elems();
@@ -159,6 +169,31 @@ pub unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
 /// # Safety
 /// `row` must hold `out.len()` elements of `ty` (checked by length).
 pub unsafe fn dequantize(ty: RowType, row: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::kernels().name == "avx2" {
+        // SAFETY: AVX2, FMA and F16C were detected; the kernels check lengths.
+        match ty {
+            RowType::Q8_0 => return unsafe { super::quant_x86::to_f32_q8_0(row, out) },
+            RowType::Q4_0 => return unsafe { super::quant_x86::to_f32_q4_0(row, out) },
+            RowType::Q6K => return unsafe { super::quant_x86::to_f32_q6_k(row, out) },
+            _ => {}
+        }
+    }
+    let t = traits(ty).expect("quantized RowType with ggml traits");
+    assert!(
+        row.len() >= ty.row_bytes(out.len()).unwrap_or(usize::MAX),
+        "short quantized row"
+    );
+    // SAFETY: length checked above.
+    unsafe { (t.to_float)(row.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
+}
+
+/// `out = row` through ggml's own `to_float` (the reference the fused kernels are tested
+/// against).
+///
+/// # Safety
+/// `row` must hold `out.len()` elements of `ty` (checked by length).
+pub unsafe fn dequantize_ggml(ty: RowType, row: &[u8], out: &mut [f32]) {
     let t = traits(ty).expect("quantized RowType with ggml traits");
     assert!(
         row.len() >= ty.row_bytes(out.len()).unwrap_or(usize::MAX),

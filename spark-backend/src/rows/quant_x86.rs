@@ -1,0 +1,279 @@
+//! AVX2 dequantization of q8_0, q4_0 and q6_K rows, fused with axpy or writing f32.
+//!
+//! ggml's CPU `vec_dot` is SIMD but its `to_float` is portable scalar code; these kernels do the
+//! same arithmetic (each weight is `d * q`, exact in f32, then one fused multiply-add with
+//! alpha), so results equal ggml's `to_float` followed by [`super::axpy_f32`] bit for bit.
+
+use std::arch::x86_64::*;
+
+/// Bytes per q8_0 block (f16 scale + 32 int8).
+const Q8_0_BYTES: usize = 34;
+/// Bytes per q4_0 block (f16 scale + 16 bytes of nibbles).
+const Q4_0_BYTES: usize = 18;
+
+#[inline(always)]
+unsafe fn scale(p: *const u8) -> __m256 {
+    // SAFETY: caller guarantees the 2 scale bytes are readable.
+    let h = unsafe { p.cast::<u16>().read_unaligned() };
+    _mm256_set1_ps(half::f16::from_bits(h).to_f32())
+}
+
+/// The 32 weights of one q8_0 block as four vectors of 8.
+#[inline(always)]
+unsafe fn q8_0_block(p: *const u8) -> [__m256; 4] {
+    // SAFETY: caller guarantees a whole 34-byte block at p and AVX2.
+    unsafe {
+        let d = scale(p);
+        let q = p.add(2);
+        let mut out = [_mm256_setzero_ps(); 4];
+        for (k, o) in out.iter_mut().enumerate() {
+            let b = _mm_loadl_epi64(q.add(8 * k).cast());
+            *o = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), d);
+        }
+        out
+    }
+}
+
+/// The 32 weights of one q4_0 block as four vectors of 8 (low nibbles are weights 0..16,
+/// high nibbles 16..32, each minus 8).
+#[inline(always)]
+unsafe fn q4_0_block(p: *const u8) -> [__m256; 4] {
+    // SAFETY: caller guarantees a whole 18-byte block at p and AVX2.
+    unsafe {
+        let d = scale(p);
+        let bytes = _mm_loadu_si128(p.add(2).cast());
+        let mask = _mm_set1_epi8(0x0F);
+        let eight = _mm_set1_epi8(8);
+        let lo = _mm_sub_epi8(_mm_and_si128(bytes, mask), eight);
+        let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(bytes), mask), eight);
+        let cvt = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+        [
+            cvt(lo),
+            cvt(_mm_srli_si128::<8>(lo)),
+            cvt(hi),
+            cvt(_mm_srli_si128::<8>(hi)),
+        ]
+    }
+}
+
+#[inline(always)]
+unsafe fn axpy_blocks(
+    row: &[u8],
+    alpha: f32,
+    y: &mut [f32],
+    block_bytes: usize,
+    load: unsafe fn(*const u8) -> [__m256; 4],
+) {
+    let n_blocks = y.len() / 32;
+    assert!(
+        y.len().is_multiple_of(32) && row.len() >= n_blocks * block_bytes,
+        "short quantized row"
+    );
+    let a = _mm256_set1_ps(alpha);
+    let yp = y.as_mut_ptr();
+    for b in 0..n_blocks {
+        // SAFETY: block b lies inside `row` and elements 32b..32b+32 inside `y` (checked above);
+        // the callers enable AVX2 and FMA.
+        unsafe {
+            let w = load(row.as_ptr().add(b * block_bytes));
+            for (k, wk) in w.iter().enumerate() {
+                let p = yp.add(32 * b + 8 * k);
+                _mm256_storeu_ps(p, _mm256_fmadd_ps(*wk, a, _mm256_loadu_ps(p)));
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn to_f32_blocks(
+    row: &[u8],
+    out: &mut [f32],
+    block_bytes: usize,
+    load: unsafe fn(*const u8) -> [__m256; 4],
+) {
+    let n_blocks = out.len() / 32;
+    assert!(
+        out.len().is_multiple_of(32) && row.len() >= n_blocks * block_bytes,
+        "short quantized row"
+    );
+    let op = out.as_mut_ptr();
+    for b in 0..n_blocks {
+        // SAFETY: as in `axpy_blocks`.
+        unsafe {
+            let w = load(row.as_ptr().add(b * block_bytes));
+            for (k, wk) in w.iter().enumerate() {
+                _mm256_storeu_ps(op.add(32 * b + 8 * k), *wk);
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_load(p: *const u8) -> [__m256; 4] {
+    // SAFETY: forwarded contract.
+    unsafe { q8_0_block(p) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_load(p: *const u8) -> [__m256; 4] {
+    // SAFETY: forwarded contract.
+    unsafe { q4_0_block(p) }
+}
+
+/// `y += alpha * row` for a q8_0 row of `y.len()` elements (a multiple of 32).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; lengths are checked.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_q8_0(row: &[u8], alpha: f32, y: &mut [f32]) {
+    // SAFETY: features enabled here; lengths checked inside.
+    unsafe { axpy_blocks(row, alpha, y, Q8_0_BYTES, q8_0_load) }
+}
+
+/// `y += alpha * row` for a q4_0 row of `y.len()` elements (a multiple of 32).
+///
+/// # Safety
+/// As for [`axpy_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_q4_0(row: &[u8], alpha: f32, y: &mut [f32]) {
+    // SAFETY: as above.
+    unsafe { axpy_blocks(row, alpha, y, Q4_0_BYTES, q4_0_load) }
+}
+
+/// A q8_0 row of `out.len()` elements to f32.
+///
+/// # Safety
+/// As for [`axpy_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn to_f32_q8_0(row: &[u8], out: &mut [f32]) {
+    // SAFETY: as above.
+    unsafe { to_f32_blocks(row, out, Q8_0_BYTES, q8_0_load) }
+}
+
+/// A q4_0 row of `out.len()` elements to f32.
+///
+/// # Safety
+/// As for [`axpy_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn to_f32_q4_0(row: &[u8], out: &mut [f32]) {
+    // SAFETY: as above.
+    unsafe { to_f32_blocks(row, out, Q4_0_BYTES, q4_0_load) }
+}
+
+/// Bytes per q6_K block: ql[128], qh[64], scales[16] (int8), d (f16); 256 weights.
+const Q6_K_BYTES: usize = 210;
+
+/// Unpacks one q6_K block into 256 signed 6-bit values (-32..31) in ggml's element order, and
+/// the 16 per-group scales `d * scales[g]` (groups of 16 elements), computed as ggml does.
+#[inline(always)]
+unsafe fn q6_k_unpack(p: *const u8, q: &mut [i8; 256], scales: &mut [f32; 16]) {
+    // SAFETY: caller guarantees a whole 210-byte block at p and AVX2.
+    unsafe {
+        let d = half::f16::from_bits(p.add(208).cast::<u16>().read_unaligned()).to_f32();
+        for (g, s) in scales.iter_mut().enumerate() {
+            *s = d * f32::from(*p.add(192 + g).cast::<i8>());
+        }
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(0x03);
+        let bias = _mm256_set1_epi8(32);
+        let qp = q.as_mut_ptr();
+        for half_ in 0..2 {
+            let ql = p.add(64 * half_);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * half_).cast());
+            let ql0 = _mm256_loadu_si256(ql.cast());
+            let ql1 = _mm256_loadu_si256(ql.add(32).cast());
+            let hi = |shift: i32| -> __m256i {
+                let v = match shift {
+                    0 => qh,
+                    2 => _mm256_srli_epi16::<2>(qh),
+                    4 => _mm256_srli_epi16::<4>(qh),
+                    _ => _mm256_srli_epi16::<6>(qh),
+                };
+                _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2))
+            };
+            let lo1 = _mm256_and_si256(ql0, m4);
+            let lo2 = _mm256_and_si256(ql1, m4);
+            let lo3 = _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4);
+            let lo4 = _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4);
+            let out = qp.add(128 * half_);
+            _mm256_storeu_si256(
+                out.cast(),
+                _mm256_sub_epi8(_mm256_or_si256(lo1, hi(0)), bias),
+            );
+            _mm256_storeu_si256(
+                out.add(32).cast(),
+                _mm256_sub_epi8(_mm256_or_si256(lo2, hi(2)), bias),
+            );
+            _mm256_storeu_si256(
+                out.add(64).cast(),
+                _mm256_sub_epi8(_mm256_or_si256(lo3, hi(4)), bias),
+            );
+            _mm256_storeu_si256(
+                out.add(96).cast(),
+                _mm256_sub_epi8(_mm256_or_si256(lo4, hi(6)), bias),
+            );
+        }
+    }
+}
+
+/// Weights `8 * k .. 8 * k + 8` of an unpacked q6_K block: `(d * scale) * q`, as ggml rounds.
+#[inline(always)]
+unsafe fn q6_k_weights(q: &[i8; 256], scales: &[f32; 16], k: usize) -> __m256 {
+    // SAFETY: k < 32, so the 8 bytes lie inside q; AVX2 per caller.
+    unsafe {
+        let b = _mm_loadl_epi64(q.as_ptr().add(8 * k).cast());
+        let s = _mm256_set1_ps(scales[k / 2]);
+        _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)))
+    }
+}
+
+/// `y += alpha * row` for a q6_K row of `y.len()` elements (a multiple of 256).
+///
+/// # Safety
+/// As for [`axpy_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_q6_k(row: &[u8], alpha: f32, y: &mut [f32]) {
+    let n_blocks = y.len() / 256;
+    assert!(
+        y.len().is_multiple_of(256) && row.len() >= n_blocks * Q6_K_BYTES,
+        "short quantized row"
+    );
+    let a = _mm256_set1_ps(alpha);
+    let (mut q, mut sc) = ([0i8; 256], [0f32; 16]);
+    for b in 0..n_blocks {
+        // SAFETY: block b lies inside `row`, elements 256b..256b+256 inside `y` (checked).
+        unsafe {
+            q6_k_unpack(row.as_ptr().add(b * Q6_K_BYTES), &mut q, &mut sc);
+            let yp = y.as_mut_ptr().add(256 * b);
+            for k in 0..32 {
+                let w = q6_k_weights(&q, &sc, k);
+                let p = yp.add(8 * k);
+                _mm256_storeu_ps(p, _mm256_fmadd_ps(w, a, _mm256_loadu_ps(p)));
+            }
+        }
+    }
+}
+
+/// A q6_K row of `out.len()` elements (a multiple of 256) to f32.
+///
+/// # Safety
+/// As for [`axpy_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn to_f32_q6_k(row: &[u8], out: &mut [f32]) {
+    let n_blocks = out.len() / 256;
+    assert!(
+        out.len().is_multiple_of(256) && row.len() >= n_blocks * Q6_K_BYTES,
+        "short quantized row"
+    );
+    let (mut q, mut sc) = ([0i8; 256], [0f32; 16]);
+    for b in 0..n_blocks {
+        // SAFETY: as in `axpy_q6_k`.
+        unsafe {
+            q6_k_unpack(row.as_ptr().add(b * Q6_K_BYTES), &mut q, &mut sc);
+            let op = out.as_mut_ptr().add(256 * b);
+            for k in 0..32 {
+                _mm256_storeu_ps(op.add(8 * k), q6_k_weights(&q, &sc, k));
+            }
+        }
+    }
+}
