@@ -86,6 +86,7 @@ pub struct Scratch {
     acts: Vec<Activation>,
     active: Vec<u32>,
     tokens: Vec<(u32, f32)>,
+    spans: Vec<u32>,
     row: Vec<f32>,
 }
 
@@ -196,39 +197,78 @@ pub fn down_range(
     if w == 0 {
         return Ok(());
     }
-    // The union of the batch's active neurons, in increasing order.
+    // The union of the batch's active neurons in increasing order, each with its tokens:
+    // neuron active[i] applies to tokens[spans[i]..spans[i + 1]].
     scratch.active.clear();
+    scratch.tokens.clear();
+    scratch.spans.clear();
+    scratch.spans.push(0);
     for (j, uj) in u.chunks_exact(n_tokens.max(1)).enumerate().take(f) {
-        if uj.iter().any(|&x| x != 0.0) {
-            scratch.active.push(j as u32);
-        }
-    }
-    scratch.row.resize(w, 0.0);
-    for i in 0..scratch.active.len() {
-        if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
-            prefetch_row_range(v, next as usize, dims.clone());
-        }
-        let j = scratch.active[i] as usize;
-        let row = v.row(j).slice(dims.start, dims.end);
-        let uj = &u[j * n_tokens..(j + 1) * n_tokens];
-        scratch.tokens.clear();
+        let before = scratch.tokens.len();
         scratch.tokens.extend(
             uj.iter()
                 .enumerate()
                 .filter(|(_, &x)| x != 0.0)
                 .map(|(t, &x)| (t as u32, x)),
         );
-        if let [(t, alpha)] = scratch.tokens[..] {
-            rows::axpy(row, alpha, &mut out[t as usize][..w]);
+        if scratch.tokens.len() > before {
+            scratch.active.push(j as u32);
+            scratch.spans.push(scratch.tokens.len() as u32);
+        }
+    }
+    // Sub-tiles of the output columns keep a batch's output rows cache-resident; every element
+    // is still summed by this thread alone in neuron order, so tiling never changes a result.
+    let tile = if n_tokens <= 1 {
+        w
+    } else {
+        let cols = (OUT_TILE_BYTES / (4 * n_tokens)).max(1);
+        let unit = be.max(16);
+        (cols / unit).max(1) * unit
+    };
+    let mut start = 0;
+    while start < w {
+        let end = (start + tile).min(w);
+        down_tile(v, dims.start + start..dims.start + end, start, out, scratch);
+        start = end;
+    }
+    Ok(())
+}
+
+/// Output bytes (tokens x columns) a sub-tile of [`down_range`] aims at.
+const OUT_TILE_BYTES: usize = 128 << 10;
+
+/// One sub-tile of [`down_range`]: columns `cols` of V into `out[t][offset..]`.
+fn down_tile(
+    v: &RowMatrix<'_>,
+    cols: Range<usize>,
+    offset: usize,
+    out: &mut [&mut [f32]],
+    scratch: &mut Scratch,
+) {
+    let w = cols.len();
+    scratch.row.resize(w, 0.0);
+    for i in 0..scratch.active.len() {
+        if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
+            prefetch_row_range(v, next as usize, cols.clone());
+        }
+        let row = v
+            .row(scratch.active[i] as usize)
+            .slice(cols.start, cols.end);
+        let tokens = &scratch.tokens[scratch.spans[i] as usize..scratch.spans[i + 1] as usize];
+        if let [(t, alpha)] = *tokens {
+            rows::axpy(row, alpha, &mut out[t as usize][offset..offset + w]);
         } else {
             // Several tokens share this neuron: convert the row once, then one axpy per token.
             rows::to_f32(row, &mut scratch.row);
-            for &(t, alpha) in &scratch.tokens {
-                rows::axpy_f32(&scratch.row, alpha, &mut out[t as usize][..w]);
+            for &(t, alpha) in tokens {
+                rows::axpy_f32(
+                    &scratch.row,
+                    alpha,
+                    &mut out[t as usize][offset..offset + w],
+                );
             }
         }
     }
-    Ok(())
 }
 
 /// The whole FFN serially: `out[t * D ..]` for `n_tokens` rows of `h` (`h[t * h_stride ..]`,

@@ -492,3 +492,38 @@ fn batch_union_loads_each_row_once_and_matches_single_token_calls() {
         }
     }
 }
+
+#[test]
+fn large_batches_tile_the_output_without_changing_any_value() {
+    // 300 tokens make down_range split its columns into cache tiles; every token's output must
+    // equal its own single-token computation bit for bit.
+    let mut rng = Rng::new(28);
+    for ty in [RowType::F32, RowType::Q8_0] {
+        let (d, f, n_tokens) = (160, 33, 300);
+        let v = Weights::random(&mut rng, ty, d, f, 0.3);
+        let mut u = vec![0f32; f * n_tokens];
+        for x in u.iter_mut() {
+            if rng.uniform() < 0.2 {
+                *x = rng.normal() as f32;
+            }
+        }
+        let mut batch = vec![0f32; n_tokens * d];
+        {
+            let mut rows: Vec<&mut [f32]> = batch.chunks_mut(d).collect();
+            ffn::down_range(&u, &v.matrix(), 0..d, &mut rows, &mut Scratch::new()).unwrap();
+        }
+        for t in 0..n_tokens {
+            let ut: Vec<f32> = (0..f).map(|j| u[j * n_tokens + t]).collect();
+            let mut one = vec![0f32; d];
+            ffn::down_range(
+                &ut,
+                &v.matrix(),
+                0..d,
+                &mut [&mut one[..]],
+                &mut Scratch::new(),
+            )
+            .unwrap();
+            assert_eq!(&batch[t * d..(t + 1) * d], &one[..], "{ty:?} token {t}");
+        }
+    }
+}
