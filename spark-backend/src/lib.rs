@@ -5,13 +5,18 @@
 //! registry entry, resolves `spark_ffn` / `spark_attn` by name and runs them as ggml custom ops
 //! (`ggml_custom_4d`) from ggml's own worker threads. See `docs/INTERFACES.md`.
 
+pub mod attention;
+pub mod attn_op;
 pub mod error;
+pub mod ffi;
 pub mod ffn;
 pub mod ffn_op;
 pub mod params;
+pub mod registry;
 pub mod rows;
 pub mod stats;
 pub mod tensor;
 pub mod topk;
 
 pub use error::KernelError;
+pub use registry::{is_registered, register};

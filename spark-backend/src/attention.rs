@@ -1,0 +1,100 @@
+//! Spark sparse attention (SPEC.md section 4) on llama.cpp's KV cache.
+//!
+//! For query token t and head n (KV head g = n / (N / KV)), with C the positions its mask row
+//! marks valid (exactly 0):
+//!
+//! ```text
+//! s1_j = capA(q1 . k1_j)                    j in C, over dims 0..r
+//! S    = C if |C| <= k, else the statistical top-k (attention form) of s1 over C
+//! w_j  = softmax_S(s1)_j * softplus(q2 . k2_j)   dims r..H, j in S only
+//! o    = sum_{j in S} w_j v_j
+//! ```
+//!
+//! A query with no valid position gets a zero output row. Scores are f32 (caches are widened
+//! from f16 on load), the top-k statistics f64 (`crate::topk`), the softmax max-subtracted with
+//! an f64 normaliser, softplus as `max(x, 0) + ln(1 + e^-|x|)`.
+//!
+//! [`SparseAttention`] validates the tensors of one call and runs any share of it; the C entry
+//! point is `crate::attn_op::spark_attn`.
+
+mod dot;
+mod kernel;
+pub mod layout;
+mod math;
+
+pub use kernel::{RowSelection, Tally};
+pub use layout::{AttnLayout, ElemType};
+
+use crate::params::AttnParams;
+use crate::tensor::TensorView;
+use crate::KernelError;
+
+/// One validated `spark_attn` call: the tensors and parameters, ready to run on any thread share.
+#[derive(Debug, Clone, Copy)]
+pub struct SparseAttention {
+    layout: AttnLayout,
+}
+
+impl SparseAttention {
+    /// Validates `q`, `k`, `v`, `mask` and `dst` (see [`layout`]) and `params`.
+    pub fn new(
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        mask: &TensorView,
+        dst: &TensorView,
+        params: &AttnParams,
+    ) -> Result<Self, KernelError> {
+        Ok(Self {
+            layout: AttnLayout::new(q, k, v, mask, dst, params)?,
+        })
+    }
+
+    /// The checked shapes and parameters.
+    pub fn layout(&self) -> &AttnLayout {
+        &self.layout
+    }
+
+    /// Number of independent work units (threads beyond this stay idle).
+    pub fn n_units(&self) -> usize {
+        kernel::n_units(&self.layout)
+    }
+
+    /// Computes thread `ith`'s share of the output (of `nth` threads; every thread of a call must
+    /// run for the whole output to be written) and adds its counts to `crate::stats`.
+    ///
+    /// # Safety
+    /// The tensors' data pointers must be valid for their shapes and strides (dst writable) for
+    /// the whole call, and nothing else may access dst while the threads run.
+    pub unsafe fn run(&self, ith: usize, nth: usize) -> Tally {
+        // SAFETY: forwarded contract.
+        let tally = unsafe { kernel::run(&self.layout, ith, nth, None) };
+        crate::stats::record_attn(self.layout.layer, tally.kept, tally.queries);
+        tally
+    }
+
+    /// Writes `value` into the dst rows that thread `ith` of `nth` computes in [`run`](Self::run)
+    /// (used to make a failed share visible).
+    ///
+    /// # Safety
+    /// As for [`run`](Self::run).
+    pub unsafe fn fill_owned_rows(&self, ith: usize, nth: usize, value: f32) {
+        // SAFETY: forwarded contract.
+        unsafe { kernel::fill_owned_rows(&self.layout, ith, nth, value) }
+    }
+
+    /// [`run`](Self::run), reporting every query's kept positions to `observer` (for tests and
+    /// diagnostics; does not record statistics).
+    ///
+    /// # Safety
+    /// As for [`run`](Self::run).
+    pub unsafe fn run_observed(
+        &self,
+        ith: usize,
+        nth: usize,
+        observer: &mut dyn FnMut(&RowSelection),
+    ) -> Tally {
+        // SAFETY: forwarded contract.
+        unsafe { kernel::run(&self.layout, ith, nth, Some(observer)) }
+    }
+}

@@ -1,0 +1,355 @@
+//! The sparse attention computation of SPEC 4 over work units of (stream, token block, KV head).
+//!
+//! Per unit, the queries of every head of the KV group for a few tokens are scored together
+//! against the first `r` dims of each needed key row (one read of K1 serves all of them); then
+//! each query alone selects its positions with the statistical top-k, and only the kept
+//! positions get the second-part dot product and the value accumulation.
+//!
+//! Work units are a fixed partition of the (token, head) pairs that depends only on the shapes;
+//! thread `ith` of `nth` takes units `ith, ith + nth, ...`. Each output row is computed by one
+//! thread with arithmetic that does not depend on the unit's other rows, so the output is
+//! bit-identical for every thread count (and for any batch composition).
+
+use super::dot::{self, Isa, Rows};
+use super::layout::{AttnLayout, ElemType, Strided};
+use super::math;
+use crate::topk;
+use std::cell::RefCell;
+
+/// What one (token, head) query kept, reported to an observer of [`run`].
+#[derive(Debug)]
+pub struct RowSelection<'a> {
+    /// Stream index (ne3).
+    pub stream: usize,
+    /// Token index within the stream.
+    pub token: usize,
+    /// Query head.
+    pub head: usize,
+    /// Number of valid positions |C|.
+    pub n_valid: usize,
+    /// Kept positions S, ascending cache indices.
+    pub positions: &'a [u32],
+}
+
+/// Positions kept and queries processed by one thread in one call.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Sum over queries of |S|.
+    pub kept: u64,
+    /// (token, head) pairs processed.
+    pub queries: u64,
+}
+
+/// Reusable per-thread buffers (ggml's worker threads live across calls).
+#[derive(Default)]
+struct Scratch {
+    /// Queries of the unit, `n_q x H`, contiguous.
+    q: Vec<f32>,
+    /// Concatenated valid-position lists.
+    lists: Vec<u32>,
+    /// Per query: its range in `lists`.
+    spans: Vec<(usize, usize)>,
+    /// Distinct mask rows seen in the unit: (byte offset, range in `lists`).
+    mask_rows: Vec<(usize, (usize, usize))>,
+    /// Union of the unit's valid positions (ascending), the rows scored.
+    union: Vec<u32>,
+    /// `col_of[j]`: column of position `j` in `union`.
+    col_of: Vec<u32>,
+    /// Marks for building the union.
+    needed: Vec<bool>,
+    /// First-part scores, `n_q x union.len()`.
+    d: Vec<f32>,
+    /// One query's capped scores over C.
+    s: Vec<f32>,
+    /// Indices into `s` kept by the top-k.
+    keep: Vec<u32>,
+    /// Kept cache positions.
+    pos: Vec<u32>,
+    /// Kept scores, then softmax numerators.
+    e: Vec<f32>,
+    /// Second-part dots, then softplus, then weights.
+    w: Vec<f32>,
+    /// Output row.
+    o: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Tokens per work unit: about eight queries share each key row read.
+fn tokens_per_unit(group: usize, n_tokens: usize) -> usize {
+    (8 / group).clamp(1, n_tokens.max(1))
+}
+
+/// Number of work units of `l` (the most threads that can be busy).
+pub fn n_units(l: &AttnLayout) -> usize {
+    let tb = tokens_per_unit(l.group_size(), l.n_tokens);
+    l.n_stream * l.n_tokens.div_ceil(tb) * l.n_head_kv
+}
+
+/// Unit `u` of `l`: (stream, first token, end token, KV head).
+fn unit_bounds(l: &AttnLayout, u: usize) -> (usize, usize, usize, usize) {
+    let tb = tokens_per_unit(l.group_size(), l.n_tokens);
+    let n_tb = l.n_tokens.div_ceil(tb);
+    let g = u % l.n_head_kv;
+    let b = (u / l.n_head_kv) % n_tb;
+    let s = u / (l.n_head_kv * n_tb);
+    let t0 = b * tb;
+    (s, t0, (t0 + tb).min(l.n_tokens), g)
+}
+
+/// The units thread `ith` of `nth` owns: `ith, ith + nth, ...`.
+fn owned_units(
+    l: &AttnLayout,
+    ith: usize,
+    nth: usize,
+) -> impl Iterator<Item = (usize, usize, usize, usize)> + '_ {
+    (ith..n_units(l))
+        .step_by(nth.max(1))
+        .map(move |u| unit_bounds(l, u))
+}
+
+/// Computes the output rows of the units that thread `ith` of `nth` owns and returns its tally.
+///
+/// # Safety
+/// Every tensor of `l` must be readable (dst writable) over its shape and strides, and no other
+/// code may access dst rows of this thread's units while it runs.
+pub unsafe fn run(
+    l: &AttnLayout,
+    ith: usize,
+    nth: usize,
+    mut observer: Option<&mut dyn FnMut(&RowSelection)>,
+) -> Tally {
+    let isa = Isa::detect();
+    let mut tally = Tally::default();
+    let mut work = |sc: &mut Scratch| {
+        for (s, t0, t1, g) in owned_units(l, ith, nth) {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { unit(l, isa, s, t0, t1, g, sc, &mut observer, &mut tally) };
+        }
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut sc) => work(&mut sc),
+        Err(_) => work(&mut Scratch::default()),
+    });
+    tally
+}
+
+/// Writes `value` into every element of the dst rows of the units thread `ith` of `nth` owns.
+///
+/// # Safety
+/// As for [`run`] (only dst is touched).
+pub unsafe fn fill_owned_rows(l: &AttnLayout, ith: usize, nth: usize, value: f32) {
+    for (s, t0, t1, g) in owned_units(l, ith, nth) {
+        for t in t0..t1 {
+            for n in g * l.group_size()..(g + 1) * l.group_size() {
+                let row = l.dst.data.wrapping_add(l.dst.offset([0, n, t, s]));
+                for i in 0..l.head_dim {
+                    // SAFETY: element (i, n, t, s) lies inside dst (contract); f32 adjacent.
+                    unsafe { row.wrapping_add(i * 4).cast::<f32>().write_unaligned(value) };
+                }
+            }
+        }
+    }
+}
+
+/// Is mask element at `p` a valid position (exactly zero)?
+///
+/// # Safety
+/// `p` must be readable for one element of `ty`.
+#[inline(always)]
+unsafe fn mask_valid(ty: ElemType, p: *const u8) -> bool {
+    // SAFETY: per the contract; unaligned reads.
+    unsafe {
+        match ty {
+            ElemType::F32 => p.cast::<f32>().read_unaligned() == 0.0,
+            ElemType::F16 => p.cast::<u16>().read_unaligned() & 0x7fff == 0,
+        }
+    }
+}
+
+/// Rows of cache `c` for KV head `g` in stream `s`: row j = position j.
+fn cache_rows(c: &Strided, g: usize, s: usize) -> Rows {
+    Rows {
+        base: c.data.wrapping_add(g * c.nb[1] + s * c.nb[3]),
+        ty: c.ty,
+        elem_stride: c.nb[0],
+        row_stride: c.nb[2],
+    }
+}
+
+/// One work unit: tokens `t0..t1` of stream `s`, every query head of KV head `g`.
+///
+/// # Safety
+/// As for [`run`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn unit(
+    l: &AttnLayout,
+    isa: Isa,
+    s: usize,
+    t0: usize,
+    t1: usize,
+    g: usize,
+    sc: &mut Scratch,
+    observer: &mut Option<&mut dyn FnMut(&RowSelection)>,
+    tally: &mut Tally,
+) {
+    let h = l.head_dim;
+    let gs = l.group_size();
+    let n_q = (t1 - t0) * gs;
+    let query = |m: usize| (t0 + m / gs, g * gs + m % gs);
+
+    // Queries, copied contiguous.
+    sc.q.resize(n_q * h, 0.0);
+    for m in 0..n_q {
+        let (t, n) = query(m);
+        let base = l.q.data.wrapping_add(l.q.offset([0, n, t, s]));
+        for (i, x) in sc.q[m * h..(m + 1) * h].iter_mut().enumerate() {
+            // SAFETY: q is readable over its shape (contract); element (i, n, t, s) is in it.
+            *x = unsafe {
+                base.wrapping_add(i * l.q.nb[0])
+                    .cast::<f32>()
+                    .read_unaligned()
+            };
+        }
+    }
+
+    // Valid positions per query (C of SPEC 4), one scan per distinct mask row.
+    sc.lists.clear();
+    sc.spans.clear();
+    sc.mask_rows.clear();
+    for m in 0..n_q {
+        let (t, n) = query(m);
+        let off = l.mask.offset([0, t, n % l.mask.ne[2], s % l.mask.ne[3]]);
+        let span = match sc.mask_rows.iter().find(|(o, _)| *o == off) {
+            Some(&(_, span)) => span,
+            None => {
+                let start = sc.lists.len();
+                let row = l.mask.data.wrapping_add(off);
+                for j in 0..l.n_kv {
+                    // SAFETY: mask element (j, t, ., .) lies inside the mask (ne0 == n_kv, t < ne1).
+                    if unsafe { mask_valid(l.mask.ty, row.wrapping_add(j * l.mask.nb[0])) } {
+                        sc.lists.push(j as u32);
+                    }
+                }
+                let span = (start, sc.lists.len());
+                sc.mask_rows.push((off, span));
+                span
+            }
+        };
+        sc.spans.push(span);
+    }
+
+    // Union of the lists: the key rows to score.
+    sc.union.clear();
+    if sc.mask_rows.len() == 1 {
+        let (a, b) = sc.mask_rows[0].1;
+        sc.union.extend_from_slice(&sc.lists[a..b]);
+    } else {
+        sc.needed.clear();
+        sc.needed.resize(l.n_kv, false);
+        for &j in &sc.lists {
+            sc.needed[j as usize] = true;
+        }
+        sc.union
+            .extend((0..l.n_kv as u32).filter(|&j| sc.needed[j as usize]));
+    }
+    let width = sc.union.len();
+    // With one distinct mask row every list is the union itself: columns are list indices.
+    let shared_list = sc.mask_rows.len() == 1;
+    if !shared_list {
+        if sc.col_of.len() < l.n_kv {
+            sc.col_of.resize(l.n_kv, 0);
+        }
+        for (c, &j) in sc.union.iter().enumerate() {
+            sc.col_of[j as usize] = c as u32;
+        }
+    }
+
+    // First-part scores of every query against every needed row.
+    let k_rows = cache_rows(&l.k, g, s);
+    let v_rows = cache_rows(&l.v, g, s);
+    sc.d.resize(n_q * width, 0.0);
+    // SAFETY: union positions are < n_kv, dims 0..r < H lie inside the K view; q and d sized above.
+    unsafe {
+        dot::dots(
+            isa, k_rows, 0, l.r, &sc.union, &sc.q, h, n_q, &mut sc.d, width,
+        )
+    };
+
+    sc.o.resize(h, 0.0);
+    for m in 0..n_q {
+        let (t, n) = query(m);
+        let (a, b) = sc.spans[m];
+        let n_valid = b - a;
+        sc.pos.clear();
+        sc.o.fill(0.0);
+        if n_valid > 0 {
+            // Capped scores over C.
+            sc.s.clear();
+            let drow = &sc.d[m * width..(m + 1) * width];
+            if shared_list {
+                sc.s.extend_from_slice(drow);
+            } else {
+                sc.s.extend(
+                    sc.lists[a..b]
+                        .iter()
+                        .map(|&j| drow[sc.col_of[j as usize] as usize]),
+                );
+            }
+            math::softcap_in_place(&mut sc.s, l.softcap);
+            // S: statistical top-k, attention form (keeps all of C when |C| <= k).
+            topk::attention_keep(&sc.s, l.k_keep, &mut sc.keep);
+            let list = &sc.lists[a..b];
+            sc.pos.extend(sc.keep.iter().map(|&c| list[c as usize]));
+            sc.e.clear();
+            sc.e.extend(sc.keep.iter().map(|&c| sc.s[c as usize]));
+            let mx = sc.e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let kept = sc.pos.len();
+            sc.w.resize(kept, 0.0);
+            // Softmax numerators over S (max-subtracted) and their sum in f64.
+            math::exp_shifted_in_place(&mut sc.e, mx);
+            let z: f64 = sc.e.iter().map(|&x| f64::from(x)).sum();
+            let inv_z = (1.0 / z) as f32;
+            // Second-part dots over the kept rows only, then softplus.
+            // SAFETY: kept positions are < n_kv; dims r..H lie inside the K view.
+            unsafe {
+                dot::dots(
+                    isa,
+                    k_rows,
+                    l.r,
+                    h - l.r,
+                    &sc.pos,
+                    &sc.q[m * h + l.r..(m + 1) * h],
+                    h,
+                    1,
+                    &mut sc.w,
+                    kept,
+                )
+            };
+            math::softplus_in_place(&mut sc.w);
+            for (w, &e) in sc.w.iter_mut().zip(&sc.e) {
+                *w *= e * inv_z;
+            }
+            // o = sum_j w_j v_j over the kept rows only.
+            // SAFETY: kept positions are < n_kv; dims 0..H lie inside the V view.
+            unsafe { dot::accumulate(isa, v_rows, &sc.pos, &sc.w, &mut sc.o) };
+            tally.kept += kept as u64;
+        }
+        tally.queries += 1;
+        let dst = l.dst.data.wrapping_add(l.dst.offset([0, n, t, s]));
+        // SAFETY: dst row (., n, t, s) holds H adjacent f32 (nb0 == 4 is validated) and belongs
+        // to this unit only.
+        unsafe { std::ptr::copy_nonoverlapping(sc.o.as_ptr().cast::<u8>(), dst, h * 4) };
+        if let Some(f) = observer.as_deref_mut() {
+            f(&RowSelection {
+                stream: s,
+                token: t,
+                head: n,
+                n_valid,
+                positions: &sc.pos,
+            });
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Checked shapes, types and strides of the `spark_attn` arguments (docs/INTERFACES.md).
+//!
+//! Dimensions (ggml order, ne0 fastest), with `S` the number of KV streams (1 unless llama.cpp
+//! splits the batch into streams):
+//! - q    `[H, N, T, S]` f32
+//! - k, v `[H, KV, n_kv, S]` f16 or f32, any byte strides (a transposed V cache included)
+//! - mask `[n_kv, >= T, N / i, S / j]` f32 or f16 (dims 2 and 3 broadcast like ggml's)
+//! - dst  `[H, N, T, S]` f32 with adjacent elements
+
+use crate::params::AttnParams;
+use crate::tensor::TensorView;
+use crate::KernelError;
+
+/// ggml type id of f32.
+pub const GGML_TYPE_F32: u32 = 0;
+/// ggml type id of f16.
+pub const GGML_TYPE_F16: u32 = 1;
+
+/// Element type of a cache or mask tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElemType {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+}
+
+impl ElemType {
+    /// The element type of ggml type id `ty`, or an error naming `tensor`.
+    pub fn from_ggml(ty: u32, tensor: &'static str) -> Result<Self, KernelError> {
+        match ty {
+            GGML_TYPE_F32 => Ok(ElemType::F32),
+            GGML_TYPE_F16 => Ok(ElemType::F16),
+            _ => Err(KernelError::UnsupportedType { tensor, ty }),
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            ElemType::F32 => 4,
+            ElemType::F16 => 2,
+        }
+    }
+}
+
+/// A strided tensor: element `(i0, i1, i2, i3)` at `data + sum(i_d * nb[d])`.
+#[derive(Clone, Copy, Debug)]
+pub struct Strided {
+    /// First byte.
+    pub data: *mut u8,
+    /// Element type.
+    pub ty: ElemType,
+    /// Byte strides.
+    pub nb: [usize; 4],
+    /// Extent of each dimension.
+    pub ne: [usize; 4],
+}
+
+impl Strided {
+    fn new(view: &TensorView, tensor: &'static str) -> Result<Self, KernelError> {
+        Ok(Self {
+            data: view.data,
+            ty: ElemType::from_ggml(view.ty, tensor)?,
+            nb: view.nb,
+            ne: view.ne,
+        })
+    }
+
+    /// Byte offset of `(i0, i1, i2, i3)`.
+    #[inline(always)]
+    pub fn offset(&self, i: [usize; 4]) -> usize {
+        i[0] * self.nb[0] + i[1] * self.nb[1] + i[2] * self.nb[2] + i[3] * self.nb[3]
+    }
+}
+
+/// The checked arguments of one `spark_attn` call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnLayout {
+    /// H, the head dim.
+    pub head_dim: usize,
+    /// N, query heads.
+    pub n_head: usize,
+    /// KV, key/value heads.
+    pub n_head_kv: usize,
+    /// T, query tokens per stream.
+    pub n_tokens: usize,
+    /// n_kv, cache positions.
+    pub n_kv: usize,
+    /// S, streams.
+    pub n_stream: usize,
+    /// Queries.
+    pub q: Strided,
+    /// Key cache view.
+    pub k: Strided,
+    /// Value cache view.
+    pub v: Strided,
+    /// KQ mask.
+    pub mask: Strided,
+    /// Output.
+    pub dst: Strided,
+    /// Layer index for statistics.
+    pub layer: i32,
+    /// k_a, positions kept per query (>= 1).
+    pub k_keep: usize,
+    /// r_a, predictor dims (0 < r < H).
+    pub r: usize,
+    /// c_attn (0 = off).
+    pub softcap: f32,
+}
+
+fn shape_err(msg: String) -> KernelError {
+    KernelError::Shape(msg)
+}
+
+impl AttnLayout {
+    /// Checks the arguments against the contract above and `params` (k >= 1, 0 < r < H,
+    /// softcap finite and >= 0). Errors name the offending argument.
+    pub fn new(
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        mask: &TensorView,
+        dst: &TensorView,
+        params: &AttnParams,
+    ) -> Result<Self, KernelError> {
+        if q.ty != GGML_TYPE_F32 {
+            return Err(KernelError::UnsupportedType {
+                tensor: "q",
+                ty: q.ty,
+            });
+        }
+        if dst.ty != GGML_TYPE_F32 {
+            return Err(KernelError::UnsupportedType {
+                tensor: "dst",
+                ty: dst.ty,
+            });
+        }
+        let [h, n, t, s] = q.ne;
+        let [kh, kv, n_kv, ks] = k.ne;
+        if h == 0 || n == 0 || kv == 0 {
+            return Err(shape_err(format!(
+                "q {:?} / k {:?}: empty head dimension",
+                q.ne, k.ne
+            )));
+        }
+        if kh != h || ks != s {
+            return Err(shape_err(format!(
+                "k {:?} does not match q {:?} (want [H, KV, n_kv, S])",
+                k.ne, q.ne
+            )));
+        }
+        if n % kv != 0 {
+            return Err(shape_err(format!(
+                "q heads {n} not a multiple of k heads {kv}"
+            )));
+        }
+        if v.ne != k.ne {
+            return Err(shape_err(format!("v {:?} differs from k {:?}", v.ne, k.ne)));
+        }
+        if dst.ne != q.ne {
+            return Err(shape_err(format!(
+                "dst {:?} differs from q {:?}",
+                dst.ne, q.ne
+            )));
+        }
+        if dst.nb[0] != 4 {
+            return Err(shape_err(format!(
+                "dst elements are not adjacent (nb0 = {})",
+                dst.nb[0]
+            )));
+        }
+        let [m0, m1, m2, m3] = mask.ne;
+        if m0 != n_kv || m1 < t || m2 == 0 || m3 == 0 || n % m2 != 0 || s % m3 != 0 {
+            return Err(shape_err(format!(
+                "mask {:?} does not fit [n_kv = {n_kv}, >= {t}, divides {n}, divides {s}]",
+                mask.ne
+            )));
+        }
+        let k_keep = usize::try_from(params.k)
+            .ok()
+            .filter(|&x| x >= 1)
+            .ok_or_else(|| {
+                KernelError::Param(format!("attention k = {} (must be >= 1)", params.k))
+            })?;
+        let r = usize::try_from(params.r)
+            .ok()
+            .filter(|&x| x >= 1 && x < h)
+            .ok_or_else(|| {
+                KernelError::Param(format!("attention r = {} (must be in 1..{h})", params.r))
+            })?;
+        if !(params.softcap.is_finite() && params.softcap >= 0.0) {
+            return Err(KernelError::Param(format!(
+                "attention softcap = {} (must be finite, >= 0)",
+                params.softcap
+            )));
+        }
+        Ok(Self {
+            head_dim: h,
+            n_head: n,
+            n_head_kv: kv,
+            n_tokens: t,
+            n_kv,
+            n_stream: s,
+            q: Strided::new(q, "q")?,
+            k: Strided::new(k, "k")?,
+            v: Strided::new(v, "v")?,
+            mask: Strided::new(mask, "mask")?,
+            dst: Strided::new(dst, "dst")?,
+            layer: params.layer,
+            k_keep,
+            r,
+            softcap: params.softcap,
+        })
+    }
+
+    /// Query heads per KV head (N / KV).
+    pub fn group_size(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(ty: u32, ne: [usize; 4]) -> TensorView {
+        let es = if ty == GGML_TYPE_F16 { 2 } else { 4 };
+        let nb = [
+            es,
+            es * ne[0],
+            es * ne[0] * ne[1],
+            es * ne[0] * ne[1] * ne[2],
+        ];
+        TensorView {
+            ty,
+            ne,
+            nb,
+            data: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+        }
+    }
+
+    fn params() -> AttnParams {
+        AttnParams {
+            layer: 0,
+            k: 4,
+            r: 2,
+            softcap: 0.0,
+        }
+    }
+
+    #[test]
+    fn accepts_the_contract_shapes() {
+        let q = view(0, [8, 4, 3, 1]);
+        let k = view(1, [8, 2, 10, 1]);
+        let m = view(0, [10, 3, 1, 1]);
+        let l = AttnLayout::new(&q, &k, &k, &m, &q, &params()).unwrap();
+        assert_eq!(
+            (
+                l.head_dim,
+                l.n_head,
+                l.n_head_kv,
+                l.n_tokens,
+                l.n_kv,
+                l.group_size()
+            ),
+            (8, 4, 2, 3, 10, 2)
+        );
+    }
+
+    #[test]
+    fn rejects_bad_arguments_with_a_named_error() {
+        let q = view(0, [8, 4, 3, 1]);
+        let k = view(1, [8, 2, 10, 1]);
+        let m = view(0, [10, 3, 1, 1]);
+        let p = params();
+        let bad_k = view(1, [8, 3, 10, 1]);
+        assert!(AttnLayout::new(&q, &bad_k, &bad_k, &m, &q, &p)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple"));
+        let q16 = view(1, [8, 4, 3, 1]);
+        assert!(matches!(
+            AttnLayout::new(&q16, &k, &k, &m, &q, &p),
+            Err(KernelError::UnsupportedType { tensor: "q", .. })
+        ));
+        let kq = view(8, [8, 2, 10, 1]);
+        assert!(matches!(
+            AttnLayout::new(&q, &kq, &k, &m, &q, &p),
+            Err(KernelError::UnsupportedType { tensor: "k", .. })
+        ));
+        let short_mask = view(0, [10, 2, 1, 1]);
+        assert!(AttnLayout::new(&q, &k, &k, &short_mask, &q, &p)
+            .unwrap_err()
+            .to_string()
+            .contains("mask"));
+        let v_other = view(1, [8, 2, 9, 1]);
+        assert!(AttnLayout::new(&q, &k, &v_other, &m, &q, &p)
+            .unwrap_err()
+            .to_string()
+            .contains("v "));
+        for (kk, r, c) in [
+            (0, 2, 0.0),
+            (4, 0, 0.0),
+            (4, 8, 0.0),
+            (4, 2, -1.0),
+            (4, 2, f32::NAN),
+        ] {
+            let p = AttnParams {
+                layer: 0,
+                k: kk,
+                r,
+                softcap: c,
+            };
+            assert!(matches!(
+                AttnLayout::new(&q, &k, &k, &m, &q, &p),
+                Err(KernelError::Param(_))
+            ));
+        }
+    }
+}

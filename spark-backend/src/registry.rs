@@ -1,0 +1,193 @@
+//! The "Spark" ggml backend registry entry: how llama.cpp finds the Spark kernels.
+//!
+//! The entry has no devices; it exists so that the spark-gemma2 graph can call
+//! `ggml_backend_reg_by_name("Spark")` and `ggml_backend_reg_get_proc_address(reg, NAME)` for
+//! each kernel (docs/INTERFACES.md). Two ways to put it into ggml's registry:
+//! - in-process: [`register`] (the `spark` CLI does this before loading a model);
+//! - as a plugin: the cdylib `libspark_backend.so` exports `ggml_backend_init` (see [`crate`]), so
+//!   `GGML_BACKEND_PATH=/path/libspark_backend.so` or `ggml_backend_load(path)` loads it into any
+//!   llama.cpp built from the patched sources.
+//!
+//! The structs mirror `struct ggml_backend_reg` and `struct ggml_backend_reg_i` of ggml's internal
+//! `ggml-backend-impl.h` (API version [`GGML_BACKEND_API_VERSION`]); `tests/registry.rs` pins
+//! their layout against the header through a C probe compiled by `build.rs`.
+
+use crate::ffi;
+use crate::stats::{self, LayerStats};
+use llama_cpp_sys_2 as sys;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+
+/// `GGML_BACKEND_API_VERSION` of the ggml this crate is built against; `ggml_backend_load`
+/// rejects an entry whose `api_version` differs.
+pub const GGML_BACKEND_API_VERSION: c_int = 3;
+
+/// The registry entry's name.
+pub const NAME: &CStr = c"Spark";
+
+/// Names [`get_proc_address`](BackendRegIface::get_proc_address) resolves, in no particular order.
+pub const PROC_NAMES: [&str; 5] = [
+    "spark_ffn_up",
+    "spark_ffn_down",
+    "spark_attn",
+    "spark_stats_reset",
+    "spark_stats_get",
+];
+
+/// Mirror of `struct ggml_backend_reg_i`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BackendRegIface {
+    /// `const char * (*get_name)(ggml_backend_reg_t reg)`.
+    pub get_name: Option<unsafe extern "C" fn(reg: sys::ggml_backend_reg_t) -> *const c_char>,
+    /// `size_t (*get_device_count)(ggml_backend_reg_t reg)`.
+    pub get_device_count: Option<unsafe extern "C" fn(reg: sys::ggml_backend_reg_t) -> usize>,
+    /// `ggml_backend_dev_t (*get_device)(ggml_backend_reg_t reg, size_t index)`.
+    pub get_device: Option<
+        unsafe extern "C" fn(reg: sys::ggml_backend_reg_t, index: usize) -> sys::ggml_backend_dev_t,
+    >,
+    /// `void * (*get_proc_address)(ggml_backend_reg_t reg, const char * name)`.
+    pub get_proc_address: Option<
+        unsafe extern "C" fn(reg: sys::ggml_backend_reg_t, name: *const c_char) -> *mut c_void,
+    >,
+}
+
+/// Mirror of `struct ggml_backend_reg`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct BackendReg {
+    /// Must equal the loader's `GGML_BACKEND_API_VERSION`.
+    pub api_version: c_int,
+    /// Function table.
+    pub iface: BackendRegIface,
+    /// Backend-private context (unused: null).
+    pub context: *mut c_void,
+}
+
+/// The static entry; ggml only reads it.
+struct StaticReg(BackendReg);
+
+// SAFETY: the entry is immutable after construction (ggml never writes to it) and its only
+// pointer field is null, so sharing it between threads is sound.
+unsafe impl Sync for StaticReg {}
+
+static SPARK_REG: StaticReg = StaticReg(BackendReg {
+    api_version: GGML_BACKEND_API_VERSION,
+    iface: BackendRegIface {
+        get_name: Some(reg_get_name),
+        get_device_count: Some(reg_get_device_count),
+        get_device: Some(reg_get_device),
+        get_proc_address: Some(reg_get_proc_address),
+    },
+    context: std::ptr::null_mut(),
+});
+
+/// The entry as ggml's handle type. ggml treats the pointee as read-only.
+pub fn reg() -> sys::ggml_backend_reg_t {
+    std::ptr::addr_of!(SPARK_REG.0).cast_mut().cast()
+}
+
+unsafe extern "C" fn reg_get_name(_reg: sys::ggml_backend_reg_t) -> *const c_char {
+    NAME.as_ptr()
+}
+
+unsafe extern "C" fn reg_get_device_count(_reg: sys::ggml_backend_reg_t) -> usize {
+    0
+}
+
+unsafe extern "C" fn reg_get_device(
+    _reg: sys::ggml_backend_reg_t,
+    _index: usize,
+) -> sys::ggml_backend_dev_t {
+    std::ptr::null_mut()
+}
+
+/// `get_proc_address`: the function named `name` (see [`proc_address`]), or null.
+///
+/// # Safety
+/// `name` must be null or a NUL-terminated string.
+unsafe extern "C" fn reg_get_proc_address(
+    _reg: sys::ggml_backend_reg_t,
+    name: *const c_char,
+) -> *mut c_void {
+    ffi::guard("get_proc_address", std::ptr::null_mut(), || {
+        if name.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: non-null and NUL-terminated per the contract.
+        let name = unsafe { CStr::from_ptr(name) };
+        name.to_str()
+            .ok()
+            .and_then(proc_address)
+            .unwrap_or(std::ptr::null_mut())
+    })
+}
+
+/// The C function the entry exports under `name`, or `None` for an unknown name.
+pub fn proc_address(name: &str) -> Option<*mut c_void> {
+    let f: *mut c_void = match name {
+        "spark_ffn_up" => crate::ffn_op::spark_ffn_up as *mut c_void,
+        "spark_ffn_down" => crate::ffn_op::spark_ffn_down as *mut c_void,
+        "spark_attn" => crate::attn_op::spark_attn as *mut c_void,
+        "spark_stats_reset" => spark_stats_reset as *mut c_void,
+        "spark_stats_get" => spark_stats_get as *mut c_void,
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// C ABI `void spark_stats_reset(void)`: clears every layer's counters (`stats::reset`).
+pub extern "C" fn spark_stats_reset() {
+    ffi::guard("spark_stats_reset", (), stats::reset);
+}
+
+/// C ABI `int spark_stats_get(int layer, struct spark_layer_stats * out)`: copies `layer`'s
+/// counters into `*out` and returns 0; returns -1 (and leaves `*out` alone) when `out` is null
+/// or `layer` is outside `0..stats::MAX_LAYERS`.
+///
+/// # Safety
+/// `out` must be null or valid for writing one `LayerStats`.
+pub unsafe extern "C" fn spark_stats_get(layer: c_int, out: *mut LayerStats) -> c_int {
+    ffi::guard("spark_stats_get", -1, || {
+        if out.is_null() {
+            return -1;
+        }
+        match stats::snapshot(layer) {
+            Some(s) => {
+                // SAFETY: non-null and writable per the contract; unaligned write for safety.
+                unsafe { out.write_unaligned(s) };
+                0
+            }
+            None => -1,
+        }
+    })
+}
+
+static REGISTER: Once = Once::new();
+static REGISTERED: AtomicBool = AtomicBool::new(false);
+
+/// Adds the "Spark" entry to this process's ggml backend registry (once; later calls and
+/// concurrent calls do nothing more). Call before loading a model so its graph finds the
+/// kernels.
+pub fn register() {
+    REGISTER.call_once(|| {
+        // SAFETY: `reg()` points at a static, valid, read-only entry that lives for the whole
+        // program; ggml_backend_register only stores the pointer and queries the entry.
+        unsafe { sys::ggml_backend_register(reg()) };
+        REGISTERED.store(true, Ordering::Release);
+    });
+}
+
+/// True once [`register`] has run in this process (a copy loaded as a plugin through
+/// `ggml_backend_load` is a separate entry and does not count).
+pub fn is_registered() -> bool {
+    REGISTERED.load(Ordering::Acquire)
+}
+
+/// Plugin entry point looked up by ggml's `ggml_backend_load` (and so by `GGML_BACKEND_PATH`):
+/// returns the "Spark" entry. `ggml_backend_score` is optional for ggml and not exported.
+#[no_mangle]
+pub extern "C" fn ggml_backend_init() -> sys::ggml_backend_reg_t {
+    reg()
+}

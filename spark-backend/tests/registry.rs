@@ -1,0 +1,152 @@
+//! The "Spark" registry entry: C layout pinned to ggml-backend-impl.h (through the C probe that
+//! build.rs compiles), in-process registration, name lookup, and the C statistics wrappers.
+
+use llama_cpp_sys_2 as sys;
+use spark_backend::registry::{
+    self, BackendReg, BackendRegIface, GGML_BACKEND_API_VERSION, PROC_NAMES,
+};
+use spark_backend::stats::LayerStats;
+use std::ffi::{c_void, CStr, CString};
+use std::mem::{align_of, offset_of, size_of};
+
+extern "C" {
+    /// From probe/reg_layout.c: the C compiler's layout of ggml's registry structs.
+    static spark_probe_reg_layout: [usize; 12];
+}
+
+#[test]
+fn rust_mirror_matches_the_c_layout() {
+    // SAFETY: a constant array defined by the probe object linked into this test.
+    let c = unsafe { spark_probe_reg_layout };
+    let rust = [
+        GGML_BACKEND_API_VERSION as usize,
+        size_of::<BackendReg>(),
+        align_of::<BackendReg>(),
+        offset_of!(BackendReg, api_version),
+        offset_of!(BackendReg, iface),
+        offset_of!(BackendReg, context),
+        size_of::<BackendRegIface>(),
+        align_of::<BackendRegIface>(),
+        offset_of!(BackendRegIface, get_name),
+        offset_of!(BackendRegIface, get_device_count),
+        offset_of!(BackendRegIface, get_device),
+        offset_of!(BackendRegIface, get_proc_address),
+    ];
+    let names = [
+        "GGML_BACKEND_API_VERSION",
+        "sizeof reg",
+        "alignof reg",
+        "offsetof api_version",
+        "offsetof iface",
+        "offsetof context",
+        "sizeof reg_i",
+        "alignof reg_i",
+        "offsetof get_name",
+        "offsetof get_device_count",
+        "offsetof get_device",
+        "offsetof get_proc_address",
+    ];
+    for ((name, r), c) in names.iter().zip(rust).zip(c) {
+        assert_eq!(r, c, "{name}: Rust {r}, C {c}");
+    }
+}
+
+fn lookup(reg: sys::ggml_backend_reg_t, name: &str) -> *mut c_void {
+    let name = CString::new(name).unwrap();
+    // SAFETY: reg is a registered entry; name is NUL-terminated.
+    unsafe { sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr()) }
+}
+
+#[test]
+fn registration_is_idempotent_and_ggml_finds_the_entry() {
+    let threads: Vec<_> = (0..4)
+        .map(|_| std::thread::spawn(registry::register))
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    registry::register();
+    assert!(registry::is_registered());
+    // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
+    let reg = unsafe { sys::ggml_backend_reg_by_name(c"Spark".as_ptr()) };
+    assert_eq!(reg, registry::reg());
+    // Registered exactly once.
+    // SAFETY: plain registry queries.
+    let count = (0..unsafe { sys::ggml_backend_reg_count() })
+        .filter(|&i| unsafe { sys::ggml_backend_reg_get(i) } == registry::reg())
+        .count();
+    assert_eq!(count, 1);
+    // SAFETY: reg is valid.
+    let name = unsafe { CStr::from_ptr(sys::ggml_backend_reg_name(reg)) };
+    assert_eq!(name.to_str().unwrap(), "Spark");
+    // SAFETY: reg is valid.
+    assert_eq!(unsafe { sys::ggml_backend_reg_dev_count(reg) }, 0);
+    for name in PROC_NAMES {
+        let p = lookup(reg, name);
+        assert!(!p.is_null(), "{name} does not resolve");
+        assert_eq!(Some(p), registry::proc_address(name));
+    }
+    assert_eq!(
+        lookup(reg, "spark_attn"),
+        spark_backend::attn_op::spark_attn as *mut c_void
+    );
+    assert!(lookup(reg, "spark_nonexistent").is_null());
+    assert!(lookup(reg, "").is_null());
+    assert!(lookup(reg, "SPARK_ATTN").is_null());
+}
+
+#[test]
+fn get_proc_address_tolerates_a_null_name() {
+    // SAFETY: `reg()` points at the crate's static entry (a live BackendReg).
+    let iface = unsafe { (*registry::reg().cast::<BackendReg>()).iface };
+    let get_proc_address = iface.get_proc_address.expect("get_proc_address is set");
+    // SAFETY: a null name is part of the function's contract.
+    assert!(unsafe { get_proc_address(registry::reg(), std::ptr::null()) }.is_null());
+    // SAFETY: the entry's own callbacks, called as ggml would.
+    unsafe {
+        assert_eq!(
+            CStr::from_ptr(iface.get_name.unwrap()(registry::reg()))
+                .to_str()
+                .unwrap(),
+            "Spark"
+        );
+        assert_eq!(iface.get_device_count.unwrap()(registry::reg()), 0);
+        assert!(iface.get_device.unwrap()(registry::reg(), 0).is_null());
+    }
+}
+
+#[test]
+fn stats_c_wrappers_reset_and_read() {
+    type Get = unsafe extern "C" fn(i32, *mut LayerStats) -> i32;
+    type Reset = extern "C" fn();
+    // Resolve through the registry, as llama.cpp does.
+    // SAFETY: the registry returns these functions under these names with these signatures.
+    let get: Get = unsafe {
+        std::mem::transmute::<*mut c_void, Get>(registry::proc_address("spark_stats_get").unwrap())
+    };
+    // SAFETY: as above.
+    let reset: Reset = unsafe {
+        std::mem::transmute::<*mut c_void, Reset>(
+            registry::proc_address("spark_stats_reset").unwrap(),
+        )
+    };
+    spark_backend::stats::record_attn(7, 30, 3);
+    spark_backend::stats::record_ffn(7, 50, 2, 100);
+    let mut s = LayerStats::default();
+    // SAFETY: `s` is writable.
+    assert_eq!(unsafe { get(7, &mut s) }, 0);
+    assert!(s.attn_kept >= 30 && s.attn_queries >= 3 && s.ffn_width == 100);
+    reset();
+    // SAFETY: as above.
+    assert_eq!(unsafe { get(7, &mut s) }, 0);
+    assert_eq!(s, LayerStats::default());
+    let mut untouched = LayerStats {
+        ffn_kept: 9,
+        ..LayerStats::default()
+    };
+    // SAFETY: as above; out-of-range layers leave `untouched` alone.
+    assert_eq!(unsafe { get(-3, &mut untouched) }, -1);
+    assert_eq!(untouched.ffn_kept, 9);
+    // SAFETY: null is part of the contract.
+    assert_eq!(unsafe { get(0, std::ptr::null_mut()) }, -1);
+}
