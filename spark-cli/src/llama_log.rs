@@ -102,12 +102,10 @@ fn strip_prefixes(line: &str) -> String {
             rest = &rest[pos + marker.len()..];
         }
     }
-    if rest == line.trim() {
-        // "func_name: message": drop a leading identifier followed by ": "
-        if let Some((head, tail)) = rest.split_once(": ") {
-            if !head.is_empty() && head.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                rest = tail;
-            }
+    // "func_name: message": drop a leading identifier followed by ": "
+    if let Some((head, tail)) = rest.split_once(": ") {
+        if !head.is_empty() && head.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            rest = tail;
         }
     }
     rest.trim().to_string()

@@ -44,8 +44,17 @@ def spark(*args, check=True) -> subprocess.CompletedProcess:
     return run([binary("spark"), *args], check=check)
 
 
+def vocab_gguf(tmp: Path) -> Path:
+    """A GGUF whose tokenizer.* keys (512 pieces: Gemma's specials, bytes, fillers) the test
+    checkpoints borrow: spark-convert's own synthetic tiny preset."""
+    path = tmp / "vocab512.gguf"
+    if not path.exists():
+        run([binary("spark-convert"), "--synthetic", "tiny", path, "--quiet"])
+    return path
+
+
 def convert(npz: Path, out: Path, outtype: str = "f32") -> Path:
-    run([binary("spark-convert"), npz, out, "--outtype", outtype])
+    run([binary("spark-convert"), npz, out, "--outtype", outtype, "--vocab-from", vocab_gguf(out.parent), "--quiet"])
     return out
 
 
