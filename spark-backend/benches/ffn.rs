@@ -114,17 +114,23 @@ impl Setup {
     }
 }
 
-/// Median wall time of `runs` calls.
-fn median_time(runs: usize, mut f: impl FnMut()) -> Duration {
-    let mut t: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed()
-        })
-        .collect();
-    t.sort();
-    t[runs / 2]
+/// Runs `a` and `b` alternately `runs` times each; returns their (min, median) wall times.
+/// The minimum filters out preemption by other processes on a shared machine; alternating
+/// exposes both to the same conditions.
+fn interleaved(runs: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> [(Duration, Duration); 2] {
+    let mut ta = Vec::with_capacity(runs);
+    let mut tb = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let s = Instant::now();
+        a();
+        ta.push(s.elapsed());
+        let s = Instant::now();
+        b();
+        tb.push(s.elapsed());
+    }
+    ta.sort();
+    tb.sort();
+    [(ta[0], ta[runs / 2]), (tb[0], tb[runs / 2])]
 }
 
 /// 2 threads each summing half of a buffer of `bytes` bytes; returns bytes/s (best of 3).
@@ -171,9 +177,16 @@ fn bench(c: &mut Criterion) {
             g.bench_function("sparse_spark", |b| b.iter(|| runner.compute(setup.sparse)));
             g.finish();
             // Same-run summary with interleaved medians.
-            let runs = if n_tokens == 1 { 41 } else { 7 };
-            let dense = median_time(runs, || runner.compute(setup.dense));
-            let sparse = median_time(runs, || runner.compute(setup.sparse));
+            let runs = if n_tokens == 1 { 61 } else { 9 };
+            let (dense_graph, sparse_graph) = (setup.dense, setup.sparse);
+            let [dense, sparse] = {
+                let r = std::cell::RefCell::new(&mut runner);
+                interleaved(
+                    runs,
+                    || r.borrow_mut().compute(dense_graph),
+                    || r.borrow_mut().compute(sparse_graph),
+                )
+            };
             let (bytes, kept) = setup.sparse_bytes();
             summary.push((ty, n_tokens, dense, sparse, setup.dense_bytes, bytes, kept));
         }
@@ -182,18 +195,22 @@ fn bench(c: &mut Criterion) {
         "\nread bandwidth (2 threads, 2 GiB sum): {:.1} GB/s; ggml threads: {n_threads}",
         bw / 1e9
     );
-    println!("| type | batch | dense ms | sparse ms | speed-up | kept/token | sparse weight MB | sparse GB/s | dense GB/s | byte-limit speed-up |");
+    println!("| type | batch | dense ms (min / median) | sparse ms (min / median) | speed-up (min / median) | kept/token | sparse weight MB | sparse GB/s (min) | dense GB/s (min) | byte-limit speed-up |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     for (ty, n, dense, sparse, db, sb, kept) in summary {
         println!(
-            "| {} | {n} | {:.2} | {:.2} | {:.2}x | {kept:.0} | {:.1} | {:.1} | {:.1} | {:.2}x |",
+            "| {} | {n} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2}x / {:.2}x | {kept:.0} | {:.1} | {:.1} | {:.1} | {:.2}x |",
             ty.name(),
-            dense.as_secs_f64() * 1e3,
-            sparse.as_secs_f64() * 1e3,
-            dense.as_secs_f64() / sparse.as_secs_f64(),
+            ms(dense.0),
+            ms(dense.1),
+            ms(sparse.0),
+            ms(sparse.1),
+            ms(dense.0) / ms(sparse.0),
+            ms(dense.1) / ms(sparse.1),
             sb as f64 / 1e6,
-            sb as f64 / sparse.as_secs_f64() / 1e9,
-            db as f64 / dense.as_secs_f64() / 1e9,
+            sb as f64 / sparse.0.as_secs_f64() / 1e9,
+            db as f64 / dense.0.as_secs_f64() / 1e9,
             db as f64 / sb as f64,
         );
     }
