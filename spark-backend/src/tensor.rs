@@ -34,7 +34,12 @@ impl TensorView {
         if t.data.is_null() {
             return Err(KernelError::Shape("tensor has no data".into()));
         }
-        Ok(Self { ty: t.type_, ne, nb: t.nb, data: t.data.cast() })
+        Ok(Self {
+            ty: t.type_,
+            ne,
+            nb: t.nb,
+            data: t.data.cast(),
+        })
     }
 
     /// Number of rows (ne[1] * ne[2] * ne[3]).
