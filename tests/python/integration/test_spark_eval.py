@@ -41,18 +41,35 @@ def test_sparsity_really_engages(tiny):
     assert all(f < 0.5 for f in stats["ffn_keep_fraction"])
 
 
-@pytest.mark.parametrize("kind", ["sparse", "dense", "sparse_f32kv", "dense_f32kv"])
+# With an f32 KV cache the only differences from the float64 reference are float rounding: the
+# strict criterion applies. llama.cpp's default f16 cache rounds keys and values (and ggml rounds
+# q to f16 for the q.k products of the dense graph); each rounding that moves a score across
+# the attention threshold changes a near-uniform softmax over k_a = 8 positions by ~1/8, so the
+# median error is a few 1e-3 to 1e-2 there (measured 3.6e-3 dense, 9.4e-3 sparse) with top-1 kept.
+F16_MEDIAN_MAX = 2e-2
+
+
+@pytest.mark.parametrize("kind", ["sparse_f32kv", "dense_f32kv"])
 def test_matches_reference(tiny, logits, kind):
     stats = compare(logits[kind], tiny.ref)
     print(kind, stats)
     check_close(stats)
 
 
+@pytest.mark.parametrize("kind", ["sparse", "dense"])
+def test_matches_reference_with_f16_cache(tiny, logits, kind):
+    stats = compare(logits[kind], tiny.ref)
+    print(kind, "f16 cache", stats)
+    check_close(stats, median=F16_MEDIAN_MAX)
+
+
 def test_sparse_and_dense_agree(logits):
-    for kv in ("", "_f32kv"):
-        stats = compare(logits["sparse" + kv], logits["dense" + kv].astype(np.float64))
-        print(kv, stats)
-        check_close(stats)
+    stats = compare(logits["sparse_f32kv"], logits["dense_f32kv"].astype(np.float64))
+    print("f32 cache", stats)
+    check_close(stats)
+    stats = compare(logits["sparse"], logits["dense"].astype(np.float64))
+    print("f16 cache", stats)
+    check_close(stats, median=F16_MEDIAN_MAX)
 
 
 def test_gguf_from_gguf_py_gives_the_same_logits(tiny, logits, tmp_path):
@@ -66,7 +83,7 @@ def test_gguf_from_gguf_py_gives_the_same_logits(tiny, logits, tmp_path):
 def test_decode_one_token_at_a_time_matches_prefill(tiny, tmp_path):
     # batch size 1: every position goes through the KV cache path of an incremental decoder
     for flags in ((), ("--dense",)):
-        step = eval_logits(tiny.gguf, tiny.tokens, tmp_path / "step.npy", "-b", "1", *flags)
+        step = eval_logits(tiny.gguf, tiny.tokens, tmp_path / "step.npy", "-b", "1", "--cache-type", "f32", *flags)
         stats = compare(step, tiny.ref)
         print(flags, stats)
         check_close(stats)
@@ -148,18 +165,22 @@ def test_q8_0_stays_within_quantization_error(tiny, tmp_path):
         assert stats["top1"] >= 0.75, stats
 
 
-def test_q4_k_m_quantizes_and_runs(tiny, tmp_path):
+def test_q4_k_m_quantizes_and_runs(tmp_models, tmp_path):
+    # K-quants need rows of 256: D = 512 split at r_f = 256 gives K1, K2 and V rows the kernels
+    # take as Q4_K / Q6_K (on narrower rows llama.cpp falls back to Q5_0, which the Spark kernels
+    # do not support: they then fill their output with NaN)
+    m = TinyModel(tmp_models, seed=5, d_model=512, ffn_r=256, d_ff=512, ffn_k=40)
     q4 = tmp_path / "q4km.gguf"
-    proc = spark("quantize", tiny.gguf, q4, "Q4_K_M")
+    proc = spark("quantize", m.gguf, q4, "Q4_K_M")
     assert "Q4_K_M" in proc.stderr
-    assert q4.stat().st_size < tiny.gguf.stat().st_size / 3
-    no_attn_sel = dict(tiny.config, attn_k=len(tiny.tokens))
-    ref = spark_ref.forward(no_attn_sel, tiny.weights, tiny.tokens)
+    assert q4.stat().st_size < m.gguf.stat().st_size / 3
+    no_attn_sel = dict(m.config, attn_k=len(m.tokens))
+    ref = spark_ref.forward(no_attn_sel, m.weights, m.tokens)
     for flags in ((), ("--dense",)):
-        out = eval_logits(q4, tiny.tokens, tmp_path / "q4.npy", "--spark-attn-k", str(len(tiny.tokens)), *flags)
+        out = eval_logits(q4, m.tokens, tmp_path / "q4.npy", "--spark-attn-k", str(len(m.tokens)), *flags)
         stats = compare(out, ref)
         print("q4_k_m, attention selection off", flags, stats)
-        # 4-bit weights (and q8 activations) on a D = 64 model: ~10-20 % of the logit scale
+        # 4-bit weights (and q8 activations): ~10-20 % of the logit scale
         check_close(stats, median=0.3, top1=0.7)
 
 
