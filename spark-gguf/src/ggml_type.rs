@@ -144,7 +144,7 @@ impl GgmlType {
     /// Bytes of one row of `ne0` elements; `ne0` must be a multiple of the block size.
     pub fn row_bytes(self, ne0: u64) -> Result<u64, GgufError> {
         let blck = self.block_size();
-        if ne0 % blck != 0 {
+        if !ne0.is_multiple_of(blck) {
             return Err(GgufError::Shape(format!(
                 "row length {ne0} is not a multiple of the {} block size {blck}",
                 self.name()

@@ -132,7 +132,7 @@ pub fn decode_to_f32(ty: GgmlType, src: &[u8], n: usize) -> Result<Vec<f32>, Ggu
 }
 
 fn check_blocks(ty: GgmlType, n: usize) -> Result<(), GgufError> {
-    if n % QK != 0 {
+    if !n.is_multiple_of(QK) {
         return Err(GgufError::Quant(format!(
             "{} needs a multiple of {QK} values, got {n}",
             ty.name()

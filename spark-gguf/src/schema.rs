@@ -519,7 +519,7 @@ impl Hparams {
                 return Err(GgufError::metadata(k, "must be positive, is 0"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(GgufError::metadata(
                 key(suffix::HEAD_COUNT_KV),
                 format!(
@@ -549,7 +549,7 @@ impl Hparams {
                 ),
             ));
         }
-        if self.attn_r % 2 != 0 || (self.head_dim - self.attn_r) % 2 != 0 {
+        if !self.attn_r.is_multiple_of(2) || !(self.head_dim - self.attn_r).is_multiple_of(2) {
             return Err(GgufError::metadata(
                 key(suffix::SPARK_ATTN_R),
                 format!(
