@@ -14,7 +14,7 @@
 //!
 //! So that every call reads its KV cache from memory as a real multi-layer decode does, each
 //! method cycles through enough distinct layers' caches to exceed the 32 MiB L3 (>= 64 MiB).
-//! Run: `cargo bench -p spark-backend --bench attention`.
+//! Run: `cargo bench -p spark-backend --bench attention` (`SPARK_BENCH_THREADS=1` for one thread).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use llama_cpp_sys_2 as sys;
@@ -29,7 +29,6 @@ const K_KEEP: i32 = 256;
 const N_HEAD: i64 = 8;
 const N_HEAD_KV: i64 = 4;
 const SOFTCAP: f32 = 50.0;
-const N_THREADS: i32 = 2;
 const F16: sys::ggml_type = sys::GGML_TYPE_F16;
 const F32: sys::ggml_type = sys::GGML_TYPE_F32;
 
@@ -206,19 +205,21 @@ unsafe fn graph(ctx: *mut sys::ggml_context, out: *mut sys::ggml_tensor) -> *mut
 /// Runs graphs on one persistent ggml threadpool.
 struct Runner {
     pool: *mut sys::ggml_threadpool,
+    n_threads: i32,
     work: Vec<u8>,
 }
 
 impl Runner {
     fn new() -> Runner {
-        // SAFETY: default parameters for N_THREADS threads; the pool is checked and freed on drop.
+        // SAFETY: default parameters for n_threads() threads; the pool is checked and freed on drop.
         let pool = unsafe {
-            let mut p = sys::ggml_threadpool_params_default(N_THREADS);
+            let mut p = sys::ggml_threadpool_params_default(n_threads());
             sys::ggml_threadpool_new(&mut p)
         };
         assert!(!pool.is_null());
         Runner {
             pool,
+            n_threads: n_threads(),
             work: Vec::new(),
         }
     }
@@ -226,7 +227,7 @@ impl Runner {
     fn compute(&mut self, gf: *mut sys::ggml_cgraph) {
         // SAFETY: gf is a valid graph; the work buffer is sized from the plan and outlives the call.
         unsafe {
-            let mut plan = sys::ggml_graph_plan(gf, N_THREADS, self.pool);
+            let mut plan = sys::ggml_graph_plan(gf, self.n_threads, self.pool);
             if self.work.len() < plan.work_size {
                 self.work.resize(plan.work_size, 0);
             }
@@ -244,15 +245,25 @@ impl Drop for Runner {
     }
 }
 
+/// ggml threads: `SPARK_BENCH_THREADS`, default 2.
+fn n_threads() -> i32 {
+    std::env::var("SPARK_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(2)
+}
+
 fn bench_attention(c: &mut Criterion) {
     let mut runner = Runner::new();
     let mut group = c.benchmark_group("attention");
     group
-        .sample_size(20)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
     for (n_kv, n_tokens) in [(512i64, 1i64), (4096, 1), (512, 64), (4096, 64)] {
         let setup = Setup::new(n_kv, n_tokens);
+        spark_backend::stats::reset();
         for (mi, method) in METHODS.iter().enumerate() {
             let graphs = &setup.graphs[mi];
             let mut next = 0usize;
@@ -262,6 +273,13 @@ fn bench_attention(c: &mut Criterion) {
                     next += 1;
                 })
             });
+            if mi == 0 {
+                let st = spark_backend::stats::snapshot(0).unwrap_or_default();
+                println!(
+                    "spark n_kv={n_kv} batch={n_tokens}: mean positions kept per (query, head) {:.1}",
+                    st.attn_mean_positions()
+                );
+            }
         }
     }
     group.finish();
