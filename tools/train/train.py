@@ -141,6 +141,9 @@ def main() -> None:
         gen.set_state(state["generator"])
         step = state["step"]
         elapsed_before = state["train_info"]["train_seconds"]
+        prior_steps = state["train_info"].get("prior_steps", 0)
+        prior_seconds = state["train_info"].get("prior_seconds", 0.0)
+        prior_tokens = state["train_info"].get("prior_tokens", 0)
         log = state.get("log", [])
     elif args.init_from is not None:
         state = torch.load(args.init_from, map_location="cpu", weights_only=False)
