@@ -5,7 +5,7 @@ use crate::gguf_info::{self, path_cstring};
 use crate::llama_log;
 use clap::Args;
 use llama_cpp_sys_2 as sys;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `spark quantize`.
 #[derive(Debug, Clone, Args)]
@@ -114,7 +114,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     Ok(())
 }
 
-fn same_file(a: &PathBuf, b: &PathBuf) -> bool {
+fn same_file(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(x), Ok(y)) => x == y,
         _ => false,
