@@ -32,7 +32,7 @@ pub fn report(entry: &str, message: &str) {
     );
 }
 
-/// The text of a panic payload (`&str` or `String`), or a placeholder for other payload types.
+/// The text of a panic payload (`&str` or `String`); other payload types get a fixed message.
 pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
