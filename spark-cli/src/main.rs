@@ -7,6 +7,7 @@ mod eval;
 mod gguf_info;
 mod llama_log;
 mod npy;
+mod perplexity;
 mod quantize;
 mod run;
 mod session;
@@ -35,6 +36,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Quantize a GGUF with llama.cpp's quantizer.
     Quantize(quantize::QuantizeArgs),
+    /// Perplexity of a text file (llama-perplexity's method: second half of each chunk).
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Quantize(a) => quantize::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
