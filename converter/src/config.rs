@@ -57,92 +57,113 @@ pub struct ModelConfig {
     pub ignored_keys: Vec<String>,
 }
 
-/// Keys every config must have.
-const REQUIRED_UINT: &[&str] = &[
-    "vocab_size",
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "d_ff",
-    "sliding_window",
-    "max_position_embeddings",
-    "bos_id",
-    "eos_id",
-    "pad_id",
-    "unk_id",
-];
-
-/// Keys that must be positive.
-const POSITIVE: &[&str] = &[
-    "vocab_size",
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "d_ff",
-    "max_position_embeddings",
-];
-
-const KNOWN: &[&str] = &[
-    "vocab_size",
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "d_ff",
-    "ffn_k",
-    "ffn_r",
-    "attn_k",
-    "attn_r",
-    "rms_norm_eps",
-    "rope_theta",
-    "query_pre_attn_scalar",
-    "attn_logit_softcap",
-    "final_logit_softcap",
-    "sliding_window",
-    "max_position_embeddings",
-    "bos_id",
-    "eos_id",
-    "pad_id",
-    "unk_id",
-    "dtype",
-];
-
-fn uint(obj: &Map<String, Json>, key: &str) -> Result<Option<u32>> {
-    match obj.get(key) {
-        None | Some(Json::Null) => Ok(None),
-        Some(v) => {
-            let n = v.as_u64().ok_or_else(|| {
-                Error::Config(format!("'{key}' must be a non-negative integer, got {v}"))
-            })?;
-            let n = u32::try_from(n)
-                .map_err(|_| Error::Config(format!("'{key}' = {n} does not fit in 32 bits")))?;
-            Ok(Some(n))
-        }
-    }
+/// The config object, read key by key: every error names its key, and the keys asked for are
+/// recorded so that the others can be reported as ignored.
+struct Fields<'a> {
+    obj: &'a Map<String, Json>,
+    asked: Vec<&'static str>,
 }
 
-fn float(obj: &Map<String, Json>, key: &str) -> Result<Option<f32>> {
-    match obj.get(key) {
-        None => Ok(None),
-        Some(v) => {
-            let x = v
-                .as_f64()
-                .ok_or_else(|| Error::Config(format!("'{key}' must be a number, got {v}")))?;
-            if !x.is_finite() || !(x as f32).is_finite() {
-                return Err(Error::Config(format!("'{key}' = {x} is not a finite f32")));
-            }
-            Ok(Some(x as f32))
+impl<'a> Fields<'a> {
+    /// The value of `key`; `None` when it is absent, or null and `null_is_absent`.
+    fn get(&mut self, key: &'static str, null_is_absent: bool) -> Option<&'a Json> {
+        self.asked.push(key);
+        self.obj
+            .get(key)
+            .filter(|v| !(null_is_absent && v.is_null()))
+    }
+
+    /// A non-negative 32-bit integer; `None` when absent or null.
+    fn opt_uint(&mut self, key: &'static str) -> Result<Option<u32>> {
+        let Some(v) = self.get(key, true) else {
+            return Ok(None);
+        };
+        let n = v.as_u64().ok_or_else(|| {
+            Error::Config(format!("'{key}' must be a non-negative integer, got {v}"))
+        })?;
+        let n = u32::try_from(n)
+            .map_err(|_| Error::Config(format!("'{key}' = {n} does not fit in 32 bits")))?;
+        Ok(Some(n))
+    }
+
+    /// A finite f32; `None` when absent, or null and `null_is_absent`.
+    fn opt_float(&mut self, key: &'static str, null_is_absent: bool) -> Result<Option<f32>> {
+        let Some(v) = self.get(key, null_is_absent) else {
+            return Ok(None);
+        };
+        let x = v
+            .as_f64()
+            .ok_or_else(|| Error::Config(format!("'{key}' must be a number, got {v}")))?;
+        if !x.is_finite() || !(x as f32).is_finite() {
+            return Err(Error::Config(format!("'{key}' = {x} is not a finite f32")));
         }
+        Ok(Some(x as f32))
+    }
+
+    /// A required non-negative 32-bit integer.
+    fn uint(&mut self, key: &'static str) -> Result<u32> {
+        required(self.opt_uint(key)?, key)
+    }
+
+    /// A required positive 32-bit integer: a size.
+    fn size(&mut self, key: &'static str) -> Result<u32> {
+        positive(self.uint(key)?, key)
+    }
+
+    /// A required positive number (null is not a number here).
+    fn positive_float(&mut self, key: &'static str) -> Result<f32> {
+        positive(required(self.opt_float(key, false)?, key)?, key)
+    }
+
+    /// An optional positive number; `None` when absent or null.
+    fn opt_positive_float(&mut self, key: &'static str) -> Result<Option<f32>> {
+        self.opt_float(key, true)?
+            .map(|x| positive(x, key))
+            .transpose()
+    }
+
+    /// A required soft-cap, >= 0 with 0 = off; null means "no soft-capping", as Hugging Face
+    /// configs write it.
+    fn softcap(&mut self, key: &'static str) -> Result<f32> {
+        if self.get(key, false).is_some_and(Json::is_null) {
+            return Ok(0.0);
+        }
+        let v = required(self.opt_float(key, false)?, key)?;
+        if v < 0.0 {
+            return Err(Error::Config(format!("'{key}' must be >= 0 (0 = off)")));
+        }
+        Ok(v)
+    }
+
+    /// An optional string; `None` when absent or null.
+    fn opt_string(&mut self, key: &'static str) -> Result<Option<String>> {
+        match self.get(key, true) {
+            None => Ok(None),
+            Some(Json::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(Error::Config(format!("'{key}' must be a string, got {v}"))),
+        }
+    }
+
+    /// The keys of the object never asked for, in the object's order.
+    fn not_asked(&self) -> Vec<String> {
+        self.obj
+            .keys()
+            .filter(|k| !self.asked.contains(&k.as_str()))
+            .cloned()
+            .collect()
     }
 }
 
 fn required<T>(v: Option<T>, key: &str) -> Result<T> {
     v.ok_or_else(|| Error::Config(format!("missing key '{key}'")))
+}
+
+fn positive<T: PartialOrd + Default>(v: T, key: &str) -> Result<T> {
+    if v > T::default() {
+        Ok(v)
+    } else {
+        Err(Error::Config(format!("'{key}' must be positive")))
+    }
 }
 
 impl ModelConfig {
@@ -154,78 +175,35 @@ impl ModelConfig {
         let obj = json
             .as_object()
             .ok_or_else(|| Error::Config("must be a JSON object".to_string()))?;
-        let ignored_keys = obj
-            .keys()
-            .filter(|k| !KNOWN.contains(&k.as_str()))
-            .cloned()
-            .collect();
-        for key in REQUIRED_UINT {
-            required(uint(obj, key)?, key)?;
-        }
-        for key in POSITIVE {
-            if uint(obj, key)? == Some(0) {
-                return Err(Error::Config(format!("'{key}' must be positive")));
-            }
-        }
-        let softcap = |key: &str| -> Result<f32> {
-            // null means "no soft-capping", as Hugging Face configs write it.
-            if matches!(obj.get(key), Some(Json::Null)) {
-                return Ok(0.0);
-            }
-            let v = required(float(obj, key)?, key)?;
-            if v < 0.0 {
-                return Err(Error::Config(format!("'{key}' must be >= 0 (0 = off)")));
-            }
-            Ok(v)
-        };
-        let u = |key: &str| -> Result<u32> { required(uint(obj, key)?, key) };
-        let rms_norm_eps = required(float(obj, "rms_norm_eps")?, "rms_norm_eps")?;
-        if rms_norm_eps <= 0.0 {
-            return Err(Error::Config("'rms_norm_eps' must be positive".into()));
-        }
-        let rope_theta = required(float(obj, "rope_theta")?, "rope_theta")?;
-        if rope_theta <= 0.0 {
-            return Err(Error::Config("'rope_theta' must be positive".into()));
-        }
-        let query_pre_attn_scalar = match obj.get("query_pre_attn_scalar") {
-            Some(Json::Null) => None,
-            _ => float(obj, "query_pre_attn_scalar")?,
-        };
-        if query_pre_attn_scalar.is_some_and(|s| s <= 0.0) {
-            return Err(Error::Config(
-                "'query_pre_attn_scalar' must be positive".into(),
-            ));
-        }
-        let dtype = match obj.get("dtype") {
-            None | Some(Json::Null) => None,
-            Some(Json::String(s)) => Some(s.clone()),
-            Some(v) => return Err(Error::Config(format!("'dtype' must be a string, got {v}"))),
+        let mut f = Fields {
+            obj,
+            asked: Vec::new(),
         };
         Ok(ModelConfig {
-            vocab_size: u("vocab_size")?,
-            d_model: u("d_model")?,
-            n_layers: u("n_layers")?,
-            n_heads: u("n_heads")?,
-            n_kv_heads: u("n_kv_heads")?,
-            head_dim: u("head_dim")?,
-            d_ff: u("d_ff")?,
-            ffn_k: uint(obj, "ffn_k")?,
-            ffn_r: uint(obj, "ffn_r")?,
-            attn_k: uint(obj, "attn_k")?,
-            attn_r: uint(obj, "attn_r")?,
-            rms_norm_eps,
-            rope_theta,
-            query_pre_attn_scalar,
-            attn_logit_softcap: softcap("attn_logit_softcap")?,
-            final_logit_softcap: softcap("final_logit_softcap")?,
-            sliding_window: u("sliding_window")?,
-            max_position_embeddings: u("max_position_embeddings")?,
-            bos_id: u("bos_id")?,
-            eos_id: u("eos_id")?,
-            pad_id: u("pad_id")?,
-            unk_id: u("unk_id")?,
-            dtype,
-            ignored_keys,
+            vocab_size: f.size("vocab_size")?,
+            d_model: f.size("d_model")?,
+            n_layers: f.size("n_layers")?,
+            n_heads: f.size("n_heads")?,
+            n_kv_heads: f.size("n_kv_heads")?,
+            head_dim: f.size("head_dim")?,
+            d_ff: f.size("d_ff")?,
+            ffn_k: f.opt_uint("ffn_k")?,
+            ffn_r: f.opt_uint("ffn_r")?,
+            attn_k: f.opt_uint("attn_k")?,
+            attn_r: f.opt_uint("attn_r")?,
+            rms_norm_eps: f.positive_float("rms_norm_eps")?,
+            rope_theta: f.positive_float("rope_theta")?,
+            query_pre_attn_scalar: f.opt_positive_float("query_pre_attn_scalar")?,
+            attn_logit_softcap: f.softcap("attn_logit_softcap")?,
+            final_logit_softcap: f.softcap("final_logit_softcap")?,
+            sliding_window: f.uint("sliding_window")?,
+            max_position_embeddings: f.size("max_position_embeddings")?,
+            bos_id: f.uint("bos_id")?,
+            eos_id: f.uint("eos_id")?,
+            pad_id: f.uint("pad_id")?,
+            unk_id: f.uint("unk_id")?,
+            dtype: f.opt_string("dtype")?,
+            ignored_keys: f.not_asked(),
         })
     }
 
@@ -282,50 +260,65 @@ mod tests {
         assert_eq!(c.dtype, None);
     }
 
+    /// FULL with each `(key, JSON value)` of `changes` set, or removed where the value is "".
+    fn full_with(changes: &[(&str, &str)]) -> String {
+        let mut obj: Map<String, Json> = serde_json::from_str(FULL).unwrap();
+        for (key, value) in changes {
+            if value.is_empty() {
+                obj.remove(*key);
+            } else {
+                obj.insert(key.to_string(), serde_json::from_str(value).unwrap());
+            }
+        }
+        Json::Object(obj).to_string()
+    }
+
     #[test]
     fn names_missing_and_bad_keys() {
-        let no_d = FULL.replace("\"d_model\": 2304,", "");
-        assert!(ModelConfig::parse(&no_d)
-            .unwrap_err()
-            .to_string()
-            .contains("'d_model'"));
-        let neg = FULL.replace("\"n_heads\": 8", "\"n_heads\": -8");
-        assert!(ModelConfig::parse(&neg)
-            .unwrap_err()
-            .to_string()
-            .contains("'n_heads'"));
-        let zero = FULL.replace("\"n_layers\": 26", "\"n_layers\": 0");
-        assert!(ModelConfig::parse(&zero)
-            .unwrap_err()
-            .to_string()
-            .contains("'n_layers'"));
-        let extra = FULL.replace("\"unk_id\": 3", "\"unk_id\": 3, \"bogus\": 1");
-        assert_eq!(
-            ModelConfig::parse(&extra).unwrap().ignored_keys,
-            vec!["bogus".to_string()]
-        );
-        assert!(ModelConfig::parse("{\"vocab_size\": ")
-            .unwrap_err()
-            .to_string()
-            .contains("invalid JSON"));
+        // (key, its JSON value or "" for none, what the error says about it)
+        let cases = [
+            ("d_model", "", "missing key 'd_model'"),
+            ("n_heads", "-8", "must be a non-negative integer, got -8"),
+            ("n_layers", "0", "'n_layers' must be positive"),
+            ("d_ff", "5000000000", "= 5000000000 does not fit in 32 bits"),
+            ("d_ff", "13824.5", "non-negative integer, got 13824.5"),
+            ("rope_theta", "null", "must be a number, got null"),
+            ("rms_norm_eps", "0", "'rms_norm_eps' must be positive"),
+            ("rms_norm_eps", "1e39", "is not a finite f32"),
+            ("dtype", "2", "'dtype' must be a string, got 2"),
+            ("attn_logit_softcap", "-1", "must be >= 0 (0 = off)"),
+            ("query_pre_attn_scalar", "0", "must be positive"),
+        ];
+        for (key, value, says) in cases {
+            let e = ModelConfig::parse(&full_with(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            let named = e.starts_with(&format!("config: '{key}' "))
+                || e == format!("config: missing key '{key}'");
+            assert!(named && e.contains(says), "{key} = {value}: {e}");
+        }
+        let e = ModelConfig::parse("{\"vocab_size\": ").unwrap_err();
+        assert!(e.to_string().starts_with("config: invalid JSON"), "{e}");
         assert!(ModelConfig::parse("[1]").is_err());
-        let no_k = FULL.replace("\"ffn_k\": 1106,", "");
-        let c = ModelConfig::parse(&no_k).unwrap();
-        assert!(c
-            .spark_params()
-            .unwrap_err()
-            .to_string()
-            .contains("'ffn_k'"));
-        let big = FULL.replace("\"d_ff\": 13824", "\"d_ff\": 5000000000");
-        assert!(ModelConfig::parse(&big)
-            .unwrap_err()
-            .to_string()
-            .contains("'d_ff'"));
-        let float_int = FULL.replace("\"d_ff\": 13824", "\"d_ff\": 13824.5");
-        assert!(ModelConfig::parse(&float_int)
-            .unwrap_err()
-            .to_string()
-            .contains("'d_ff'"));
+    }
+
+    #[test]
+    fn null_means_off_or_absent_and_unknown_keys_are_ignored() {
+        let c = ModelConfig::parse(&full_with(&[
+            ("attn_logit_softcap", "null"),
+            ("query_pre_attn_scalar", "null"),
+            ("dtype", "null"),
+            ("ffn_k", ""),
+            ("bogus", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(c.attn_logit_softcap, 0.0);
+        assert_eq!(c.query_pre_attn_scalar, None);
+        assert_eq!(c.dtype, None);
+        assert_eq!(c.ignored_keys, vec!["bogus".to_string()]);
+        assert_eq!(c.ffn_k, None);
+        let e = c.spark_params().unwrap_err().to_string();
+        assert_eq!(e, "config: missing key 'ffn_k'");
     }
 
     #[test]

@@ -214,61 +214,79 @@ const fn t(
 
 use Dim::*;
 
-static SPARK_TENSORS: [TensorSpec; 13] = [
-    t(
-        "token_embd.weight",
-        false,
-        &[Embd, Vocab],
-        "embedding, tied output",
-    ),
-    t(
-        "output_norm.weight",
-        false,
-        &[Embd],
-        "final RMSNorm weight (1 + scale)",
-    ),
-    t(
-        "blk.{l}.attn_norm.weight",
-        true,
-        &[Embd],
-        "pre-attention RMSNorm (1 + scale)",
-    ),
-    t(
-        "blk.{l}.attn_q.weight",
-        true,
-        &[Embd, NHeadTimesHeadDim],
-        "Wq",
-    ),
-    t(
-        "blk.{l}.attn_k.weight",
-        true,
-        &[Embd, NKvTimesHeadDim],
-        "Wk",
-    ),
-    t(
-        "blk.{l}.attn_v.weight",
-        true,
-        &[Embd, NKvTimesHeadDim],
-        "Wv",
-    ),
-    t(
-        "blk.{l}.attn_output.weight",
-        true,
-        &[NHeadTimesHeadDim, Embd],
-        "Wo",
-    ),
-    t(
-        "blk.{l}.post_attention_norm.weight",
-        true,
-        &[Embd],
-        "post-attention RMSNorm (1 + scale)",
-    ),
-    t(
-        "blk.{l}.ffn_norm.weight",
-        true,
-        &[Embd],
-        "pre-FFN RMSNorm (1 + scale)",
-    ),
+/// The tensor table of a Gemma-2 layout, in file order: the tensors both architectures share,
+/// with the architecture's own FFN matrices between the pre-FFN and the post-FFN norm.
+macro_rules! gemma2_layout {
+    ($gate:expr, $up:expr, $down:expr $(,)?) => {
+        [
+            t(
+                "token_embd.weight",
+                false,
+                &[Embd, Vocab],
+                "embedding, tied output",
+            ),
+            t(
+                "output_norm.weight",
+                false,
+                &[Embd],
+                "final RMSNorm weight (1 + scale)",
+            ),
+            t(
+                "blk.{l}.attn_norm.weight",
+                true,
+                &[Embd],
+                "pre-attention RMSNorm (1 + scale)",
+            ),
+            t(
+                "blk.{l}.attn_q.weight",
+                true,
+                &[Embd, NHeadTimesHeadDim],
+                "Wq",
+            ),
+            t(
+                "blk.{l}.attn_k.weight",
+                true,
+                &[Embd, NKvTimesHeadDim],
+                "Wk",
+            ),
+            t(
+                "blk.{l}.attn_v.weight",
+                true,
+                &[Embd, NKvTimesHeadDim],
+                "Wv",
+            ),
+            t(
+                "blk.{l}.attn_output.weight",
+                true,
+                &[NHeadTimesHeadDim, Embd],
+                "Wo",
+            ),
+            t(
+                "blk.{l}.post_attention_norm.weight",
+                true,
+                &[Embd],
+                "post-attention RMSNorm (1 + scale)",
+            ),
+            t(
+                "blk.{l}.ffn_norm.weight",
+                true,
+                &[Embd],
+                "pre-FFN RMSNorm (1 + scale)",
+            ),
+            $gate,
+            $up,
+            $down,
+            t(
+                "blk.{l}.post_ffw_norm.weight",
+                true,
+                &[Embd],
+                "post-FFN RMSNorm (1 + scale)",
+            ),
+        ]
+    };
+}
+
+static SPARK_TENSORS: [TensorSpec; 13] = gemma2_layout!(
     t(
         "blk.{l}.ffn_gate.weight",
         true,
@@ -287,89 +305,23 @@ static SPARK_TENSORS: [TensorSpec; 13] = [
         &[Embd, Ff],
         "V, neuron-major: row j = neuron j's output",
     ),
-    t(
-        "blk.{l}.post_ffw_norm.weight",
-        true,
-        &[Embd],
-        "post-FFN RMSNorm (1 + scale)",
-    ),
-];
+);
 
-static GEMMA2_TENSORS: [TensorSpec; 13] = [
-    t(
-        "token_embd.weight",
-        false,
-        &[Embd, Vocab],
-        "embedding, tied output",
-    ),
-    t(
-        "output_norm.weight",
-        false,
-        &[Embd],
-        "final RMSNorm weight (1 + scale)",
-    ),
-    t(
-        "blk.{l}.attn_norm.weight",
-        true,
-        &[Embd],
-        "pre-attention RMSNorm (1 + scale)",
-    ),
-    t(
-        "blk.{l}.attn_q.weight",
-        true,
-        &[Embd, NHeadTimesHeadDim],
-        "Wq",
-    ),
-    t(
-        "blk.{l}.attn_k.weight",
-        true,
-        &[Embd, NKvTimesHeadDim],
-        "Wk",
-    ),
-    t(
-        "blk.{l}.attn_v.weight",
-        true,
-        &[Embd, NKvTimesHeadDim],
-        "Wv",
-    ),
-    t(
-        "blk.{l}.attn_output.weight",
-        true,
-        &[NHeadTimesHeadDim, Embd],
-        "Wo",
-    ),
-    t(
-        "blk.{l}.post_attention_norm.weight",
-        true,
-        &[Embd],
-        "post-attention RMSNorm (1 + scale)",
-    ),
-    t(
-        "blk.{l}.ffn_norm.weight",
-        true,
-        &[Embd],
-        "pre-FFN RMSNorm (1 + scale)",
-    ),
+static GEMMA2_TENSORS: [TensorSpec; 13] = gemma2_layout!(
     t(
         "blk.{l}.ffn_gate.weight",
         true,
         &[Embd, Ff],
-        "gate projection",
+        "gate projection"
     ),
     t("blk.{l}.ffn_up.weight", true, &[Embd, Ff], "up projection"),
     t(
         "blk.{l}.ffn_down.weight",
         true,
         &[Ff, Embd],
-        "down projection",
+        "down projection"
     ),
-    t(
-        "blk.{l}.post_ffw_norm.weight",
-        true,
-        &[Embd],
-        "post-FFN RMSNorm (1 + scale)",
-    ),
-];
+);
 
 /// The tensors of `arch` (SPEC section 3 for `spark-gemma2`; llama.cpp's layout for `gemma2`).
 pub fn arch_tensors(arch: &str) -> Option<&'static [TensorSpec]> {
@@ -531,24 +483,18 @@ impl Hparams {
         if a != SPARK_ARCH {
             return Ok(());
         }
-        if self.ffn_r == 0 || self.ffn_r >= self.d_model {
-            return Err(GgufError::metadata(
-                key(suffix::SPARK_FFN_R),
-                format!(
-                    "is {}, must satisfy 0 < r_f < D = {}",
-                    self.ffn_r, self.d_model
-                ),
-            ));
-        }
-        if self.attn_r == 0 || self.attn_r >= self.head_dim {
-            return Err(GgufError::metadata(
-                key(suffix::SPARK_ATTN_R),
-                format!(
-                    "is {}, must satisfy 0 < r_a < H = {}",
-                    self.attn_r, self.head_dim
-                ),
-            ));
-        }
+        // 0 < value < limit, where `name` and `limit_name` are the symbols of SPEC section 2.
+        let below = |s: &str, value: u64, name: &str, limit_name: &str, limit: u64| {
+            if value == 0 || value >= limit {
+                return Err(GgufError::metadata(
+                    key(s),
+                    format!("is {value}, must satisfy 0 < {name} < {limit_name} = {limit}"),
+                ));
+            }
+            Ok(())
+        };
+        below(suffix::SPARK_FFN_R, self.ffn_r, "r_f", "D", self.d_model)?;
+        below(suffix::SPARK_ATTN_R, self.attn_r, "r_a", "H", self.head_dim)?;
         if !self.attn_r.is_multiple_of(2) || !(self.head_dim - self.attn_r).is_multiple_of(2) {
             return Err(GgufError::metadata(
                 key(suffix::SPARK_ATTN_R),
@@ -666,9 +612,9 @@ pub fn file_type_for(types: &[GgmlType]) -> Result<u32, GgufError> {
 mod tests {
     use super::*;
 
-    fn spark_meta() -> Vec<(String, Value)> {
-        let a = SPARK_ARCH;
-        let u = |s: &str, v: u32| (format!("{a}.{s}"), Value::U32(v));
+    /// Gemma-2 2B's dimensions as `arch` metadata, with a vocabulary of 7 tokens.
+    fn dense_meta(arch: &str) -> Vec<(String, Value)> {
+        let u = |s: &str, v: u32| (format!("{arch}.{s}"), Value::U32(v));
         vec![
             u(suffix::CONTEXT_LENGTH, 8192),
             u(suffix::EMBEDDING_LENGTH, 2304),
@@ -678,15 +624,24 @@ mod tests {
             u(suffix::HEAD_COUNT_KV, 4),
             u(suffix::KEY_LENGTH, 256),
             u(suffix::VALUE_LENGTH, 256),
-            u(suffix::SPARK_FFN_K, 1106),
-            u(suffix::SPARK_FFN_R, 1024),
-            u(suffix::SPARK_ATTN_K, 256),
-            u(suffix::SPARK_ATTN_R, 128),
             (
                 keys::TOKENIZER_TOKENS.into(),
                 Value::Array(Array::String(vec!["a".into(); 7])),
             ),
         ]
+    }
+
+    /// `dense_meta` of `spark-gemma2` with the Spark parameters of SPEC section 2's example.
+    fn spark_meta() -> Vec<(String, Value)> {
+        let mut m = dense_meta(SPARK_ARCH);
+        let spark = [
+            (suffix::SPARK_FFN_K, 1106),
+            (suffix::SPARK_FFN_R, 1024),
+            (suffix::SPARK_ATTN_K, 256),
+            (suffix::SPARK_ATTN_R, 128),
+        ];
+        m.extend(spark.map(|(s, v)| (format!("{SPARK_ARCH}.{s}"), Value::U32(v))));
+        m
     }
 
     fn lookup<'a>(m: &'a [(String, Value)]) -> impl Fn(&str) -> Option<&'a Value> + 'a {
@@ -736,6 +691,16 @@ mod tests {
             );
         }
         let mut m = spark_meta();
+        m[1].1 = Value::U32(1024);
+        let e = Hparams::from_metadata(SPARK_ARCH, lookup(&m))
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "metadata key 'spark-gemma2.spark.ffn_r': is 1024, must satisfy 0 < r_f < D = 1024"
+        );
         m[1].1 = Value::U64(2304);
         let e = Hparams::from_metadata(SPARK_ARCH, lookup(&m))
             .unwrap_err()
@@ -748,11 +713,7 @@ mod tests {
 
     #[test]
     fn gemma2_layout_matches_llama_cpp() {
-        let mut m: Vec<(String, Value)> = spark_meta()
-            .into_iter()
-            .filter(|(k, _)| !k.contains(".spark."))
-            .map(|(k, v)| (k.replace(SPARK_ARCH, GEMMA2_ARCH), v))
-            .collect();
+        let mut m = dense_meta(GEMMA2_ARCH);
         m.push((
             format!("{GEMMA2_ARCH}.{}", suffix::VOCAB_SIZE),
             Value::U32(7),
