@@ -95,20 +95,54 @@ fn locate_pristine(out: &Path) -> Result<PathBuf, String> {
             String::from_utf8_lossy(&o.stderr)
         ));
     }
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).map_err(|e| format!("cargo metadata output: {e}"))?;
-    let manifest_path = v["packages"]
-        .as_array()
-        .and_then(|pkgs| {
-            pkgs.iter()
-                .find(|p| p["name"] == "llama-cpp-sys-2" && p["version"] == SYS_VERSION)
+    let text = String::from_utf8_lossy(&o.stdout);
+    let manifest_path = json_string_values(&text, "manifest_path")
+        .into_iter()
+        .find(|p| {
+            Path::new(p)
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|d| d.to_str() == Some(&format!("llama-cpp-sys-2-{SYS_VERSION}")))
         })
-        .and_then(|p| p["manifest_path"].as_str())
         .ok_or_else(|| format!("llama-cpp-sys-2 {SYS_VERSION} not in cargo metadata"))?;
-    Ok(Path::new(manifest_path)
+    Ok(Path::new(&manifest_path)
         .parent()
         .ok_or("manifest path without parent")?
         .to_path_buf())
+}
+
+/// Every string value of `"key": "..."` in a JSON text, unescaped. A JSON parser crate would
+/// be a dependency of this build-time crate whose features other packages could change (and
+/// with them this crate's hash, and a full llama.cpp rebuild); `cargo metadata`'s output needs
+/// only this.
+fn json_string_values(text: &str, key: &str) -> Vec<String> {
+    let needle = format!("\"{key}\":\"");
+    let mut values = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(&needle) {
+        rest = &rest[i + needle.len()..];
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let mut end = rest.len();
+        while let Some((j, c)) = chars.next() {
+            match c {
+                '"' => {
+                    end = j + 1;
+                    break;
+                }
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, 't')) => value.push('\t'),
+                    Some((_, e)) => value.push(e),
+                    None => break,
+                },
+                c => value.push(c),
+            }
+        }
+        values.push(value);
+        rest = &rest[end..];
+    }
+    values
 }
 
 fn patch_list(dir: &Path) -> Result<Vec<PathBuf>, String> {
