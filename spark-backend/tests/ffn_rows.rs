@@ -146,7 +146,7 @@ fn act_quant_bound(w: &[f64], x: &[f32], block: usize) -> f64 {
 #[test]
 fn quantized_dot_and_axpy_match_float64_on_dequantized_weights() {
     let mut rng = Rng::new(3);
-    for ty in [RowType::Q8_0, RowType::Q4_0, RowType::Q4K, RowType::Q6K] {
+    for ty in RowType::quantized() {
         let be = ty.block_elems();
         for blocks in [1usize, 3, 9] {
             let n = be * blocks;
@@ -159,7 +159,8 @@ fn quantized_dot_and_axpy_match_float64_on_dequantized_weights() {
                 let wd: Vec<f64> = w.row_f64(j).collect();
                 let exact: f64 = wd.iter().zip(&x).map(|(a, &b)| a * f64::from(b)).sum();
                 let got = rows::dot(m.row(j), &act);
-                let bound = act_quant_bound(&wd, &x, 32.min(n));
+                // The activation is quantized in blocks of 32 (q8_0/q8_1) or 256 (q8_K).
+                let bound = act_quant_bound(&wd, &x, be.max(32).min(n));
                 assert!(
                     (f64::from(got) - exact).abs() <= bound,
                     "{ty:?} n={n}: {got} vs {exact} (bound {bound})"
@@ -204,13 +205,14 @@ fn row_and_matrix_constructors_reject_bad_sizes() {
     for ty in RowType::ALL {
         assert_eq!(RowType::from_ggml(ty.ggml()), Some(ty));
     }
-    assert_eq!(RowType::from_ggml(3), None);
+    assert_eq!(RowType::from_ggml(4), None);
+    assert_eq!(RowType::from_ggml(20), None);
 }
 
 #[test]
 fn fused_quantized_kernels_equal_ggml_dequantize_then_axpy_bit_for_bit() {
     let mut rng = Rng::new(5);
-    for ty in [RowType::Q8_0, RowType::Q4_0, RowType::Q4K, RowType::Q6K] {
+    for ty in RowType::quantized() {
         let n = 2304;
         let w = Weights::random(&mut rng, ty, n, 1, 0.7);
         let row = w.matrix().row(0);

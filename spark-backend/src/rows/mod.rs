@@ -2,9 +2,10 @@
 //! need on them: `dot(row, x)` and `axpy(row, alpha, y)` (`y += alpha * row`).
 //!
 //! Float rows (f32, f16, bf16) use this crate's own SIMD kernels ([`simd`]) against an f32
-//! activation. Quantized rows (q8_0, q4_0, q4_K, q6_K) use ggml's CPU type traits ([`quant`]):
-//! the activation is quantized once to the type's `vec_dot_type` ([`Activation::prepare`]),
-//! then each row costs one ggml `vec_dot`; `axpy` dequantizes with ggml's `to_float`.
+//! activation. Quantized rows (q4_0, q4_1, q5_0, q5_1, q8_0, q2_K to q6_K) use ggml's CPU type
+//! traits ([`quant`]): the activation is quantized once to the type's `vec_dot_type`
+//! ([`Activation::prepare`]), then each row costs one ggml `vec_dot`; `axpy` dequantizes with
+//! ggml's `to_float`.
 
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
@@ -26,23 +27,47 @@ pub enum RowType {
     Q8_0,
     /// `GGML_TYPE_Q4_0`: blocks of 32, 18 bytes.
     Q4_0,
+    /// `GGML_TYPE_Q4_1`: blocks of 32, 20 bytes.
+    Q4_1,
+    /// `GGML_TYPE_Q5_0`: blocks of 32, 22 bytes (llama.cpp's fallback for q4_K on rows that are
+    /// not whole 256-blocks).
+    Q5_0,
+    /// `GGML_TYPE_Q5_1`: blocks of 32, 24 bytes (the fallback for q5_K).
+    Q5_1,
+    /// `GGML_TYPE_Q2_K`: blocks of 256, 84 bytes.
+    Q2K,
+    /// `GGML_TYPE_Q3_K`: blocks of 256, 110 bytes.
+    Q3K,
     /// `GGML_TYPE_Q4_K`: blocks of 256, 144 bytes.
     Q4K,
+    /// `GGML_TYPE_Q5_K`: blocks of 256, 176 bytes.
+    Q5K,
     /// `GGML_TYPE_Q6_K`: blocks of 256, 210 bytes.
     Q6K,
 }
 
 impl RowType {
     /// Every supported type.
-    pub const ALL: [RowType; 7] = [
+    pub const ALL: [RowType; 13] = [
         RowType::F32,
         RowType::F16,
         RowType::Bf16,
         RowType::Q8_0,
         RowType::Q4_0,
+        RowType::Q4_1,
+        RowType::Q5_0,
+        RowType::Q5_1,
+        RowType::Q2K,
+        RowType::Q3K,
         RowType::Q4K,
+        RowType::Q5K,
         RowType::Q6K,
     ];
+
+    /// Every block-quantized type (those that go through ggml's CPU type traits).
+    pub fn quantized() -> impl Iterator<Item = RowType> {
+        Self::ALL.into_iter().filter(|t| t.is_quantized())
+    }
 
     /// The type for a ggml type id, if supported.
     pub fn from_ggml(ty: u32) -> Option<Self> {
@@ -55,8 +80,14 @@ impl RowType {
             RowType::F32 => 0,
             RowType::F16 => 1,
             RowType::Q4_0 => 2,
+            RowType::Q4_1 => 3,
+            RowType::Q5_0 => 6,
+            RowType::Q5_1 => 7,
             RowType::Q8_0 => 8,
+            RowType::Q2K => 10,
+            RowType::Q3K => 11,
             RowType::Q4K => 12,
+            RowType::Q5K => 13,
             RowType::Q6K => 14,
             RowType::Bf16 => 30,
         }
@@ -66,8 +97,8 @@ impl RowType {
     pub fn block_elems(self) -> usize {
         match self {
             RowType::F32 | RowType::F16 | RowType::Bf16 => 1,
-            RowType::Q8_0 | RowType::Q4_0 => 32,
-            RowType::Q4K | RowType::Q6K => 256,
+            RowType::Q8_0 | RowType::Q4_0 | RowType::Q4_1 | RowType::Q5_0 | RowType::Q5_1 => 32,
+            RowType::Q2K | RowType::Q3K | RowType::Q4K | RowType::Q5K | RowType::Q6K => 256,
         }
     }
 
@@ -78,7 +109,13 @@ impl RowType {
             RowType::F16 | RowType::Bf16 => 2,
             RowType::Q8_0 => 34,
             RowType::Q4_0 => 18,
+            RowType::Q4_1 => 20,
+            RowType::Q5_0 => 22,
+            RowType::Q5_1 => 24,
+            RowType::Q2K => 84,
+            RowType::Q3K => 110,
             RowType::Q4K => 144,
+            RowType::Q5K => 176,
             RowType::Q6K => 210,
         }
     }
@@ -102,7 +139,13 @@ impl RowType {
             RowType::Bf16 => "bf16",
             RowType::Q8_0 => "q8_0",
             RowType::Q4_0 => "q4_0",
+            RowType::Q4_1 => "q4_1",
+            RowType::Q5_0 => "q5_0",
+            RowType::Q5_1 => "q5_1",
+            RowType::Q2K => "q2_K",
+            RowType::Q3K => "q3_K",
             RowType::Q4K => "q4_K",
+            RowType::Q5K => "q5_K",
             RowType::Q6K => "q6_K",
         }
     }

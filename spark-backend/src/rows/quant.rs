@@ -63,7 +63,8 @@ fn load_traits(ty: RowType) -> Option<Traits> {
 }
 
 fn traits(ty: RowType) -> Result<&'static Traits, KernelError> {
-    static TABLE: [OnceLock<Option<Traits>>; 7] = [const { OnceLock::new() }; 7];
+    static TABLE: [OnceLock<Option<Traits>>; RowType::ALL.len()] =
+        [const { OnceLock::new() }; RowType::ALL.len()];
     let slot = RowType::ALL
         .iter()
         .position(|&t| t == ty)
