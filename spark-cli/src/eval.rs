@@ -1,13 +1,14 @@
 //! `spark eval`: logits for every position of a token sequence, saved as a `.npy` file.
 
+use crate::atomic_file::write_atomically;
 use crate::error::{CliError, Result};
 use crate::npy;
 use crate::session::{ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+
+use std::path::PathBuf;
 
 /// Arguments of `spark eval`.
 #[derive(Debug, Clone, Args)]
@@ -113,34 +114,6 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         );
     }
     session.finish();
-    Ok(())
-}
-
-/// Writes through a temporary file in the same directory, renamed into place only on success.
-fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
-) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| CliError::new(format!("not a file path: {}", path.display())))?;
-    let tmp = dir.join(format!(".{}.partial", name.to_string_lossy()));
-    let fail = |e: std::io::Error| CliError::new(format!("cannot write {}: {e}", path.display()));
-    let result = (|| {
-        let file = std::fs::File::create(&tmp)?;
-        let mut w = BufWriter::new(file);
-        write(&mut w)?;
-        w.flush()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(fail(e));
-    }
     Ok(())
 }
 

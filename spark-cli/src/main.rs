@@ -2,9 +2,11 @@
 //! llama.cpp, with the Spark kernels registered in-process (default), loaded from a ggml backend
 //! library (`--backend-path`), or not at all (`--dense`).
 
+mod atomic_file;
 mod error;
 mod eval;
 mod gguf_info;
+mod kld;
 mod llama_log;
 mod npy;
 mod perplexity;
