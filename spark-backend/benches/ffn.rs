@@ -55,6 +55,9 @@ struct Setup {
     ggml: Ggml,
     _params: Box<FfnParams>,
     sparse: *mut sys::ggml_cgraph,
+    /// Prefixes of the sparse graph: the predictor alone, and predictor + `spark_ffn_up`.
+    predictor_only: *mut sys::ggml_cgraph,
+    through_up: *mut sys::ggml_cgraph,
     dense: *mut sys::ggml_cgraph,
     u: *mut sys::ggml_tensor,
     /// Bytes of weights the dense FFN reads per call.
@@ -81,8 +84,10 @@ impl Setup {
         let k2 = ggml.tensor(ty, D - R, F, &weights(&mut rng, ty, D - R, F, 0.03));
         let v = ggml.tensor(ty, D, F, &weights(&mut rng, ty, D, F, 0.03));
         let params = Box::new(FfnParams { layer: 0, k: K });
-        let [_, u, out] = ggml.spark_ffn(h, k1, k2, v, &*params);
+        let [scores, u, out] = ggml.spark_ffn(h, k1, k2, v, &*params);
         let sparse = ggml.graph(out);
+        let predictor_only = ggml.graph(scores);
+        let through_up = ggml.graph(u);
         let gate = ggml.tensor(ty, D, FF, &weights(&mut rng, ty, D, FF, 0.03));
         let up = ggml.tensor(ty, D, FF, &weights(&mut rng, ty, D, FF, 0.03));
         let down = ggml.tensor(ty, FF, D, &weights(&mut rng, ty, FF, D, 0.03));
@@ -91,6 +96,8 @@ impl Setup {
             ggml,
             _params: params,
             sparse,
+            predictor_only,
+            through_up,
             dense,
             u,
             dense_bytes: 3 * row(D) * FF,
@@ -165,6 +172,7 @@ fn bench(c: &mut Criterion) {
     let n_threads = threads();
     let mut runner = Runner::new(n_threads);
     let mut summary = Vec::new();
+    let mut stages = Vec::new();
     for ty in types() {
         for n_tokens in batches() {
             let setup = Setup::new(ty, n_tokens);
@@ -189,6 +197,24 @@ fn bench(c: &mut Criterion) {
             };
             let (bytes, kept) = setup.sparse_bytes();
             summary.push((ty, n_tokens, dense, sparse, setup.dense_bytes, bytes, kept));
+            // Stage costs: min times of the graph prefixes, each run after the dense graph
+            // (67 MB of other weights) so that its weights come from memory, as in the full run.
+            let [predictor, through_up] = {
+                let r = std::cell::RefCell::new(&mut runner);
+                let (p, u) = (setup.predictor_only, setup.through_up);
+                let [_, predictor] = interleaved(
+                    runs,
+                    || r.borrow_mut().compute(dense_graph),
+                    || r.borrow_mut().compute(p),
+                );
+                let [_, through_up] = interleaved(
+                    runs,
+                    || r.borrow_mut().compute(dense_graph),
+                    || r.borrow_mut().compute(u),
+                );
+                [predictor, through_up]
+            };
+            stages.push((ty, n_tokens, predictor.0, through_up.0, sparse.0));
         }
     }
     println!(
@@ -212,6 +238,18 @@ fn bench(c: &mut Criterion) {
             sb as f64 / sparse.0.as_secs_f64() / 1e9,
             db as f64 / dense.0.as_secs_f64() / 1e9,
             db as f64 / sb as f64,
+        );
+    }
+    println!("\nsparse stages (min ms of graph prefixes, each run after the dense graph):");
+    println!("| type | batch | predictor mul_mat(K1) | spark_ffn_up | spark_ffn_down |");
+    println!("|---|---|---|---|---|");
+    for (ty, n, predictor, through_up, all) in stages {
+        println!(
+            "| {} | {n} | {:.3} | {:.3} | {:.3} |",
+            ty.name(),
+            ms(predictor),
+            ms(through_up) - ms(predictor),
+            ms(all) - ms(through_up),
         );
     }
 }
