@@ -3,7 +3,7 @@
 use crate::atomic_file::write_atomically;
 use crate::error::{CliError, Result};
 use crate::npy;
-use crate::session::{ModelArgs, Session};
+use crate::session::{decode, ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
@@ -94,10 +94,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
                 .add(LlamaToken(*t), pos, &[0], true)
                 .map_err(|e| CliError::new(format!("batch: {e}")))?;
         }
-        ctx.decode(&mut batch).map_err(|e| {
-            let cause = crate::llama_log::last_error().unwrap_or_else(|| e.to_string());
-            CliError::new(format!("decode failed: {cause}"))
-        })?;
+        decode(&mut ctx, &mut batch)?;
         for j in 0..chunk.len() {
             logits.extend_from_slice(ctx.get_logits_ith(j as i32));
         }

@@ -369,19 +369,21 @@ mod tests {
         assert!(r.next_row(&mut row).is_err());
     }
 
+    /// One chunk of 4 tokens over a vocabulary of 2: one scored row.
+    const SMALL: BaseShape = BaseShape {
+        n_ctx: 4,
+        n_vocab: 2,
+        n_chunk: 1,
+    };
+
     #[test]
     fn unfinished_base_file_leaves_nothing() {
         let path = scratch("unfinished");
-        let shape = BaseShape {
-            n_ctx: 4,
-            n_vocab: 2,
-            n_chunk: 1,
-        };
-        let mut w = BaseWriter::create(&path, shape, &[1, 2, 3, 4]).unwrap();
+        let mut w = BaseWriter::create(&path, SMALL, &[1, 2, 3, 4]).unwrap();
         w.push(&[0.0, 0.0]).unwrap();
         drop(w);
         assert!(!path.exists());
-        let w = BaseWriter::create(&path, shape, &[1, 2, 3, 4]).unwrap();
+        let w = BaseWriter::create(&path, SMALL, &[1, 2, 3, 4]).unwrap();
         assert!(w.finish().unwrap_err().to_string().contains("0 of 1 rows"));
         assert!(!path.exists());
         assert_eq!(
@@ -393,12 +395,7 @@ mod tests {
     #[test]
     fn bad_base_files_are_rejected_with_the_reason() {
         let path = scratch("bad");
-        let shape = BaseShape {
-            n_ctx: 4,
-            n_vocab: 2,
-            n_chunk: 1,
-        };
-        let mut w = BaseWriter::create(&path, shape, &[1, 2, 3, 4]).unwrap();
+        let mut w = BaseWriter::create(&path, SMALL, &[1, 2, 3, 4]).unwrap();
         w.push(&[0.0, 0.0]).unwrap();
         w.finish().unwrap();
         let good = std::fs::read(&path).unwrap();

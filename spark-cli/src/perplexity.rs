@@ -9,7 +9,7 @@
 
 use crate::error::{CliError, Result};
 use crate::kld::{self, BaseReader, BaseShape, BaseWriter, KldStats};
-use crate::session::{ModelArgs, Session};
+use crate::session::{decode, ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -167,10 +167,7 @@ fn score_chunks(
                     .add(LlamaToken(*t), pos as i32, &[0], pos >= first)
                     .map_err(|e| CliError::new(format!("batch: {e}")))?;
             }
-            ctx.decode(&mut batch).map_err(|e| {
-                let cause = crate::llama_log::last_error().unwrap_or_else(|| e.to_string());
-                CliError::new(format!("decode failed: {cause}"))
-            })?;
+            decode(ctx, &mut batch)?;
             for j in 0..part.len() {
                 let pos = b * n_batch + j;
                 if pos >= first && pos + 1 < n_ctx {

@@ -1,7 +1,7 @@
 //! `spark run`: generate text from a prompt, streaming it, then report speeds like llama-cli.
 
 use crate::error::{CliError, Result};
-use crate::session::{ModelArgs, Session};
+use crate::session::{decode, ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::sampling::LlamaSampler;
@@ -99,10 +99,6 @@ pub fn run(args: &RunArgs) -> Result<()> {
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let decode_err = |e: llama_cpp_2::DecodeError| {
-        let cause = crate::llama_log::last_error().unwrap_or_else(|| e.to_string());
-        CliError::new(format!("decode failed: {cause}"))
-    };
     if !args.quiet {
         let _ = write!(out, "{prompt}");
         let _ = out.flush();
@@ -121,7 +117,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 .add(*t, pos, &[0], want_logits)
                 .map_err(|e| CliError::new(format!("batch: {e}")))?;
         }
-        ctx.decode(&mut batch).map_err(decode_err)?;
+        decode(&mut ctx, &mut batch)?;
     }
     let prompt_s = t_prompt.elapsed().as_secs_f64();
 
@@ -157,7 +153,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             .add(token, pos, &[0], true)
             .map_err(|e| CliError::new(format!("batch: {e}")))?;
         pos += 1;
-        ctx.decode(&mut batch).map_err(decode_err)?;
+        decode(&mut ctx, &mut batch)?;
         last_index = 0;
     }
     let gen_s = t_gen.elapsed().as_secs_f64();

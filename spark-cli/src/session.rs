@@ -200,3 +200,15 @@ impl Session {
         spark::print_stats(&self.source, n_layer, targets);
     }
 }
+
+/// Runs `llama_decode` on `batch`; a failure becomes one line with llama.cpp's own reason
+/// (the last error it logged) when there is one.
+pub fn decode(
+    ctx: &mut LlamaContext<'_>,
+    batch: &mut llama_cpp_2::llama_batch::LlamaBatch,
+) -> Result<()> {
+    ctx.decode(batch).map_err(|e| {
+        let cause = llama_log::last_error().unwrap_or_else(|| e.to_string());
+        CliError::new(format!("decode failed: {cause}"))
+    })
+}
