@@ -3,6 +3,7 @@
 //! library (`--backend-path`), or not at all (`--dense`).
 
 mod atomic_file;
+mod bench;
 mod error;
 mod eval;
 mod gguf_info;
@@ -40,6 +41,8 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Perplexity of a text file (llama-perplexity's method: second half of each chunk).
     Perplexity(perplexity::PerplexityArgs),
+    /// Prompt and generation speed (llama-bench's pp/tg tests), sparse and dense side by side.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => eval::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

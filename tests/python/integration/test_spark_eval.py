@@ -302,3 +302,27 @@ def test_bad_token_and_quantize_type(tiny, tmp_path):
     line = one_error_line(spark("quantize", tiny.gguf, tmp_path / "q.gguf", "Q9_9", check=False))
     assert "Q9_9" in line
     assert not (tmp_path / "q.gguf").exists()
+
+
+def test_spark_bench_compares_sparse_and_dense(tiny):
+    proc = spark("bench", "-m", tiny.gguf, "-p", "32", "-n", "4", "-r", "2", "-t", "1")
+    rows = [r.split("|")[1:-1] for r in proc.stdout.splitlines() if r.startswith("| ") and "GiB" in r]
+    got = {(r[3].strip(), r[4].strip()): r for r in rows}
+    assert set(got) == {("sparse", "pp32"), ("sparse", "tg4"), ("dense", "pp32"), ("dense", "tg4")}, proc.stdout
+    for (mode, test), r in got.items():
+        assert float(r[5].split("+/-")[0]) > 0, r
+        # the ratio column is filled on sparse rows only
+        assert (r[6].strip().endswith("x")) == (mode == "sparse"), r
+    assert proc.stderr.count("spark bench: [") == 4
+    quiet = spark("bench", "-m", tiny.gguf, "-p", "8", "-n", "0", "-r", "1", "--modes", "sparse", "-q")
+    assert quiet.stderr == "" and "pp8" in quiet.stdout and "tg" not in quiet.stdout
+
+
+def test_spark_bench_reports_a_bad_model(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    proc = spark("bench", "-m", bad, "-p", "8", "-n", "1", check=False)
+    assert proc.returncode != 0
+    assert "bad.gguf" in proc.stderr, proc.stderr
+    proc = spark("bench", "-m", bad, "-p", "0", "-n", "0", check=False)
+    assert proc.returncode != 0 and "nothing to measure" in proc.stderr
