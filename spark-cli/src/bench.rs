@@ -9,7 +9,7 @@
 
 use crate::error::{CliError, Result};
 use crate::gguf_info;
-use crate::session::{decode, CacheType, ModelArgs, Session, SparkArgs};
+use crate::session::{decode, CacheType, KOverrides, ModelArgs, RuntimeArgs, Session, SparkArgs};
 use clap::{Args, ValueEnum};
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
@@ -62,20 +62,9 @@ pub struct BenchArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub reps: u32,
-    /// Threads (default: all cores).
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<i32>,
-    /// Batch size of the pp test.
-    #[arg(
-        short = 'b',
-        long = "batch-size",
-        value_name = "N",
-        default_value_t = 512
-    )]
-    pub batch: u32,
-    /// KV cache element type.
-    #[arg(long = "cache-type", value_enum, default_value_t = CacheType::F16)]
-    pub cache_type: CacheType,
+    /// Threads, batch size of the pp test, KV cache type.
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
     /// Modes to compare on Spark models (non-Spark models run once, on the stock graph).
     #[arg(
         long,
@@ -84,12 +73,9 @@ pub struct BenchArgs {
         default_value = "sparse,dense"
     )]
     pub modes: Vec<Mode>,
-    /// Override k_f on Spark models.
-    #[arg(long = "spark-ffn-k", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
-    pub ffn_k: Option<u32>,
-    /// Override k_a on Spark models.
-    #[arg(long = "spark-attn-k", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
-    pub attn_k: Option<u32>,
+    /// k overrides (Spark models).
+    #[command(flatten)]
+    pub k: KOverrides,
     /// No progress lines.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -171,21 +157,21 @@ fn child_args(args: &BenchArgs, model: &Path, mode: Mode) -> Vec<String> {
         "-n".into(),
         args.n_gen.to_string(),
         "-b".into(),
-        args.batch.to_string(),
+        args.runtime.batch.to_string(),
         "--cache-type".into(),
-        match args.cache_type {
+        match args.runtime.cache_type {
             CacheType::F16 => "f16",
             CacheType::F32 => "f32",
         }
         .into(),
     ];
-    if let Some(t) = args.threads {
+    if let Some(t) = args.runtime.threads {
         a.extend(["-t".into(), t.to_string()]);
     }
-    if let Some(k) = args.ffn_k {
+    if let Some(k) = args.k.ffn_k {
         a.extend(["--spark-ffn-k".into(), k.to_string()]);
     }
-    if let Some(k) = args.attn_k {
+    if let Some(k) = args.k.attn_k {
         a.extend(["--spark-attn-k".into(), k.to_string()]);
     }
     a
@@ -256,14 +242,11 @@ fn measure(args: &BenchArgs, model: &Path, mode: Mode) -> Result<Speeds> {
     let margs = ModelArgs {
         model: model.to_path_buf(),
         ctx: args.n_prompt + args.n_gen,
-        threads: args.threads,
-        batch: args.batch,
+        runtime: args.runtime.clone(),
         n_gpu_layers: 0,
-        cache_type: args.cache_type,
         spark: SparkArgs {
             dense: mode == Mode::Dense,
-            ffn_k: args.ffn_k,
-            attn_k: args.attn_k,
+            k: args.k.clone(),
             stats: false,
             backend_path: None,
             verbose: false,

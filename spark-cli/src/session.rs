@@ -16,7 +16,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::pin::pin;
 
-/// Options shared by `run` and `eval`.
+/// Options shared by the commands that load one model (`run`, `eval`, `perplexity`).
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
     /// GGUF model file.
@@ -25,6 +25,26 @@ pub struct ModelArgs {
     /// Context size in tokens (0 = as needed).
     #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 0)]
     pub ctx: u32,
+    /// Threads, batch size and KV cache type.
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// Layers to offload to a GPU (when the build has one).
+    #[arg(
+        short = 'g',
+        long = "n-gpu-layers",
+        visible_alias = "ngl",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub n_gpu_layers: u32,
+    /// Spark options.
+    #[command(flatten)]
+    pub spark: SparkArgs,
+}
+
+/// How a context runs: threads, batch size, KV cache type (also taken by `spark bench`).
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads", value_name = "N")]
     pub threads: Option<i32>,
@@ -36,21 +56,20 @@ pub struct ModelArgs {
         default_value_t = 512
     )]
     pub batch: u32,
-    /// Layers to offload to a GPU (when the build has one).
-    #[arg(
-        short = 'g',
-        long = "n-gpu-layers",
-        visible_alias = "ngl",
-        value_name = "N",
-        default_value_t = 0
-    )]
-    pub n_gpu_layers: u32,
     /// KV cache element type.
     #[arg(long = "cache-type", value_enum, default_value_t = CacheType::F16)]
     pub cache_type: CacheType,
-    /// Spark options.
-    #[command(flatten)]
-    pub spark: SparkArgs,
+}
+
+/// Load-time overrides of the Spark k values (also taken by `spark bench`).
+#[derive(Debug, Clone, Args)]
+pub struct KOverrides {
+    /// Override k_f, the FFN neurons kept per token (spark-gemma2.spark.ffn_k).
+    #[arg(long = "spark-ffn-k", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    pub ffn_k: Option<u32>,
+    /// Override k_a, the positions kept per query (spark-gemma2.spark.attn_k).
+    #[arg(long = "spark-attn-k", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    pub attn_k: Option<u32>,
 }
 
 /// Options that choose and observe the Spark kernels.
@@ -59,12 +78,9 @@ pub struct SparkArgs {
     /// Do not register the Spark kernels: run the dense stock-op graph.
     #[arg(long, conflicts_with = "backend_path")]
     pub dense: bool,
-    /// Override k_f, the FFN neurons kept per token (spark-gemma2.spark.ffn_k).
-    #[arg(long = "spark-ffn-k", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
-    pub ffn_k: Option<u32>,
-    /// Override k_a, the positions kept per query (spark-gemma2.spark.attn_k).
-    #[arg(long = "spark-attn-k", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
-    pub attn_k: Option<u32>,
+    /// k overrides.
+    #[command(flatten)]
+    pub k: KOverrides,
     /// At exit, print per-layer FFN keep rates and attended positions.
     #[arg(long = "spark-stats")]
     pub stats: bool,
@@ -118,7 +134,7 @@ impl Session {
     pub fn load(args: &ModelArgs) -> Result<Self> {
         llama_log::install(args.spark.verbose);
         let info = gguf_info::read(&args.model)?;
-        if !info.is_spark() && (args.spark.ffn_k.is_some() || args.spark.attn_k.is_some()) {
+        if !info.is_spark() && (args.spark.k.ffn_k.is_some() || args.spark.k.attn_k.is_some()) {
             return Err(CliError::new(format!(
                 "--spark-ffn-k / --spark-attn-k need a {} model, {} is {}",
                 gguf_info::SPARK_ARCH,
@@ -132,7 +148,10 @@ impl Session {
         spark::activate(&source)?;
 
         let mut params = pin!(LlamaModelParams::default().with_n_gpu_layers(args.n_gpu_layers));
-        for (key, value) in [("ffn_k", args.spark.ffn_k), ("attn_k", args.spark.attn_k)] {
+        for (key, value) in [
+            ("ffn_k", args.spark.k.ffn_k),
+            ("attn_k", args.spark.k.attn_k),
+        ] {
             if let Some(v) = value {
                 let key = CString::new(format!("{}.spark.{key}", gguf_info::SPARK_ARCH))
                     .map_err(|_| CliError::new("invalid override key"))?;
@@ -158,8 +177,8 @@ impl Session {
     /// A context with room for `n_tokens` tokens (or `-c`, when larger).
     pub fn context(&self, n_tokens: u32) -> Result<LlamaContext<'_>> {
         let n_ctx = self.args.ctx.max(n_tokens).max(1);
-        let n_batch = self.args.batch.clamp(1, n_ctx);
-        let threads = self.args.threads.unwrap_or_else(|| {
+        let n_batch = self.args.runtime.batch.clamp(1, n_ctx);
+        let threads = self.args.runtime.threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(1))
         });
         if threads < 1 {
@@ -167,7 +186,7 @@ impl Session {
                 "--threads must be at least 1, got {threads}"
             )));
         }
-        let cache = match self.args.cache_type {
+        let cache = match self.args.runtime.cache_type {
             CacheType::F16 => KvCacheType::F16,
             CacheType::F32 => KvCacheType::F32,
         };
@@ -194,8 +213,8 @@ impl Session {
         let n_layer = self.info.n_layer.unwrap_or_else(|| self.model.n_layer());
         let targets = spark::Targets {
             n_ff: self.info.n_ff,
-            ffn_k: self.args.spark.ffn_k.or(self.info.ffn_k),
-            attn_k: self.args.spark.attn_k.or(self.info.attn_k),
+            ffn_k: self.args.spark.k.ffn_k.or(self.info.ffn_k),
+            attn_k: self.args.spark.k.attn_k.or(self.info.attn_k),
         };
         spark::print_stats(&self.source, n_layer, targets);
     }
