@@ -67,14 +67,14 @@ fn main() {
         .unwrap_or_else(|e| panic!("{}: {e}", capture_path.display()));
     let mut stdout = std::io::stdout().lock();
     for line in text.lines() {
-        let (prefix, path) = ["cargo:rerun-if-changed=", "cargo::rerun-if-changed="]
+        let rerun = ["cargo:rerun-if-changed=", "cargo::rerun-if-changed="]
             .iter()
-            .find_map(|p| line.strip_prefix(p).map(|rest| (*p, rest)))
-            .unwrap_or(("", ""));
-        let line = if !prefix.is_empty() && Path::new(path).is_relative() {
-            format!("{prefix}{}", Path::new(dir).join(path).display())
-        } else {
-            line.to_string()
+            .find_map(|prefix| line.strip_prefix(prefix).map(|path| (prefix, path)));
+        let line = match rerun {
+            Some((prefix, path)) if Path::new(path).is_relative() => {
+                format!("{prefix}{}", Path::new(dir).join(path).display())
+            }
+            _ => line.to_string(),
         };
         writeln!(stdout, "{line}").expect("write stdout");
     }

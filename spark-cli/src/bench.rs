@@ -9,6 +9,7 @@
 
 use crate::error::{CliError, Result};
 use crate::gguf_info;
+use crate::sample::mean_sd;
 use crate::session::{decode, CacheType, KOverrides, ModelArgs, RuntimeArgs, Session, SparkArgs};
 use clap::{Args, ValueEnum};
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -241,7 +242,8 @@ fn bench_tokens(n: usize, n_vocab: i32) -> Vec<i32> {
 fn measure(args: &BenchArgs, model: &Path, mode: Mode) -> Result<Speeds> {
     let margs = ModelArgs {
         model: model.to_path_buf(),
-        ctx: args.n_prompt + args.n_gen,
+        // pp and tg each start from an empty cache: the context holds the longer of the two.
+        ctx: 0,
         runtime: args.runtime.clone(),
         n_gpu_layers: 0,
         spark: SparkArgs {
@@ -299,17 +301,6 @@ fn measure(args: &BenchArgs, model: &Path, mode: Mode) -> Result<Speeds> {
         speeds.tg = Some(f64::from(args.n_gen) / t0.elapsed().as_secs_f64());
     }
     Ok(speeds)
-}
-
-/// Mean and sample standard deviation.
-fn mean_sd(v: &[f64]) -> (f64, f64) {
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    if v.len() < 2 {
-        return (mean, 0.0);
-    }
-    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    (mean, var.sqrt())
 }
 
 /// Picks one test's speed out of a result.
@@ -374,12 +365,5 @@ mod tests {
         let t = bench_tokens(1000, 17);
         assert!(t.iter().all(|&x| (0..17).contains(&x)));
         assert!(t.iter().collect::<std::collections::HashSet<_>>().len() > 10);
-    }
-
-    #[test]
-    fn mean_and_standard_deviation() {
-        let (m, s) = mean_sd(&[1.0, 2.0, 3.0]);
-        assert!((m - 2.0).abs() < 1e-12 && (s - 1.0).abs() < 1e-12);
-        assert_eq!(mean_sd(&[4.0]), (4.0, 0.0));
     }
 }

@@ -16,6 +16,7 @@
 
 use crate::atomic_file::AtomicFile;
 use crate::error::{CliError, Result};
+use crate::sample::mean_sd;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -273,16 +274,8 @@ impl KldStats {
 
     /// Mean KLD and its standard error.
     pub fn mean(&self) -> (f64, f64) {
-        let n = self.kld.len() as f64;
-        if n == 0.0 {
-            return (0.0, 0.0);
-        }
-        let mean = self.kld.iter().sum::<f64>() / n;
-        if n < 2.0 {
-            return (mean, 0.0);
-        }
-        let var = self.kld.iter().map(|k| (k - mean).powi(2)).sum::<f64>() / (n - 1.0);
-        (mean, (var / n).sqrt())
+        let (mean, sd) = mean_sd(&self.kld);
+        (mean, sd / (self.kld.len().max(1) as f64).sqrt())
     }
 
     /// The `q`-quantile (0..=1) of the per-position KLDs, nearest rank.

@@ -13,6 +13,7 @@ mod npy;
 mod perplexity;
 mod quantize;
 mod run;
+mod sample;
 mod session;
 mod spark;
 

@@ -204,7 +204,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     let mut base_in = None;
     let (tokens, n_ctx) = if args.kl_divergence {
         let path = args.kl_divergence_base.as_ref().expect("clap requires it");
-        let base = BaseReader::open(path)?;
+        let mut base = BaseReader::open(path)?;
         if i64::from(base.shape.n_vocab) != i64::from(n_vocab) {
             return Err(CliError::new(format!(
                 "{}: vocabulary of {} but the model has {n_vocab}",
@@ -220,7 +220,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
                 path.display()
             )));
         }
-        let tokens = base.tokens.clone();
+        let tokens = std::mem::take(&mut base.tokens);
         base_in = Some(base);
         (tokens, n_ctx)
     } else {
