@@ -1,7 +1,8 @@
 //! Sparse Spark FFN vs the dense gated FFN of Gemma-2 2B, both as ggml graphs on the same
 //! persistent ggml thread pool (2 threads), at Gemma-2 2B shapes: D 2304, F 13824, r_f 1024,
-//! k_f 1106 (sparse); gate/up/down 2304 x 9216 (dense). Weight types f16 and q8_0, batches
-//! 1 and 64. Also measures this machine's read bandwidth (2 threads summing a 2 GiB buffer) and
+//! k_f 1106 (sparse); gate/up/down 2304 x 9216 (dense). The sparse FFN runs both ways of
+//! `docs/INTERFACES.md`: two-stage (`spark_ffn_up` + `spark_ffn_down`) and fused
+//! (`spark_ffn_fused` + `spark_ffn_sum`). Weight types f16 and q8_0, batches 1 and 64. Also measures this machine's read bandwidth (2 threads summing a 2 GiB buffer) and
 //! prints a summary table with the ratios and the sparse kernel's achieved bytes/s.
 //!
 //! Run: `cargo bench -p spark-backend --bench ffn` (add `-- --quick`-style criterion flags as
@@ -55,6 +56,8 @@ struct Setup {
     ggml: Ggml,
     _params: Box<FfnParams>,
     sparse: *mut sys::ggml_cgraph,
+    /// The fused path: mul_mat + spark_ffn_fused + spark_ffn_sum.
+    fused: *mut sys::ggml_cgraph,
     /// Prefixes of the sparse graph: the predictor alone, and predictor + `spark_ffn_up`.
     predictor_only: *mut sys::ggml_cgraph,
     through_up: *mut sys::ggml_cgraph,
@@ -72,7 +75,9 @@ impl Setup {
         let mut rng = Rng::new(7);
         let row = |n: usize| ty.row_bytes(n).unwrap();
         let total = row(R) * F + row(D - R) * F + row(D) * F + 3 * row(D) * FF;
-        let ggml = Ggml::new(total + (n_tokens * (4 * F + 8 * FF + 8 * D) + (64 << 20)));
+        let partials = 4 * D * n_tokens * spark_backend::ffn::fused::default_chunks(F);
+        let ggml =
+            Ggml::new(total + partials + (n_tokens * (8 * F + 8 * FF + 12 * D) + (64 << 20)));
         let h = ggml.f32_tensor(D, n_tokens, &rng.normals(n_tokens * D, 1.0));
         // Scale so that the predictor scores and the dense activations are O(1).
         let k1 = ggml.tensor(
@@ -86,6 +91,9 @@ impl Setup {
         let params = Box::new(FfnParams { layer: 0, k: K });
         let [scores, u, out] = ggml.spark_ffn(h, k1, k2, v, &*params);
         let sparse = ggml.graph(out);
+        let p = spark_backend::ffn::fused::default_chunks(F);
+        let [_, _, fused_out] = ggml.spark_ffn_fused(h, k1, k2, v, p, &*params);
+        let fused = ggml.graph(fused_out);
         let predictor_only = ggml.graph(scores);
         let through_up = ggml.graph(u);
         let gate = ggml.tensor(ty, D, FF, &weights(&mut rng, ty, D, FF, 0.03));
@@ -96,6 +104,7 @@ impl Setup {
             ggml,
             _params: params,
             sparse,
+            fused,
             predictor_only,
             through_up,
             dense,
@@ -121,23 +130,26 @@ impl Setup {
     }
 }
 
-/// Runs `a` and `b` alternately `runs` times each; returns their (min, median) wall times.
+/// Runs the closures in turn, `runs` rounds; returns each one's (min, median) wall time.
 /// The minimum filters out preemption by other processes on a shared machine; alternating
-/// exposes both to the same conditions.
-fn interleaved(runs: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> [(Duration, Duration); 2] {
-    let mut ta = Vec::with_capacity(runs);
-    let mut tb = Vec::with_capacity(runs);
+/// exposes all of them to the same conditions.
+fn interleaved<const N: usize>(
+    runs: usize,
+    fs: [&mut dyn FnMut(); N],
+) -> [(Duration, Duration); N] {
+    let mut times = vec![Vec::with_capacity(runs); N];
+    let mut fs = fs;
     for _ in 0..runs {
-        let s = Instant::now();
-        a();
-        ta.push(s.elapsed());
-        let s = Instant::now();
-        b();
-        tb.push(s.elapsed());
+        for (f, t) in fs.iter_mut().zip(times.iter_mut()) {
+            let s = Instant::now();
+            f();
+            t.push(s.elapsed());
+        }
     }
-    ta.sort();
-    tb.sort();
-    [(ta[0], ta[runs / 2]), (tb[0], tb[runs / 2])]
+    std::array::from_fn(|i| {
+        times[i].sort();
+        (times[i][0], times[i][runs / 2])
+    })
 }
 
 /// 2 threads each summing half of a buffer of `bytes` bytes; returns bytes/s (best of 3).
@@ -170,7 +182,8 @@ fn read_bandwidth(bytes: usize) -> f64 {
 fn bench(c: &mut Criterion) {
     let bw = read_bandwidth(2 << 30);
     let n_threads = threads();
-    let mut runner = Runner::new(n_threads);
+    let runner = std::cell::RefCell::new(Runner::new(n_threads));
+    let run = |g: *mut sys::ggml_cgraph| runner.borrow_mut().compute(g);
     let mut summary = Vec::new();
     let mut stages = Vec::new();
     for ty in types() {
@@ -181,75 +194,86 @@ fn bench(c: &mut Criterion) {
                 .warm_up_time(Duration::from_secs(1))
                 .measurement_time(Duration::from_secs(3));
             g.throughput(Throughput::Elements(n_tokens as u64));
-            g.bench_function("dense_ggml", |b| b.iter(|| runner.compute(setup.dense)));
-            g.bench_function("sparse_spark", |b| b.iter(|| runner.compute(setup.sparse)));
+            g.bench_function("dense_ggml", |b| b.iter(|| run(setup.dense)));
+            g.bench_function("sparse_two_stage", |b| b.iter(|| run(setup.sparse)));
+            g.bench_function("sparse_fused", |b| b.iter(|| run(setup.fused)));
             g.finish();
-            // Same-run summary with interleaved medians.
+            // Same-run summary: each sparse graph right after the dense one (67 MB of other
+            // weights), so that its weights come from memory as in a decode step, and never
+            // right after the other sparse graph (which reads the same weights).
             let runs = if n_tokens == 1 { 61 } else { 9 };
-            let (dense_graph, sparse_graph) = (setup.dense, setup.sparse);
-            let [dense, sparse] = {
-                let r = std::cell::RefCell::new(&mut runner);
-                interleaved(
-                    runs,
-                    || r.borrow_mut().compute(dense_graph),
-                    || r.borrow_mut().compute(sparse_graph),
-                )
-            };
+            let [dense, sparse, _, fused] = interleaved(
+                runs,
+                [
+                    &mut || run(setup.dense),
+                    &mut || run(setup.sparse),
+                    &mut || run(setup.dense),
+                    &mut || run(setup.fused),
+                ],
+            );
             let (bytes, kept) = setup.sparse_bytes();
-            summary.push((ty, n_tokens, dense, sparse, setup.dense_bytes, bytes, kept));
+            summary.push((
+                ty,
+                n_tokens,
+                dense,
+                sparse,
+                fused,
+                setup.dense_bytes,
+                bytes,
+                kept,
+            ));
             // Stage costs: min times of the graph prefixes, each run after the dense graph
             // (67 MB of other weights) so that its weights come from memory, as in the full run.
-            let [predictor, through_up] = {
-                let r = std::cell::RefCell::new(&mut runner);
-                let (p, u) = (setup.predictor_only, setup.through_up);
-                let [_, predictor] = interleaved(
-                    runs,
-                    || r.borrow_mut().compute(dense_graph),
-                    || r.borrow_mut().compute(p),
-                );
-                let [_, through_up] = interleaved(
-                    runs,
-                    || r.borrow_mut().compute(dense_graph),
-                    || r.borrow_mut().compute(u),
-                );
-                [predictor, through_up]
-            };
-            stages.push((ty, n_tokens, predictor.0, through_up.0, sparse.0));
+            let [_, predictor, _, through_up] = interleaved(
+                runs,
+                [
+                    &mut || run(setup.dense),
+                    &mut || run(setup.predictor_only),
+                    &mut || run(setup.dense),
+                    &mut || run(setup.through_up),
+                ],
+            );
+            stages.push((ty, n_tokens, predictor.0, through_up.0, sparse.0, fused.0));
         }
     }
     println!(
         "\nread bandwidth (2 threads, 2 GiB sum): {:.1} GB/s; ggml threads: {n_threads}",
         bw / 1e9
     );
-    println!("| type | batch | dense ms (min / median) | sparse ms (min / median) | speed-up (min / median) | kept/token | sparse weight MB | sparse GB/s (min) | dense GB/s (min) | byte-limit speed-up |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| type | batch | dense ms (min / median) | two-stage ms (min / median) | fused ms (min / median) | two-stage speed-up (min / median) | fused speed-up (min / median) | kept/token | sparse weight MB | fused GB/s (min) | dense GB/s (min) | byte-limit speed-up |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    for (ty, n, dense, sparse, db, sb, kept) in summary {
+    for (ty, n, dense, sparse, fused, db, sb, kept) in summary {
         println!(
-            "| {} | {n} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2}x / {:.2}x | {kept:.0} | {:.1} | {:.1} | {:.1} | {:.2}x |",
+            "| {} | {n} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2}x / {:.2}x | {:.2}x / {:.2}x | {kept:.0} | {:.1} | {:.1} | {:.1} | {:.2}x |",
             ty.name(),
             ms(dense.0),
             ms(dense.1),
             ms(sparse.0),
             ms(sparse.1),
+            ms(fused.0),
+            ms(fused.1),
             ms(dense.0) / ms(sparse.0),
             ms(dense.1) / ms(sparse.1),
+            ms(dense.0) / ms(fused.0),
+            ms(dense.1) / ms(fused.1),
             sb as f64 / 1e6,
-            sb as f64 / sparse.0.as_secs_f64() / 1e9,
+            sb as f64 / fused.0.as_secs_f64() / 1e9,
             db as f64 / dense.0.as_secs_f64() / 1e9,
             db as f64 / sb as f64,
         );
     }
     println!("\nsparse stages (min ms of graph prefixes, each run after the dense graph):");
-    println!("| type | batch | predictor mul_mat(K1) | spark_ffn_up | spark_ffn_down |");
-    println!("|---|---|---|---|---|");
-    for (ty, n, predictor, through_up, all) in stages {
+    println!("| type | batch | predictor mul_mat(K1) | spark_ffn_up | spark_ffn_down | spark_ffn_fused + spark_ffn_sum |");
+    println!("|---|---|---|---|---|---|");
+    for (ty, n, predictor, through_up, all, fused) in stages {
         println!(
-            "| {} | {n} | {:.3} | {:.3} | {:.3} |",
+            "| {} | {n} | {:.3} | {:.3} | {:.3} | {:.3} |",
             ty.name(),
             ms(predictor),
             ms(through_up) - ms(predictor),
             ms(all) - ms(through_up),
+            ms(fused) - ms(predictor),
         );
     }
 }

@@ -11,11 +11,16 @@
 //! share an output element: every value is computed by one thread in a fixed order, and results
 //! are bit-identical for any split. In a batch, each active row of K2 and V is read once for the
 //! union of the tokens' masks and applied to every token that has it active.
+//!
+//! [`fused`] does stages 2 and 3 in one pass over fixed neuron chunks instead (the graph's path
+//! for batches up to 64 tokens: one node and one walk over the active list fewer).
 
 use crate::rows::{self, Activation, RowMatrix};
 use crate::topk;
 use crate::KernelError;
 use std::ops::Range;
+
+pub mod fused;
 
 /// `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with the limits
 /// `gelu_tanh(+inf) = +inf` and `gelu_tanh(-inf) = 0` (NaN stays NaN).
@@ -127,11 +132,7 @@ pub fn up_range(
             "neuron range {neurons:?} beyond F = {f}"
         )));
     }
-    token_thresholds(scores, f, k, &mut scratch.thetas);
-    scratch.acts.resize_with(n_tokens, Activation::new);
-    for t in 0..n_tokens {
-        scratch.acts[t].prepare(k2.ty(), token_row(h, h_stride, t, r..d)?)?;
-    }
+    prepare_tokens(scores, h, h_stride, n_tokens, r..d, k2, k, scratch)?;
     u.fill(0.0);
     let mut kept = 0u64;
     if n_tokens == 1 {
@@ -166,6 +167,27 @@ pub fn up_range(
         }
     }
     Ok(kept)
+}
+
+/// Per token of a batch: its threshold (`scratch.thetas`) and `h[cols]` prepared for K2's
+/// row type (`scratch.acts`), shared by every neuron range a thread computes.
+#[allow(clippy::too_many_arguments)]
+fn prepare_tokens(
+    scores: &[f32],
+    h: &[f32],
+    h_stride: usize,
+    n_tokens: usize,
+    cols: Range<usize>,
+    k2: &RowMatrix<'_>,
+    k: usize,
+    scratch: &mut Scratch,
+) -> Result<(), KernelError> {
+    token_thresholds(scores, k2.n_rows(), k, &mut scratch.thetas);
+    scratch.acts.resize_with(n_tokens, Activation::new);
+    for t in 0..n_tokens {
+        scratch.acts[t].prepare(k2.ty(), token_row(h, h_stride, t, cols.clone())?)?;
+    }
+    Ok(())
 }
 
 /// Stage 3 for output dimensions `dims` (block-aligned for V's type): for every token `t`,
@@ -234,6 +256,36 @@ pub fn down_range(
     Ok(())
 }
 
+/// V rows waiting to be added to one output row, four at a time ([`rows::axpy4`]: one pass
+/// over the output instead of four, the same result bit for bit).
+#[derive(Default)]
+struct PendingAxpy<'a> {
+    rows: [Option<(rows::Row<'a>, f32)>; 4],
+    len: usize,
+}
+
+impl<'a> PendingAxpy<'a> {
+    /// Queues `y += alpha * row`, running the queue when it holds four rows.
+    #[inline]
+    fn push(&mut self, row: rows::Row<'a>, alpha: f32, y: &mut [f32]) {
+        self.rows[self.len] = Some((row, alpha));
+        self.len += 1;
+        if self.len == 4 {
+            let [a, b, c, d] = self.rows.map(|x| x.expect("four queued rows"));
+            rows::axpy4([a.0, b.0, c.0, d.0], [a.1, b.1, c.1, d.1], y);
+            self.len = 0;
+        }
+    }
+
+    /// Runs what is left in the queue, in order.
+    fn flush(&mut self, y: &mut [f32]) {
+        for (row, alpha) in self.rows[..self.len].iter().flatten() {
+            rows::axpy(*row, *alpha, y);
+        }
+        self.len = 0;
+    }
+}
+
 /// Output bytes (tokens x columns) a sub-tile of [`down_range`] aims at.
 const OUT_TILE_BYTES: usize = 128 << 10;
 
@@ -247,6 +299,22 @@ fn down_tile(
 ) {
     let w = cols.len();
     scratch.row.resize(w, 0.0);
+    if out.len() == 1 {
+        // One token: every neuron applies to it; four V rows per pass over the output.
+        let y = &mut out[0][offset..offset + w];
+        let mut pending = PendingAxpy::default();
+        for i in 0..scratch.active.len() {
+            if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
+                prefetch_row_range(v, next as usize, cols.clone());
+            }
+            let row = v
+                .row(scratch.active[i] as usize)
+                .slice(cols.start, cols.end);
+            pending.push(row, scratch.tokens[i].1, y);
+        }
+        pending.flush(y);
+        return;
+    }
     for i in 0..scratch.active.len() {
         if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
             prefetch_row_range(v, next as usize, cols.clone());

@@ -1,9 +1,10 @@
-//! The ggml custom ops of the Spark FFN: `spark_ffn_up` and `spark_ffn_down` (contract in
-//! `docs/INTERFACES.md`; the predictor before them is a stock `ggml_mul_mat`).
+//! The ggml custom ops of the Spark FFN (contract in `docs/INTERFACES.md`; the predictor before
+//! them is a stock `ggml_mul_mat`): the two-stage path `spark_ffn_up` + `spark_ffn_down`, and
+//! the fused path `spark_ffn_fused` + `spark_ffn_sum` the graph takes for small batches.
 //!
 //! ggml calls each op on all `nth` threads at once with no barrier inside a node, so each
-//! thread computes a fixed share (up: a neuron range; down: an output-dimension range) and
-//! results do not depend on `nth`. Errors (bad shapes, types or parameters) print one line to
+//! thread computes a fixed share (up: a neuron range; down and sum: an output range; fused:
+//! every nth chunk) and results do not depend on `nth`. Errors (bad shapes, types or parameters) print one line to
 //! stderr (the first few per process) and fill the thread's share of dst with NaN, so a broken
 //! graph shows in the logits; panics are caught and handled the same way, never unwinding into C.
 
@@ -64,6 +65,45 @@ pub unsafe extern "C" fn spark_ffn_down(
     // SAFETY: forwarded contract of this function.
     run_guarded("spark_ffn_down", dst, ith, nth, || unsafe {
         down(dst, ith, nth)
+    });
+}
+
+/// `spark_ffn_fused`: stages 2 and 3 over P fixed neuron chunks; `dst [D, n_tokens, P]` holds
+/// one partial output per chunk (the graph picks P: `ffn::fused::default_chunks(F)`).
+///
+/// # Safety
+/// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..4]` are the tensors
+/// of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params` (or null,
+/// which is reported as an error).
+#[no_mangle]
+pub unsafe extern "C" fn spark_ffn_fused(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    userdata: *mut c_void,
+) {
+    // SAFETY: forwarded contract of this function.
+    run_guarded("spark_ffn_fused", dst, ith, nth, || unsafe {
+        fused(dst, ith, nth, userdata)
+    });
+}
+
+/// `spark_ffn_sum`: `dst [D, n_tokens]` = the sum of the P partials of `spark_ffn_fused`, in
+/// chunk order.
+///
+/// # Safety
+/// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0]` is the
+/// `spark_ffn_fused` output; `userdata` is not read.
+#[no_mangle]
+pub unsafe extern "C" fn spark_ffn_sum(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    _userdata: *mut c_void,
+) {
+    // SAFETY: forwarded contract of this function.
+    run_guarded("spark_ffn_sum", dst, ith, nth, || unsafe {
+        sum(dst, ith, nth)
     });
 }
 
@@ -227,15 +267,11 @@ fn thread_share(ith: c_int, nth: c_int) -> Result<(usize, usize), KernelError> {
     Ok((ith as usize, nth as usize))
 }
 
+/// `k_f` from the op's userdata.
+///
 /// # Safety
-/// See [`spark_ffn_up`].
-unsafe fn up(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    userdata: *mut c_void,
-) -> Result<(), KernelError> {
-    let (ith, nth) = thread_share(ith, nth)?;
+/// `userdata` is null or points to a `spark_ffn_params`.
+unsafe fn read_params(userdata: *mut c_void) -> Result<(FfnParams, usize), KernelError> {
     if userdata.is_null() {
         return Err(KernelError::Param("spark_ffn_params is null".into()));
     }
@@ -245,16 +281,27 @@ unsafe fn up(
         .ok()
         .filter(|&k| k >= 1)
         .ok_or_else(|| KernelError::Param(format!("k = {} (must be >= 1)", params.k)))?;
-    // SAFETY: the op contract: dst and its sources are live.
-    let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
-    expect_f32_rows(&s, "scores")?;
-    expect_f32_rows(&h, "h")?;
+    Ok((params, k))
+}
+
+/// Checks the shared inputs of `spark_ffn_up` and `spark_ffn_fused`: scores [F, T] and h
+/// [D, T] as f32 rows, K2 [D - r_f, F]; returns (F, T, D) and K2's matrix.
+///
+/// # Safety
+/// `k2` describes a live tensor.
+unsafe fn check_up_inputs<'a>(
+    s: &TensorView,
+    h: &TensorView,
+    k2: &TensorView,
+) -> Result<(usize, usize, usize, RowMatrix<'a>), KernelError> {
+    expect_f32_rows(s, "scores")?;
+    expect_f32_rows(h, "h")?;
     // SAFETY: k2 is a live tensor (contract).
-    let k2m = unsafe { weight(&k2, "ffn_up")? };
+    let k2m = unsafe { weight(k2, "ffn_up")? };
     let (f, n_tokens, d) = (s.ne[0], s.ne[1], h.ne[0]);
-    expect_2d(&s, "scores", f, n_tokens)?;
-    expect_2d(&h, "h", d, n_tokens)?;
-    expect_2d(&k2, "ffn_up", k2.ne[0], f)?;
+    expect_2d(s, "scores", f, n_tokens)?;
+    expect_2d(h, "h", d, n_tokens)?;
+    expect_2d(k2, "ffn_up", k2.ne[0], f)?;
     if k2.ne[0] == 0 || k2.ne[0] >= d {
         return Err(KernelError::Shape(format!(
             "ffn_up width {} not in (0, D = {d})",
@@ -264,6 +311,113 @@ unsafe fn up(
     if s.nb[1] != 4 * f {
         return Err(KernelError::Shape("scores rows must be contiguous".into()));
     }
+    Ok((f, n_tokens, d, k2m))
+}
+
+/// # Safety
+/// See [`spark_ffn_fused`].
+unsafe fn fused(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    userdata: *mut c_void,
+) -> Result<(), KernelError> {
+    let (ith, nth) = thread_share(ith, nth)?;
+    // SAFETY: userdata is null or a spark_ffn_params (contract).
+    let (params, k) = unsafe { read_params(userdata)? };
+    // SAFETY: the op contract: dst and its sources are live.
+    let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
+    // SAFETY: as above.
+    let (f, n_tokens, d, k2m) = unsafe { check_up_inputs(&s, &h, &k2)? };
+    // SAFETY: v is a live tensor (contract).
+    let vm = unsafe { weight(&v, "ffn_down_t")? };
+    expect_2d(&v, "ffn_down_t", d, f)?;
+    let p = out.ne[2];
+    if out.ne != [d, n_tokens, p, 1] || p == 0 || p > f {
+        return Err(KernelError::Shape(format!(
+            "dst: ne {:?}, expected [{d}, {n_tokens}, P, 1] with 1 <= P <= F = {f}",
+            out.ne
+        )));
+    }
+    expect_f32_rows(&out, "dst")?;
+    let len = d * n_tokens;
+    if out.nb[1] != 4 * d || out.nb[2] != 4 * len {
+        return Err(KernelError::Shape("dst must be contiguous".into()));
+    }
+    // SAFETY: s and h are live f32 tensors with the checked shapes.
+    let (scores, _) = unsafe { f32_rows(&s) };
+    // SAFETY: as above.
+    let (h_data, h_stride) = unsafe { f32_rows(&h) };
+    let inputs = ffn::fused::FusedInputs {
+        scores,
+        h: h_data,
+        h_stride,
+        n_tokens,
+        k2: &k2m,
+        v: &vm,
+        k,
+    };
+    let chunks = (ith..p).step_by(nth).map(|c| {
+        // SAFETY: partial c (len contiguous f32 values) lies inside dst (shape and strides
+        // checked) and belongs to this thread alone: chunk c goes to thread c % nth.
+        let partial =
+            unsafe { std::slice::from_raw_parts_mut(out.data.cast::<f32>().add(c * len), len) };
+        (c, partial)
+    });
+    let kept =
+        SCRATCH.with(|sc| ffn::fused::chunk_partials(&inputs, p, chunks, &mut sc.borrow_mut()))?;
+    let tokens = if ith == 0 { n_tokens as u64 } else { 0 };
+    stats::record_ffn(params.layer, kept, tokens, f as u64);
+    Ok(())
+}
+
+/// # Safety
+/// See [`spark_ffn_sum`].
+unsafe fn sum(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) -> Result<(), KernelError> {
+    let (ith, nth) = thread_share(ith, nth)?;
+    // SAFETY: the op contract: dst and its sources are live.
+    let (out, [partials]) = unsafe { views::<1>(dst)? };
+    let (d, n_tokens, p) = (partials.ne[0], partials.ne[1], partials.ne[2]);
+    expect_f32_rows(&partials, "partials")?;
+    let len = d * n_tokens;
+    if partials.ne[3] != 1 || partials.nb[1] != 4 * d || partials.nb[2] != 4 * len || p == 0 {
+        return Err(KernelError::Shape(format!(
+            "partials: ne {:?} nb {:?}, expected contiguous [D, n_tokens, P >= 1, 1]",
+            partials.ne, partials.nb
+        )));
+    }
+    expect_2d(&out, "dst", d, n_tokens)?;
+    expect_f32_rows(&out, "dst")?;
+    if out.nb[1] != 4 * d {
+        return Err(KernelError::Shape("dst must be contiguous".into()));
+    }
+    // SAFETY: partials is a live contiguous f32 tensor of p * len values (checked above).
+    let all =
+        unsafe { std::slice::from_raw_parts(partials.data.cast::<f32>().cast_const(), p * len) };
+    let range = ffn::split_range(len, nth, ith, DIM_ALIGN);
+    // SAFETY: elements `range` of dst (contiguous, len values) belong to this thread alone:
+    // the shares of split_range are disjoint.
+    let mine = unsafe {
+        std::slice::from_raw_parts_mut(out.data.cast::<f32>().add(range.start), range.len())
+    };
+    ffn::fused::sum_partials(all, len, range, mine)
+}
+
+/// # Safety
+/// See [`spark_ffn_up`].
+unsafe fn up(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    userdata: *mut c_void,
+) -> Result<(), KernelError> {
+    let (ith, nth) = thread_share(ith, nth)?;
+    // SAFETY: userdata is null or a spark_ffn_params (contract).
+    let (params, k) = unsafe { read_params(userdata)? };
+    // SAFETY: the op contract: dst and its sources are live.
+    let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
+    // SAFETY: as above.
+    let (f, n_tokens, d, k2m) = unsafe { check_up_inputs(&s, &h, &k2)? };
     expect_2d(&out, "dst", n_tokens, f)?;
     expect_f32_rows(&out, "dst")?;
     if out.nb[1] != 4 * n_tokens {

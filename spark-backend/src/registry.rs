@@ -27,9 +27,11 @@ pub const GGML_BACKEND_API_VERSION: c_int = 3;
 pub const NAME: &CStr = c"Spark";
 
 /// Names [`get_proc_address`](BackendRegIface::get_proc_address) resolves, in no particular order.
-pub const PROC_NAMES: [&str; 5] = [
+pub const PROC_NAMES: [&str; 7] = [
     "spark_ffn_up",
     "spark_ffn_down",
+    "spark_ffn_fused",
+    "spark_ffn_sum",
     "spark_attn",
     "spark_stats_reset",
     "spark_stats_get",
@@ -129,6 +131,8 @@ pub fn proc_address(name: &str) -> Option<*mut c_void> {
     let f: *mut c_void = match name {
         "spark_ffn_up" => crate::ffn_op::spark_ffn_up as *mut c_void,
         "spark_ffn_down" => crate::ffn_op::spark_ffn_down as *mut c_void,
+        "spark_ffn_fused" => crate::ffn_op::spark_ffn_fused as *mut c_void,
+        "spark_ffn_sum" => crate::ffn_op::spark_ffn_sum as *mut c_void,
         "spark_attn" => crate::attn_op::spark_attn as *mut c_void,
         "spark_stats_reset" => spark_stats_reset as *mut c_void,
         "spark_stats_get" => spark_stats_get as *mut c_void,

@@ -4,7 +4,7 @@
 
 mod ffn_common;
 
-use ffn_common::{ref_down, ref_scores, ref_up, Ggml, Rng, Weights};
+use ffn_common::{ref_down, ref_scores, ref_up, up_scale, Ggml, Rng, Weights};
 use spark_backend::ffn::{self, Scratch};
 use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_up};
 use spark_backend::params::FfnParams;
@@ -34,33 +34,6 @@ fn assert_close(got: &[f32], want: &[f64], mag: &[f64], rel: f64, what: &str) {
             "{what}: element {i}: {g} vs {w} (scale {m})"
         );
     }
-}
-
-/// Magnitude scale of the up stage per element: (|a| + |s_j| + |theta|) * sum |K2_j h2|, the
-/// middle terms covering the rounding of `s_j - theta` near the threshold.
-fn up_scale(scores: &[f32], h: &[f32], d: usize, n: usize, k2: &Weights, k: usize) -> Vec<f64> {
-    let f = k2.n_rows;
-    let r = d - k2.n_cols;
-    let mut out = vec![0f64; f * n];
-    for t in 0..n {
-        let s = &scores[t * f..(t + 1) * f];
-        let theta = ffn_common::ref_threshold(s, k);
-        for j in 0..f {
-            let sj = f64::from(s[j]);
-            let a = match theta {
-                Some(th) if sj > th => ffn_common::ref_gelu(sj - th).abs() + sj.abs() + th.abs(),
-                Some(_) => continue,
-                None => ffn_common::ref_gelu(sj).abs() + sj.abs(),
-            };
-            let dot: f64 = k2
-                .row_f64(j)
-                .zip(&h[t * d + r..(t + 1) * d])
-                .map(|(w, &x)| (w * f64::from(x)).abs())
-                .sum();
-            out[j * n + t] = a * dot;
-        }
-    }
-    out
 }
 
 #[test]
@@ -287,10 +260,10 @@ fn run_ops_simulated(c: &OpCase, s: &[f32], nth: i32) -> (Vec<f32>, Vec<f32>) {
     let params = &*c.params as *const FfnParams;
     let u = c
         .ggml
-        .custom([n_tokens, f], &mut [st, c.h, c.k2], spark_ffn_up, params);
+        .custom(&[n_tokens, f], &mut [st, c.h, c.k2], spark_ffn_up, params);
     let out = c
         .ggml
-        .custom([d, n_tokens], &mut [u, c.v], spark_ffn_down, params);
+        .custom(&[d, n_tokens], &mut [u, c.v], spark_ffn_down, params);
     for ith in 0..nth {
         // SAFETY: u is a custom-op tensor of this context with the INTERFACES.md sources.
         unsafe { spark_ffn_up(u, ith, nth, params as *mut _) };
@@ -421,7 +394,7 @@ fn invalid_arguments_fill_dst_with_nan() {
     let st = c.ggml.f32_tensor(10, 2, &[0.5; 20]);
     let u = c
         .ggml
-        .custom([2, 9], &mut [st, c.h, c.k2], spark_ffn_up, params);
+        .custom(&[2, 9], &mut [st, c.h, c.k2], spark_ffn_up, params);
     for ith in 0..2 {
         // SAFETY: u is a live custom-op tensor; the op validates its sources.
         unsafe { spark_ffn_up(u, ith, 2, params as *mut _) };
@@ -432,21 +405,21 @@ fn invalid_arguments_fill_dst_with_nan() {
     let st = c.ggml.f32_tensor(9, 2, &[0.5; 18]);
     let u = c
         .ggml
-        .custom([2, 9], &mut [st, c.h, c.k2], spark_ffn_up, &*bad);
+        .custom(&[2, 9], &mut [st, c.h, c.k2], spark_ffn_up, &*bad);
     // SAFETY: as above.
     unsafe { spark_ffn_up(u, 0, 1, &*bad as *const FfnParams as *mut _) };
     assert!(c.ggml.read(u).iter().all(|x| x.is_nan()));
     // V of the wrong width for dst.
     let out = c
         .ggml
-        .custom([16, 2], &mut [u, c.k2], spark_ffn_down, params);
+        .custom(&[16, 2], &mut [u, c.k2], spark_ffn_down, params);
     // SAFETY: as above.
     unsafe { spark_ffn_down(out, 0, 1, std::ptr::null_mut()) };
     assert!(c.ggml.read(out).iter().all(|x| x.is_nan()));
     // Null userdata for up.
     let u = c
         .ggml
-        .custom([2, 9], &mut [st, c.h, c.k2], spark_ffn_up, params);
+        .custom(&[2, 9], &mut [st, c.h, c.k2], spark_ffn_up, params);
     // SAFETY: as above; null userdata is reported, not dereferenced.
     unsafe { spark_ffn_up(u, 0, 1, std::ptr::null_mut()) };
     assert!(c.ggml.read(u).iter().all(|x| x.is_nan()));

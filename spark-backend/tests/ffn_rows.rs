@@ -241,3 +241,37 @@ fn fused_quantized_kernels_equal_ggml_dequantize_then_axpy_bit_for_bit() {
         );
     }
 }
+
+#[test]
+fn axpy4_equals_four_axpy_calls_bit_for_bit() {
+    // Every type (q8_0 has its own one-pass kernel, the rest run four axpy calls) on whole-block
+    // lengths, including one block and lengths that are not multiples of 8 blocks.
+    let mut rng = Rng::new(6);
+    for ty in RowType::ALL {
+        let be = ty.block_elems();
+        for blocks in [1usize, 3, 9, 72] {
+            let n = be * blocks;
+            let w = Weights::random(&mut rng, ty, n, 4, 0.7);
+            let m = w.matrix();
+            let alphas = [0.31f32, -1.7, 2.5e-3, 0.0];
+            let y0 = rng.normals(n, 1.0);
+            let mut one_pass = y0.clone();
+            rows::axpy4(
+                [m.row(0), m.row(1), m.row(2), m.row(3)],
+                alphas,
+                &mut one_pass,
+            );
+            let mut sequential = y0.clone();
+            for (j, &a) in alphas.iter().enumerate() {
+                rows::axpy(m.row(j), a, &mut sequential);
+            }
+            assert!(
+                one_pass
+                    .iter()
+                    .zip(&sequential)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty:?} n={n}"
+            );
+        }
+    }
+}

@@ -394,6 +394,23 @@ pub fn axpy(row: Row<'_>, alpha: f32, y: &mut [f32]) {
     }
 }
 
+/// `y += alphas[0] * rows[0] + ... + alphas[3] * rows[3]`, bit-identical to four [`axpy`]
+/// calls in order but in one pass over `y` where a kernel exists (q8_0 on AVX2).
+#[inline]
+pub fn axpy4(rows: [Row<'_>; 4], alphas: [f32; 4], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if rows.iter().all(|r| r.ty == RowType::Q8_0 && r.n == y.len())
+        && simd::kernels().name == "avx2"
+    {
+        // SAFETY: AVX2, FMA and F16C were detected; every row holds y.len() q8_0 elements
+        // (checked at construction and above), which the kernel checks again by length.
+        return unsafe { quant_x86::axpy4_q8_0(rows.map(|r| r.bytes), alphas, y) };
+    }
+    for (row, alpha) in rows.into_iter().zip(alphas) {
+        axpy(row, alpha, y);
+    }
+}
+
 /// `out = row` as f32; `out.len()` must equal `row.len()`.
 #[inline]
 pub fn to_f32(row: Row<'_>, out: &mut [f32]) {

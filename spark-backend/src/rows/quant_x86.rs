@@ -130,6 +130,40 @@ pub unsafe fn axpy_q8_0(row: &[u8], alpha: f32, y: &mut [f32]) {
     unsafe { axpy_blocks(row, alpha, y, Q8_0_BYTES, q8_0_load) }
 }
 
+/// `y += alphas[0] * rows[0] + ... + alphas[3] * rows[3]` for four q8_0 rows of `y.len()`
+/// elements (a multiple of 32), one pass over `y`: each element gets the four fused
+/// multiply-adds in row order, so the result equals four [`axpy_q8_0`] calls bit for bit.
+///
+/// # Safety
+/// As for [`axpy_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy4_q8_0(rows: [&[u8]; 4], alphas: [f32; 4], y: &mut [f32]) {
+    let n_blocks = y.len() / 32;
+    assert!(
+        y.len().is_multiple_of(32) && rows.iter().all(|r| r.len() >= n_blocks * Q8_0_BYTES),
+        "short quantized row"
+    );
+    let a = alphas.map(|x| _mm256_set1_ps(x));
+    let yp = y.as_mut_ptr();
+    for b in 0..n_blocks {
+        // SAFETY: block b lies inside every row and elements 32b..32b+32 inside `y` (checked
+        // above); AVX2, FMA and F16C are enabled on this function.
+        unsafe {
+            let p = yp.add(32 * b);
+            let mut acc = [0, 1, 2, 3].map(|k| _mm256_loadu_ps(p.add(8 * k)));
+            for (row, ar) in rows.iter().zip(a) {
+                let w = q8_0_block(row.as_ptr().add(b * Q8_0_BYTES));
+                for (acc_k, w_k) in acc.iter_mut().zip(w) {
+                    *acc_k = _mm256_fmadd_ps(w_k, ar, *acc_k);
+                }
+            }
+            for (k, acc_k) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(p.add(8 * k), acc_k);
+            }
+        }
+    }
+}
+
 /// `y += alpha * row` for a q4_0 row of `y.len()` elements (a multiple of 32).
 ///
 /// # Safety

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use llama_cpp_sys_2 as sys;
-use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_up};
+use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::{quant, RowMatrix, RowType};
 use std::ffi::c_void;
@@ -210,23 +210,25 @@ impl Ggml {
         }
     }
 
-    /// `ggml_custom_4d` with the given sources, op and params.
+    /// `ggml_custom_4d` with the given sources, op and params; `ne` lists up to 4 sizes
+    /// (missing ones are 1).
     pub fn custom(
         &self,
-        ne: [usize; 2],
+        ne: &[usize],
         args: &mut [*mut sys::ggml_tensor],
         op: unsafe extern "C" fn(*mut sys::ggml_tensor, i32, i32, *mut c_void),
         params: *const FfnParams,
     ) -> *mut sys::ggml_tensor {
+        let size = |i: usize| ne.get(i).copied().unwrap_or(1) as i64;
         // SAFETY: args are live tensors of this context; params outlives the graph (caller).
         unsafe {
             sys::ggml_custom_4d(
                 self.ctx,
                 RowType::F32.ggml(),
-                ne[0] as i64,
-                ne[1] as i64,
-                1,
-                1,
+                size(0),
+                size(1),
+                size(2),
+                size(3),
                 args.as_mut_ptr(),
                 args.len() as i32,
                 Some(op),
@@ -253,9 +255,37 @@ impl Ggml {
             let f = (*k1).ne[1] as usize;
             let hp = sys::ggml_view_2d(self.ctx, h, r, n_tokens as i64, (*h).nb[1], 0);
             let s = sys::ggml_mul_mat(self.ctx, k1, hp);
-            let u = self.custom([n_tokens, f], &mut [s, h, k2], spark_ffn_up, params);
-            let out = self.custom([d, n_tokens], &mut [u, v], spark_ffn_down, params);
+            let u = self.custom(&[n_tokens, f], &mut [s, h, k2], spark_ffn_up, params);
+            let out = self.custom(&[d, n_tokens], &mut [u, v], spark_ffn_down, params);
             [s, u, out]
+        }
+    }
+
+    /// The Spark FFN on the fused path of INTERFACES.md: mul_mat + spark_ffn_fused (P
+    /// chunks) + spark_ffn_sum. Returns (scores, partials, out).
+    pub fn spark_ffn_fused(
+        &self,
+        h: *mut sys::ggml_tensor,
+        k1: *mut sys::ggml_tensor,
+        k2: *mut sys::ggml_tensor,
+        v: *mut sys::ggml_tensor,
+        n_chunks: usize,
+        params: *const FfnParams,
+    ) -> [*mut sys::ggml_tensor; 3] {
+        // SAFETY: live tensors of this context with INTERFACES.md shapes.
+        unsafe {
+            let (d, n_tokens) = ((*h).ne[0] as usize, (*h).ne[1] as usize);
+            let r = (*k1).ne[0];
+            let hp = sys::ggml_view_2d(self.ctx, h, r, n_tokens as i64, (*h).nb[1], 0);
+            let s = sys::ggml_mul_mat(self.ctx, k1, hp);
+            let partials = self.custom(
+                &[d, n_tokens, n_chunks],
+                &mut [s, h, k2, v],
+                spark_ffn_fused,
+                params,
+            );
+            let out = self.custom(&[d, n_tokens], &mut [partials], spark_ffn_sum, params);
+            [s, partials, out]
         }
     }
 
@@ -342,4 +372,31 @@ impl Drop for Runner {
         // SAFETY: pool came from ggml_threadpool_new and is freed once.
         unsafe { sys::ggml_threadpool_free(self.pool) };
     }
+}
+
+/// Magnitude scale of the up stage per element: (|a| + |s_j| + |theta|) * sum |K2_j h2|, the
+/// middle terms covering the rounding of `s_j - theta` near the threshold.
+pub fn up_scale(scores: &[f32], h: &[f32], d: usize, n: usize, k2: &Weights, k: usize) -> Vec<f64> {
+    let f = k2.n_rows;
+    let r = d - k2.n_cols;
+    let mut out = vec![0f64; f * n];
+    for t in 0..n {
+        let s = &scores[t * f..(t + 1) * f];
+        let theta = ref_threshold(s, k);
+        for j in 0..f {
+            let sj = f64::from(s[j]);
+            let a = match theta {
+                Some(th) if sj > th => ref_gelu(sj - th).abs() + sj.abs() + th.abs(),
+                Some(_) => continue,
+                None => ref_gelu(sj).abs() + sj.abs(),
+            };
+            let dot: f64 = k2
+                .row_f64(j)
+                .zip(&h[t * d + r..(t + 1) * d])
+                .map(|(w, &x)| (w * f64::from(x)).abs())
+                .sum();
+            out[j * n + t] = a * dot;
+        }
+    }
+    out
 }

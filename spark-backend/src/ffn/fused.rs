@@ -1,0 +1,272 @@
+//! Stages 2 and 3 of the sparse FFN fused over fixed neuron chunks: the path for small batches
+//! (decode), where the two-stage path's second pass over the active list and its extra graph
+//! node cost more than the arithmetic.
+//!
+//! The graph cuts F neurons into P contiguous chunks (P from the output's shape;
+//! [`default_chunks`] is what the spark-gemma2 graph uses). For each chunk, [`chunk_partials`]
+//! walks the chunk's active neurons once: the K2 row dot, the gate, and the V row accumulated
+//! straight into the chunk's own partial output (`n_tokens x D`). [`sum_partials`] then adds
+//! the partials in chunk order. The chunking does not depend on the thread count, and each
+//! partial is computed by one thread in neuron order, so results are bit-identical for any
+//! split of the chunks over threads. Within a batch each token's output is what it gets alone
+//! (each row is loaded once for the union of the tokens' masks).
+//!
+//! The summation order differs from [`super::down_range`] (one pass over all neurons), so the
+//! fused and two-stage paths agree to rounding, not bit for bit.
+
+use super::{
+    activation, check_len, prefetch_row, prepare_tokens, PendingAxpy, Scratch, PREFETCH_AHEAD,
+};
+use crate::rows::{self, RowMatrix};
+use crate::KernelError;
+use std::ops::Range;
+
+/// Chunks per FFN call (fewer when F is smaller). 32 splits evenly over 1, 2, 4, 8, 16 or
+/// 32 threads; at Gemma-2 2B's F = 13824 a chunk is 432 neurons (~35 active) and the 32
+/// partials of one token (32 x 9 KB) stay in L2.
+/// The chunk count the spark-gemma2 graph uses: `min(F, 16)`. 16 splits evenly over 1, 2, 4,
+/// 8 or 16 threads (a thread's share is then exactly F / nth neurons, so the threads' loads
+/// differ only by their chunks' random active counts), and the partials of one token at
+/// Gemma-2 2B's D (16 x 9 KB) stay in L2 for the sum.
+pub const DEFAULT_MAX_CHUNKS: usize = 16;
+
+/// [`DEFAULT_MAX_CHUNKS`] chunks, or F when F is smaller.
+pub fn default_chunks(f: usize) -> usize {
+    f.clamp(1, DEFAULT_MAX_CHUNKS)
+}
+
+/// The neurons of chunk `c` of `p` (contiguous, in order, sizes differing by at most one;
+/// empty when `c >= p`).
+pub fn chunk_neurons(f: usize, p: usize, c: usize) -> Range<usize> {
+    let p = p.max(1);
+    let (lo, hi) = (c.min(p) * f / p, (c + 1).min(p) * f / p);
+    lo..hi
+}
+
+/// The inputs every chunk of one FFN call shares.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedInputs<'a> {
+    /// Predictor scores, `n_tokens` rows of F (`scores[t * F + j]`).
+    pub scores: &'a [f32],
+    /// The normed activations, `n_tokens` rows of D at stride `h_stride`.
+    pub h: &'a [f32],
+    /// Elements between consecutive rows of `h`.
+    pub h_stride: usize,
+    /// Tokens in the batch.
+    pub n_tokens: usize,
+    /// K2: F rows of D - r_f.
+    pub k2: &'a RowMatrix<'a>,
+    /// V: F rows of D (neuron-major).
+    pub v: &'a RowMatrix<'a>,
+    /// k_f (k >= F is dense).
+    pub k: usize,
+}
+
+impl FusedInputs<'_> {
+    fn check(&self) -> Result<(usize, usize), KernelError> {
+        let (d, f) = (self.v.n_cols(), self.v.n_rows());
+        if self.k2.n_rows() != f || self.k2.n_cols() == 0 || self.k2.n_cols() >= d {
+            return Err(KernelError::Shape(format!(
+                "K2 [{} x {}] does not fit V [{f} x {d}] (0 < D - r_f < D)",
+                self.k2.n_rows(),
+                self.k2.n_cols()
+            )));
+        }
+        check_len("scores", self.scores.len(), self.n_tokens * f)?;
+        Ok((d, f))
+    }
+}
+
+/// Computes the partial outputs of the chunks (of `n_chunks`) that `chunks` yields, each given with its output
+/// slice of `n_tokens * D` values (token `t` at `[t * D ..][..D]`):
+/// `partial_t = sum_j u_tj V_j` over the chunk's neurons `j` in increasing order with
+/// `u_tj = gelu_tanh(s_tj - theta_t) (K2_j . h_t[r_f:]) != 0`. Returns the number of active
+/// (neuron, token) pairs over those chunks.
+pub fn chunk_partials<'p>(
+    inputs: &FusedInputs<'_>,
+    n_chunks: usize,
+    chunks: impl IntoIterator<Item = (usize, &'p mut [f32])>,
+    scratch: &mut Scratch,
+) -> Result<u64, KernelError> {
+    let (d, f) = inputs.check()?;
+    let n_tokens = inputs.n_tokens;
+    let r = d - inputs.k2.n_cols();
+    prepare_tokens(
+        inputs.scores,
+        inputs.h,
+        inputs.h_stride,
+        n_tokens,
+        r..d,
+        inputs.k2,
+        inputs.k,
+        scratch,
+    )?;
+    let mut kept = 0;
+    for (c, partial) in chunks {
+        check_len("partial", partial.len(), n_tokens * d)?;
+        let partial = &mut partial[..n_tokens * d];
+        partial.fill(0.0);
+        if c >= n_chunks || n_chunks > f.max(1) {
+            return Err(KernelError::Shape(format!(
+                "chunk {c} of {n_chunks} (F = {f}; 1 <= P <= F)"
+            )));
+        }
+        let neurons = chunk_neurons(f, n_chunks, c);
+        kept += if n_tokens == 1 {
+            one_token_chunk(inputs, neurons, partial, scratch)
+        } else {
+            batch_chunk(inputs, neurons, partial, scratch)
+        };
+    }
+    Ok(kept)
+}
+
+/// One token: list the chunk's active neurons first so that their K2 and V rows can be
+/// prefetched ahead of use.
+fn one_token_chunk(
+    inputs: &FusedInputs<'_>,
+    neurons: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) -> u64 {
+    let theta = scratch.thetas[0];
+    scratch.active.clear();
+    scratch.tokens.clear();
+    for j in neurons {
+        if let Some(a) = activation(inputs.scores[j], theta) {
+            scratch.active.push(j as u32);
+            scratch.tokens.push((0, a));
+        }
+    }
+    let mut pending = PendingAxpy::default();
+    for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
+        if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
+            prefetch_row(inputs.k2, next as usize);
+            prefetch_row(inputs.v, next as usize);
+        }
+        let j = j as usize;
+        let u = a * rows::dot(inputs.k2.row(j), &scratch.acts[0]);
+        if u != 0.0 {
+            pending.push(inputs.v.row(j), u, out);
+        }
+    }
+    pending.flush(out);
+    scratch.active.len() as u64
+}
+
+/// Several tokens: each neuron active for any token has its K2 and V rows read once and
+/// applied to every token that has it active.
+fn batch_chunk(
+    inputs: &FusedInputs<'_>,
+    neurons: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) -> u64 {
+    let (d, f) = (inputs.v.n_cols(), inputs.v.n_rows());
+    let mut kept = 0;
+    for j in neurons {
+        scratch.tokens.clear();
+        let mut k2_row = None;
+        for t in 0..inputs.n_tokens {
+            if let Some(a) = activation(inputs.scores[t * f + j], scratch.thetas[t]) {
+                let row = *k2_row.get_or_insert_with(|| inputs.k2.row(j));
+                kept += 1;
+                let u = a * rows::dot(row, &scratch.acts[t]);
+                if u != 0.0 {
+                    scratch.tokens.push((t as u32, u));
+                }
+            }
+        }
+        match *scratch.tokens.as_slice() {
+            [] => {}
+            [(t, u)] => {
+                let t = t as usize;
+                rows::axpy(inputs.v.row(j), u, &mut out[t * d..(t + 1) * d]);
+            }
+            _ => {
+                // Convert the V row once, then one axpy per token (the same arithmetic as
+                // `rows::axpy` on the row itself, so a token's result does not depend on
+                // whether others share the neuron).
+                scratch.row.resize(d, 0.0);
+                rows::to_f32(inputs.v.row(j), &mut scratch.row);
+                for &(t, u) in &scratch.tokens {
+                    let t = t as usize;
+                    rows::axpy_f32(&scratch.row, u, &mut out[t * d..(t + 1) * d]);
+                }
+            }
+        }
+    }
+    kept
+}
+
+/// `out[e] = partials[0][range][e] + partials[1][range][e] + ...` in chunk order, where the
+/// partials lie back to back, `len` values each, and `out` has `range.len()` values.
+pub fn sum_partials(
+    partials: &[f32],
+    len: usize,
+    range: Range<usize>,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    if len == 0 || !partials.len().is_multiple_of(len) || range.end > len {
+        return Err(KernelError::Shape(format!(
+            "{} partial values are not whole chunks of {len} covering {range:?}",
+            partials.len()
+        )));
+    }
+    check_len("output", out.len(), range.len())?;
+    let out = &mut out[..range.len()];
+    let mut chunks = partials.chunks_exact(len);
+    match chunks.next() {
+        Some(first) => out.copy_from_slice(&first[range.clone()]),
+        None => out.fill(0.0),
+    }
+    for p in chunks {
+        for (o, &x) in out.iter_mut().zip(&p[range.clone()]) {
+            *o += x;
+        }
+    }
+    Ok(())
+}
+
+/// The whole FFN serially on the fused path (predictor, `n_chunks` chunks, sum):
+/// `out[t * D ..]` for `n_tokens` rows of `h`. Returns the number of active (neuron, token)
+/// pairs.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_ffn_fused(
+    h: &[f32],
+    h_stride: usize,
+    n_tokens: usize,
+    k1: &RowMatrix<'_>,
+    k2: &RowMatrix<'_>,
+    v: &RowMatrix<'_>,
+    k: usize,
+    n_chunks: usize,
+    out: &mut [f32],
+) -> Result<u64, KernelError> {
+    let (d, f) = (v.n_cols(), v.n_rows());
+    super::check_shapes(d, f, k1, k2)?;
+    check_len("out", out.len(), n_tokens * d)?;
+    let mut scores = vec![0f32; n_tokens * f];
+    super::predictor_scores(k1, h, h_stride, n_tokens, &mut scores)?;
+    let len = n_tokens * d;
+    let mut partials = vec![0f32; n_chunks * len];
+    let inputs = FusedInputs {
+        scores: &scores,
+        h,
+        h_stride,
+        n_tokens,
+        k2,
+        v,
+        k,
+    };
+    let kept = chunk_partials(
+        &inputs,
+        n_chunks,
+        partials.chunks_mut(len.max(1)).enumerate(),
+        &mut Scratch::new(),
+    )?;
+    if len > 0 {
+        sum_partials(&partials, len, 0..len, out)?;
+    }
+    Ok(kept)
+}

@@ -1,0 +1,425 @@
+//! The fused sparse FFN path (`spark_ffn_fused` + `spark_ffn_sum`, docs/INTERFACES.md)
+//! against a float64 reference of SPEC 4 for every weight type and odd shapes, chunk counts and
+//! batches; bit-identical results for any thread count and batch composition; the ggml graph
+//! with real threads; errors surfacing as NaN.
+
+mod ffn_common;
+
+use ffn_common::{ref_up, up_scale, Ggml, Rng, Weights};
+use spark_backend::ffn::{self, fused};
+use spark_backend::ffn_op::{spark_ffn_fused, spark_ffn_sum};
+use spark_backend::params::FfnParams;
+use spark_backend::rows::RowType;
+use spark_backend::stats;
+
+/// (D, r_f, F) per weight type: quantized rows need whole blocks.
+fn shapes(ty: RowType) -> Vec<(usize, usize, usize)> {
+    match ty.block_elems() {
+        1 => vec![(2, 1, 1), (7, 3, 31), (33, 17, 7), (40, 9, 255)],
+        32 => vec![(64, 32, 7), (96, 32, 33), (160, 64, 255)],
+        _ => vec![(512, 256, 33), (768, 256, 31)],
+    }
+}
+
+/// The float64 FFN output given the scores: `out_t = sum_j u_tj V_j` with `u` from
+/// [`ref_up`]; its error scale `sum_j up_scale_tj |V_j|` (the bound on each `u_tj`'s rounding
+/// carried through V); and the number of nonzero `u_tj`.
+fn ref_out(
+    scores: &[f32],
+    h: &[f32],
+    d: usize,
+    n_tokens: usize,
+    k2: &Weights,
+    v: &Weights,
+    k: usize,
+) -> (Vec<f64>, Vec<f64>, usize) {
+    let u = ref_up(scores, h, d, n_tokens, k2, k);
+    let u_scale = up_scale(scores, h, d, n_tokens, k2, k);
+    let mut out = vec![0f64; n_tokens * d];
+    let mut mag = vec![0f64; n_tokens * d];
+    for j in 0..v.n_rows {
+        for t in 0..n_tokens {
+            let (uj, sj) = (u[j * n_tokens + t], u_scale[j * n_tokens + t]);
+            for (i, w) in v.row_f64(j).enumerate() {
+                out[t * d + i] += uj * w;
+                mag[t * d + i] += sj * w.abs();
+            }
+        }
+    }
+    (out, mag, u.iter().filter(|&&x| x != 0.0).count())
+}
+
+/// Chunk counts to try for F neurons: one chunk, an odd count, the graph's default, one per
+/// neuron (all at most F).
+fn chunk_counts(f: usize) -> Vec<usize> {
+    let mut p = vec![1, 3.min(f), fused::default_chunks(f), f];
+    p.dedup();
+    p
+}
+
+#[test]
+fn fused_path_matches_float64_for_every_type_shape_and_chunk_count() {
+    let mut rng = Rng::new(31);
+    for ty in RowType::ALL {
+        for (d, r, f) in shapes(ty) {
+            for n_tokens in [1usize, 3] {
+                let k1 = Weights::random(&mut rng, ty, r, f, 0.3);
+                let k2 = Weights::random(&mut rng, ty, d - r, f, 0.3);
+                let v = Weights::random(&mut rng, ty, d, f, 0.3);
+                let h = rng.normals(n_tokens * d, 1.0);
+                let k = (f / 10).max(1);
+                let mut scores = vec![0f32; n_tokens * f];
+                ffn::predictor_scores(&k1.matrix(), &h, d, n_tokens, &mut scores).unwrap();
+                let (want, mag, want_kept) = ref_out(&scores, &h, d, n_tokens, &k2, &v, k);
+                // Quantized K2 rows also quantize h[r:] (~1% of a block's max per element).
+                let rel = if ty.is_quantized() { 2e-2 } else { 1e-5 };
+                for p in chunk_counts(f) {
+                    let what = format!("{ty:?} D={d} r={r} F={f} T={n_tokens} P={p}");
+                    let mut out = vec![0f32; n_tokens * d];
+                    let kept = fused::sparse_ffn_fused(
+                        &h,
+                        d,
+                        n_tokens,
+                        &k1.matrix(),
+                        &k2.matrix(),
+                        &v.matrix(),
+                        k,
+                        p,
+                        &mut out,
+                    )
+                    .unwrap();
+                    assert_eq!(kept as usize, want_kept, "{what}: kept");
+                    for (i, ((&g, &w), &m)) in out.iter().zip(&want).zip(&mag).enumerate() {
+                        assert!(
+                            (f64::from(g) - w).abs() <= rel * m + 1e-30,
+                            "{what}: element {i}: {g} vs {w} (scale {m})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_and_two_stage_paths_agree_and_dense_when_k_at_least_f() {
+    let mut rng = Rng::new(32);
+    let (d, r, f, n_tokens) = (96, 32, 255, 3);
+    for ty in [RowType::F32, RowType::Q8_0] {
+        let k1 = Weights::random(&mut rng, ty, r, f, 0.3);
+        let k2 = Weights::random(&mut rng, ty, d - r, f, 0.3);
+        let v = Weights::random(&mut rng, ty, d, f, 0.3);
+        let h = rng.normals(n_tokens * d, 1.0);
+        for k in [20, f, f + 5] {
+            let mut two = vec![0f32; n_tokens * d];
+            let kept_two = ffn::sparse_ffn(
+                &h,
+                d,
+                n_tokens,
+                &k1.matrix(),
+                &k2.matrix(),
+                &v.matrix(),
+                k,
+                &mut two,
+            )
+            .unwrap();
+            let mut one = vec![0f32; n_tokens * d];
+            let kept_one = fused::sparse_ffn_fused(
+                &h,
+                d,
+                n_tokens,
+                &k1.matrix(),
+                &k2.matrix(),
+                &v.matrix(),
+                k,
+                16,
+                &mut one,
+            )
+            .unwrap();
+            assert_eq!(kept_one, kept_two, "{ty:?} k={k}");
+            if k >= f {
+                assert!(
+                    kept_one as usize >= n_tokens * f * 9 / 10,
+                    "{ty:?}: k >= F is dense"
+                );
+            }
+            let scale = two.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (a, b) in one.iter().zip(&two) {
+                assert!((a - b).abs() <= 1e-5 * scale, "{ty:?} k={k}: {a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_tokens_get_exactly_what_they_get_alone() {
+    let mut rng = Rng::new(33);
+    for ty in [RowType::F16, RowType::Q8_0, RowType::Q4K] {
+        let (d, r, f) = if ty == RowType::Q4K {
+            (512, 256, 33)
+        } else {
+            (96, 32, 255)
+        };
+        let n_tokens = 6;
+        let k1 = Weights::random(&mut rng, ty, r, f, 0.3);
+        let k2 = Weights::random(&mut rng, ty, d - r, f, 0.3);
+        let v = Weights::random(&mut rng, ty, d, f, 0.3);
+        let h = rng.normals(n_tokens * d, 1.0);
+        let p = fused::default_chunks(f);
+        let run = |h: &[f32], n: usize| {
+            let mut out = vec![0f32; n * d];
+            fused::sparse_ffn_fused(
+                h,
+                d,
+                n,
+                &k1.matrix(),
+                &k2.matrix(),
+                &v.matrix(),
+                (f / 8).max(1),
+                p,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let batch = run(&h, n_tokens);
+        for t in 0..n_tokens {
+            let one = run(&h[t * d..(t + 1) * d], 1);
+            assert!(
+                batch[t * d..(t + 1) * d]
+                    .iter()
+                    .zip(&one)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty:?} token {t}"
+            );
+        }
+    }
+}
+
+struct Case {
+    ggml: Ggml,
+    params: Box<FfnParams>,
+    h: *mut llama_cpp_sys_2::ggml_tensor,
+    k1: *mut llama_cpp_sys_2::ggml_tensor,
+    k2: *mut llama_cpp_sys_2::ggml_tensor,
+    v: *mut llama_cpp_sys_2::ggml_tensor,
+    weights: [Weights; 3],
+    h_values: Vec<f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case(
+    rng: &mut Rng,
+    ty: RowType,
+    d: usize,
+    r: usize,
+    f: usize,
+    n: usize,
+    k: i32,
+    layer: i32,
+) -> Case {
+    let k1 = Weights::random(rng, ty, r, f, 0.3);
+    let k2 = Weights::random(rng, ty, d - r, f, 0.3);
+    let v = Weights::random(rng, ty, d, f, 0.3);
+    let h_values = rng.normals(n * d, 1.0);
+    let ggml = Ggml::new(64 << 20);
+    Case {
+        h: ggml.f32_tensor(d, n, &h_values),
+        k1: ggml.tensor(ty, r, f, &k1.bytes),
+        k2: ggml.tensor(ty, d - r, f, &k2.bytes),
+        v: ggml.tensor(ty, d, f, &v.bytes),
+        ggml,
+        params: Box::new(FfnParams { layer, k }),
+        weights: [k1, k2, v],
+        h_values,
+    }
+}
+
+/// Runs both ops directly for every ith of a simulated nth, in sequence (chunks in reverse
+/// thread order for the sum, to show no thread depends on another's timing).
+fn run_simulated(c: &Case, s: &[f32], p: usize, nth: i32) -> Vec<f32> {
+    // SAFETY: c.h is a live tensor of c.ggml.
+    let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
+    let f = s.len() / n;
+    let st = c.ggml.f32_tensor(f, n, s);
+    let params = &*c.params as *const FfnParams;
+    let partials = c.ggml.custom(
+        &[d, n, p],
+        &mut [st, c.h, c.k2, c.v],
+        spark_ffn_fused,
+        params,
+    );
+    let out = c
+        .ggml
+        .custom(&[d, n], &mut [partials], spark_ffn_sum, params);
+    for ith in 0..nth {
+        // SAFETY: partials is a custom-op tensor of this context with the INTERFACES.md sources.
+        unsafe { spark_ffn_fused(partials, ith, nth, params as *mut _) };
+    }
+    for ith in (0..nth).rev() {
+        // SAFETY: as above.
+        unsafe { spark_ffn_sum(out, ith, nth, std::ptr::null_mut()) };
+    }
+    c.ggml.read(out)
+}
+
+#[test]
+fn ops_are_bit_identical_for_any_thread_count_and_equal_the_serial_path() {
+    let mut rng = Rng::new(34);
+    for ty in RowType::ALL {
+        let (d, r, f) = *shapes(ty).last().unwrap();
+        for n in [1usize, 5] {
+            let k = (f / 8).max(1);
+            let c = case(&mut rng, ty, d, r, f, n, k as i32, 210);
+            let [k1, k2, v] = &c.weights;
+            let mut s = vec![0f32; n * f];
+            ffn::predictor_scores(&k1.matrix(), &c.h_values, d, n, &mut s).unwrap();
+            for p in chunk_counts(f) {
+                let o1 = run_simulated(&c, &s, p, 1);
+                assert!(o1.iter().all(|x| x.is_finite()) && o1.iter().any(|&x| x != 0.0));
+                for nth in [2, 3, 7, 16] {
+                    let o = run_simulated(&c, &s, p, nth);
+                    assert!(
+                        o.iter().zip(&o1).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{ty:?} T={n} P={p} nth={nth}: out differs"
+                    );
+                }
+                let mut serial = vec![0f32; n * d];
+                fused::sparse_ffn_fused(
+                    &c.h_values,
+                    d,
+                    n,
+                    &k1.matrix(),
+                    &k2.matrix(),
+                    &v.matrix(),
+                    k,
+                    p,
+                    &mut serial,
+                )
+                .unwrap();
+                assert_eq!(
+                    serial, o1,
+                    "{ty:?} T={n} P={p}: op differs from the serial path"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn ggml_graph_with_real_threads_matches_the_two_stage_graph_and_records_stats() {
+    let mut rng = Rng::new(35);
+    for ty in [RowType::F32, RowType::F16, RowType::Q8_0, RowType::Q4K] {
+        let (d, r, f) = *shapes(ty).last().unwrap();
+        let n = 4;
+        let c = case(&mut rng, ty, d, r, f, n, (f / 8) as i32, 211);
+        let [_, u, two_stage] = c.ggml.spark_ffn(c.h, c.k1, c.k2, c.v, &*c.params);
+        let p = fused::default_chunks(f);
+        let [_, _, out] = c.ggml.spark_ffn_fused(c.h, c.k1, c.k2, c.v, p, &*c.params);
+        let two_graph = c.ggml.graph(two_stage);
+        c.ggml.compute(two_graph, 1);
+        let (want, u_kept) = (
+            c.ggml.read(two_stage),
+            c.ggml.read(u).iter().filter(|&&x| x != 0.0).count() as u64,
+        );
+        let g = c.ggml.graph(out);
+        let mut first: Option<Vec<f32>> = None;
+        for n_threads in [1, 2, 3] {
+            stats::reset();
+            c.ggml.compute(g, n_threads);
+            let st = stats::snapshot(211).unwrap();
+            assert_eq!(st.ffn_tokens, n as u64);
+            assert_eq!(st.ffn_width, f as u64);
+            // The activation count includes exact-zero products the two-stage u cannot show.
+            assert!(
+                st.ffn_kept >= u_kept && st.ffn_kept <= u_kept + 2,
+                "{ty:?} kept"
+            );
+            let o = c.ggml.read(out);
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (a, b) in o.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale,
+                    "{ty:?} {n_threads} threads: {a} vs {b}"
+                );
+            }
+            // ggml's own mul_mat gives the same scores for any thread count here, so the
+            // output must not change either.
+            match &first {
+                None => first = Some(o),
+                Some(o0) => assert_eq!(&o, o0, "{ty:?}: depends on the thread count"),
+            }
+        }
+    }
+}
+
+#[test]
+fn invalid_arguments_fill_dst_with_nan() {
+    let mut rng = Rng::new(36);
+    let (d, r, f, n) = (16, 4, 9, 2);
+    let c = case(&mut rng, RowType::F32, d, r, f, n, 3, 212);
+    let params = &*c.params as *const FfnParams;
+    let s = c.ggml.f32_tensor(f, n, &[0.5; 18]);
+    let fused_op =
+        |p: usize, args: &mut [*mut llama_cpp_sys_2::ggml_tensor], userdata: *const FfnParams| {
+            let t = c.ggml.custom(&[d, n, p], args, spark_ffn_fused, params);
+            for ith in 0..2 {
+                // SAFETY: t is a live custom-op tensor; the op validates its sources and userdata.
+                unsafe { spark_ffn_fused(t, ith, 2, userdata as *mut _) };
+            }
+            c.ggml.read(t)
+        };
+    // More chunks than neurons.
+    assert!(fused_op(f + 1, &mut [s, c.h, c.k2, c.v], params)
+        .iter()
+        .all(|x| x.is_nan()));
+    // Null userdata.
+    assert!(fused_op(3, &mut [s, c.h, c.k2, c.v], std::ptr::null())
+        .iter()
+        .all(|x| x.is_nan()));
+    // V in K2's place (wrong width).
+    assert!(fused_op(3, &mut [s, c.h, c.k2, c.k2], params)
+        .iter()
+        .all(|x| x.is_nan()));
+    // Scores of the wrong length (F + 1).
+    let s_bad = c.ggml.f32_tensor(f + 1, n, &[0.5; 20]);
+    assert!(fused_op(3, &mut [s_bad, c.h, c.k2, c.v], params)
+        .iter()
+        .all(|x| x.is_nan()));
+    // The sum with a dst that does not match its partials.
+    let partials = c.ggml.f32_tensor(d, n * 3, &[1.0; 96]);
+    let out = c
+        .ggml
+        .custom(&[d + 1, n], &mut [partials], spark_ffn_sum, params);
+    // SAFETY: out is a live custom-op tensor; the op validates its source.
+    unsafe { spark_ffn_sum(out, 0, 1, std::ptr::null_mut()) };
+    assert!(c.ggml.read(out).iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn chunks_cover_every_neuron_once_in_order() {
+    for f in [1usize, 2, 15, 16, 17, 255, 13824] {
+        for p in [1, 3, fused::default_chunks(f), f] {
+            let mut next = 0;
+            for c in 0..p {
+                let r = fused::chunk_neurons(f, p, c);
+                assert_eq!(r.start, next, "F={f} P={p} chunk {c}");
+                assert!(r.len() >= f / p && r.len() <= f.div_ceil(p));
+                next = r.end;
+            }
+            assert_eq!(next, f);
+            assert!(fused::chunk_neurons(f, p, p).is_empty());
+        }
+    }
+}
+
+#[test]
+fn sum_partials_adds_in_chunk_order() {
+    // 1e8 + 1 - 1e8 in f32 is 0 in this order, 1 in another: the order is fixed.
+    let partials = [1e8f32, 1.0, -1e8];
+    let mut out = [f32::NAN];
+    fused::sum_partials(&partials, 1, 0..1, &mut out).unwrap();
+    assert_eq!(out[0], 0.0);
+    assert!(fused::sum_partials(&partials, 2, 0..1, &mut out).is_err());
+    assert!(fused::sum_partials(&partials, 1, 0..2, &mut out).is_err());
+}
