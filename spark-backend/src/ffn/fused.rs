@@ -1,6 +1,7 @@
-//! Stages 2 and 3 of the sparse FFN fused over fixed neuron chunks: the path for small batches
-//! (decode), where the two-stage path's second pass over the active list and its extra graph
-//! node cost more than the arithmetic.
+//! Stages 2 and 3 of the sparse FFN fused over fixed neuron chunks: the graph's path for
+//! ubatches of up to 64 tokens (every decode step). It saves the two-stage path's second walk
+//! over the active neurons and one graph node (docs/PERF.md: 3-11 % at batch 1, 1.3-1.6x at
+//! batches 4-16).
 //!
 //! The graph cuts F neurons into P contiguous chunks (P from the output's shape;
 //! [`default_chunks`] is what the spark-gemma2 graph uses). For each chunk, [`chunk_partials`]
@@ -21,9 +22,6 @@ use crate::rows::{self, RowMatrix};
 use crate::KernelError;
 use std::ops::Range;
 
-/// Chunks per FFN call (fewer when F is smaller). 32 splits evenly over 1, 2, 4, 8, 16 or
-/// 32 threads; at Gemma-2 2B's F = 13824 a chunk is 432 neurons (~35 active) and the 32
-/// partials of one token (32 x 9 KB) stay in L2.
 /// The chunk count the spark-gemma2 graph uses: `min(F, 16)`. 16 splits evenly over 1, 2, 4,
 /// 8 or 16 threads (a thread's share is then exactly F / nth neurons, so the threads' loads
 /// differ only by their chunks' random active counts), and the partials of one token at
