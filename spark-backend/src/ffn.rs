@@ -286,6 +286,21 @@ impl<'a> PendingAxpy<'a> {
     }
 }
 
+/// Columns `cols` of V's row for the `i`-th active neuron, prefetching the row
+/// [`PREFETCH_AHEAD`] places later in `active`.
+#[inline]
+fn active_cols<'a>(
+    v: &RowMatrix<'a>,
+    active: &[u32],
+    i: usize,
+    cols: &Range<usize>,
+) -> rows::Row<'a> {
+    if let Some(&next) = active.get(i + PREFETCH_AHEAD) {
+        prefetch_row_range(v, next as usize, cols.clone());
+    }
+    v.row(active[i] as usize).slice(cols.start, cols.end)
+}
+
 /// Output bytes (tokens x columns) a sub-tile of [`down_range`] aims at.
 const OUT_TILE_BYTES: usize = 128 << 10;
 
@@ -304,24 +319,17 @@ fn down_tile(
         let y = &mut out[0][offset..offset + w];
         let mut pending = PendingAxpy::default();
         for i in 0..scratch.active.len() {
-            if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
-                prefetch_row_range(v, next as usize, cols.clone());
-            }
-            let row = v
-                .row(scratch.active[i] as usize)
-                .slice(cols.start, cols.end);
-            pending.push(row, scratch.tokens[i].1, y);
+            pending.push(
+                active_cols(v, &scratch.active, i, &cols),
+                scratch.tokens[i].1,
+                y,
+            );
         }
         pending.flush(y);
         return;
     }
     for i in 0..scratch.active.len() {
-        if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
-            prefetch_row_range(v, next as usize, cols.clone());
-        }
-        let row = v
-            .row(scratch.active[i] as usize)
-            .slice(cols.start, cols.end);
+        let row = active_cols(v, &scratch.active, i, &cols);
         let tokens = &scratch.tokens[scratch.spans[i] as usize..scratch.spans[i + 1] as usize];
         if let [(t, alpha)] = *tokens {
             rows::axpy(row, alpha, &mut out[t as usize][offset..offset + w]);

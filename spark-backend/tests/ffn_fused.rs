@@ -5,7 +5,7 @@
 
 mod ffn_common;
 
-use ffn_common::{ref_up, up_scale, Ggml, Rng, Weights};
+use ffn_common::{assert_close, op_case, ref_up, up_scale, OpCase, Rng, Weights};
 use spark_backend::ffn::{self, fused};
 use spark_backend::ffn_op::{spark_ffn_fused, spark_ffn_sum};
 use spark_backend::params::FfnParams;
@@ -89,12 +89,7 @@ fn fused_path_matches_float64_for_every_type_shape_and_chunk_count() {
                     )
                     .unwrap();
                     assert_eq!(kept as usize, want_kept, "{what}: kept");
-                    for (i, ((&g, &w), &m)) in out.iter().zip(&want).zip(&mag).enumerate() {
-                        assert!(
-                            (f64::from(g) - w).abs() <= rel * m + 1e-30,
-                            "{what}: element {i}: {g} vs {w} (scale {m})"
-                        );
-                    }
+                    assert_close(&out, &want, &mag, rel, &what);
                 }
             }
         }
@@ -196,48 +191,9 @@ fn batch_tokens_get_exactly_what_they_get_alone() {
     }
 }
 
-struct Case {
-    ggml: Ggml,
-    params: Box<FfnParams>,
-    h: *mut llama_cpp_sys_2::ggml_tensor,
-    k1: *mut llama_cpp_sys_2::ggml_tensor,
-    k2: *mut llama_cpp_sys_2::ggml_tensor,
-    v: *mut llama_cpp_sys_2::ggml_tensor,
-    weights: [Weights; 3],
-    h_values: Vec<f32>,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn case(
-    rng: &mut Rng,
-    ty: RowType,
-    d: usize,
-    r: usize,
-    f: usize,
-    n: usize,
-    k: i32,
-    layer: i32,
-) -> Case {
-    let k1 = Weights::random(rng, ty, r, f, 0.3);
-    let k2 = Weights::random(rng, ty, d - r, f, 0.3);
-    let v = Weights::random(rng, ty, d, f, 0.3);
-    let h_values = rng.normals(n * d, 1.0);
-    let ggml = Ggml::new(64 << 20);
-    Case {
-        h: ggml.f32_tensor(d, n, &h_values),
-        k1: ggml.tensor(ty, r, f, &k1.bytes),
-        k2: ggml.tensor(ty, d - r, f, &k2.bytes),
-        v: ggml.tensor(ty, d, f, &v.bytes),
-        ggml,
-        params: Box::new(FfnParams { layer, k }),
-        weights: [k1, k2, v],
-        h_values,
-    }
-}
-
 /// Runs both ops directly for every ith of a simulated nth, in sequence (chunks in reverse
 /// thread order for the sum, to show no thread depends on another's timing).
-fn run_simulated(c: &Case, s: &[f32], p: usize, nth: i32) -> Vec<f32> {
+fn run_simulated(c: &OpCase, s: &[f32], p: usize, nth: i32) -> Vec<f32> {
     // SAFETY: c.h is a live tensor of c.ggml.
     let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
     let f = s.len() / n;
@@ -270,10 +226,9 @@ fn ops_are_bit_identical_for_any_thread_count_and_equal_the_serial_path() {
         let (d, r, f) = *shapes(ty).last().unwrap();
         for n in [1usize, 5] {
             let k = (f / 8).max(1);
-            let c = case(&mut rng, ty, d, r, f, n, k as i32, 210);
-            let [k1, k2, v] = &c.weights;
+            let (c, [k1, k2, v], h) = op_case(&mut rng, ty, d, r, f, n, k as i32, 210);
             let mut s = vec![0f32; n * f];
-            ffn::predictor_scores(&k1.matrix(), &c.h_values, d, n, &mut s).unwrap();
+            ffn::predictor_scores(&k1.matrix(), &h, d, n, &mut s).unwrap();
             for p in chunk_counts(f) {
                 let o1 = run_simulated(&c, &s, p, 1);
                 assert!(o1.iter().all(|x| x.is_finite()) && o1.iter().any(|&x| x != 0.0));
@@ -286,7 +241,7 @@ fn ops_are_bit_identical_for_any_thread_count_and_equal_the_serial_path() {
                 }
                 let mut serial = vec![0f32; n * d];
                 fused::sparse_ffn_fused(
-                    &c.h_values,
+                    &h,
                     d,
                     n,
                     &k1.matrix(),
@@ -312,7 +267,7 @@ fn ggml_graph_with_real_threads_matches_the_two_stage_graph_and_records_stats() 
     for ty in [RowType::F32, RowType::F16, RowType::Q8_0, RowType::Q4K] {
         let (d, r, f) = *shapes(ty).last().unwrap();
         let n = 4;
-        let c = case(&mut rng, ty, d, r, f, n, (f / 8) as i32, 211);
+        let (c, _, _) = op_case(&mut rng, ty, d, r, f, n, (f / 8) as i32, 211);
         let [_, u, two_stage] = c.ggml.spark_ffn(c.h, c.k1, c.k2, c.v, &*c.params);
         let p = fused::default_chunks(f);
         let [_, _, out] = c.ggml.spark_ffn_fused(c.h, c.k1, c.k2, c.v, p, &*c.params);
@@ -357,7 +312,7 @@ fn ggml_graph_with_real_threads_matches_the_two_stage_graph_and_records_stats() 
 fn invalid_arguments_fill_dst_with_nan() {
     let mut rng = Rng::new(36);
     let (d, r, f, n) = (16, 4, 9, 2);
-    let c = case(&mut rng, RowType::F32, d, r, f, n, 3, 212);
+    let (c, _, _) = op_case(&mut rng, RowType::F32, d, r, f, n, 3, 212);
     let params = &*c.params as *const FfnParams;
     let s = c.ggml.f32_tensor(f, n, &[0.5; 18]);
     let fused_op =

@@ -4,7 +4,9 @@
 
 mod ffn_common;
 
-use ffn_common::{ref_down, ref_scores, ref_up, up_scale, Ggml, Rng, Weights};
+use ffn_common::{
+    assert_close, op_case, ref_down, ref_scores, ref_up, up_scale, OpCase, Rng, Weights,
+};
 use spark_backend::ffn::{self, Scratch};
 use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_up};
 use spark_backend::params::FfnParams;
@@ -23,16 +25,6 @@ fn shapes(ty: RowType) -> Vec<(usize, usize, usize)> {
         ],
         32 => vec![(64, 32, 7), (96, 32, 33), (160, 64, 255)],
         _ => vec![(512, 256, 33), (768, 256, 31)],
-    }
-}
-
-fn assert_close(got: &[f32], want: &[f64], mag: &[f64], rel: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
-        assert!(
-            (f64::from(g) - w).abs() <= rel * m + 1e-30,
-            "{what}: element {i}: {g} vs {w} (scale {m})"
-        );
     }
 }
 
@@ -209,46 +201,6 @@ fn dense_when_k_at_least_f_and_inactive_rows_are_skipped() {
     let mut out = vec![0f32; d];
     ffn::down_range(&u2, &vm, 0..d, &mut [&mut out[..]], &mut Scratch::new()).unwrap();
     assert!(out.iter().all(|x| x.is_finite()));
-}
-
-struct OpCase {
-    ggml: Ggml,
-    params: Box<FfnParams>,
-    h: *mut llama_cpp_sys_2::ggml_tensor,
-    k1: *mut llama_cpp_sys_2::ggml_tensor,
-    k2: *mut llama_cpp_sys_2::ggml_tensor,
-    v: *mut llama_cpp_sys_2::ggml_tensor,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn op_case(
-    rng: &mut Rng,
-    ty: RowType,
-    d: usize,
-    r: usize,
-    f: usize,
-    n_tokens: usize,
-    k: i32,
-    layer: i32,
-) -> (OpCase, [Weights; 3], Vec<f32>) {
-    let k1 = Weights::random(rng, ty, r, f, 0.3);
-    let k2 = Weights::random(rng, ty, d - r, f, 0.3);
-    let v = Weights::random(rng, ty, d, f, 0.3);
-    let h = rng.normals(n_tokens * d, 1.0);
-    let ggml = Ggml::new(64 << 20);
-    let ht = ggml.f32_tensor(d, n_tokens, &h);
-    let k1t = ggml.tensor(ty, r, f, &k1.bytes);
-    let k2t = ggml.tensor(ty, d - r, f, &k2.bytes);
-    let vt = ggml.tensor(ty, d, f, &v.bytes);
-    let case = OpCase {
-        ggml,
-        params: Box::new(FfnParams { layer, k }),
-        h: ht,
-        k1: k1t,
-        k2: k2t,
-        v: vt,
-    };
-    (case, [k1, k2, v], h)
 }
 
 /// Runs the ops directly for every ith of a simulated nth, in sequence.

@@ -400,3 +400,57 @@ pub fn up_scale(scores: &[f32], h: &[f32], d: usize, n: usize, k2: &Weights, k: 
     }
     out
 }
+
+/// Asserts `|got - want| <= rel * mag` element by element.
+pub fn assert_close(got: &[f32], want: &[f64], mag: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
+        assert!(
+            (f64::from(g) - w).abs() <= rel * m + 1e-30,
+            "{what}: element {i}: {g} vs {w} (scale {m})"
+        );
+    }
+}
+
+/// One FFN layer's tensors in a ggml context, with the op parameters.
+pub struct OpCase {
+    pub ggml: Ggml,
+    pub params: Box<FfnParams>,
+    pub h: *mut sys::ggml_tensor,
+    pub k1: *mut sys::ggml_tensor,
+    pub k2: *mut sys::ggml_tensor,
+    pub v: *mut sys::ggml_tensor,
+}
+
+/// Random K1, K2, V of `ty` and h for `n_tokens` tokens, as ggml tensors; returns the case,
+/// the weights and h's values.
+#[allow(clippy::too_many_arguments)]
+pub fn op_case(
+    rng: &mut Rng,
+    ty: RowType,
+    d: usize,
+    r: usize,
+    f: usize,
+    n_tokens: usize,
+    k: i32,
+    layer: i32,
+) -> (OpCase, [Weights; 3], Vec<f32>) {
+    let k1 = Weights::random(rng, ty, r, f, 0.3);
+    let k2 = Weights::random(rng, ty, d - r, f, 0.3);
+    let v = Weights::random(rng, ty, d, f, 0.3);
+    let h = rng.normals(n_tokens * d, 1.0);
+    let ggml = Ggml::new(64 << 20);
+    let ht = ggml.f32_tensor(d, n_tokens, &h);
+    let k1t = ggml.tensor(ty, r, f, &k1.bytes);
+    let k2t = ggml.tensor(ty, d - r, f, &k2.bytes);
+    let vt = ggml.tensor(ty, d, f, &v.bytes);
+    let case = OpCase {
+        ggml,
+        params: Box::new(FfnParams { layer, k }),
+        h: ht,
+        k1: k1t,
+        k2: k2t,
+        v: vt,
+    };
+    (case, [k1, k2, v], h)
+}
