@@ -2,8 +2,10 @@
 //! presented to llama.cpp as a ggml backend registry entry named "Spark".
 //!
 //! Data flow: the patched llama.cpp graph (`src/models/spark-gemma2.cpp`) finds the "Spark"
-//! registry entry, resolves `spark_ffn` / `spark_attn` by name and runs them as ggml custom ops
-//! (`ggml_custom_4d`) from ggml's own worker threads. See `docs/INTERFACES.md`.
+//! registry entry, resolves the FFN ops (`spark_ffn_fused` + `spark_ffn_sum` for ubatches of up
+//! to 64 tokens, `spark_ffn_up` + `spark_ffn_down` above) and `spark_attn` by name and runs them
+//! as ggml custom ops (`ggml_custom_4d`) from ggml's own worker threads. See
+//! `docs/INTERFACES.md`.
 
 pub mod attention;
 pub mod attn_op;
