@@ -58,7 +58,7 @@ pub unsafe extern "C" fn spark_attn(
                 eprintln!("spark-backend: spark_attn: layer {layer}: {e}");
             }
             // SAFETY: dst is live; fill_nan checks its type and data before writing its share.
-            unsafe { fill_nan_share(dst, ith_u, nth_u) };
+            unsafe { crate::tensor::fill_nan_share(dst, ith_u, nth_u) };
             return;
         }
     };
@@ -102,40 +102,4 @@ unsafe fn prepare(
     let out = unsafe { TensorView::from_raw(dst) }
         .map_err(|e| KernelError::Shape(format!("dst: {e}")))?;
     SparseAttention::new(&q, &k, &v, &mask, &out, params)
-}
-
-/// Fills thread `ith`'s contiguous share (of `nth`) of dst's rows with NaN, if dst is a
-/// non-null f32 tensor.
-///
-/// # Safety
-/// `dst` must be null or a live tensor whose data (if non-null) covers its shape and strides.
-unsafe fn fill_nan_share(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) {
-    // SAFETY: per the contract.
-    let Ok(view) = (unsafe { TensorView::from_raw(dst) }) else {
-        return;
-    };
-    if view.ty != crate::attention::layout::GGML_TYPE_F32 {
-        return;
-    }
-    let rows = view.n_rows();
-    let per = rows.div_ceil(nth);
-    let (r0, r1) = ((ith * per).min(rows), ((ith + 1) * per).min(rows));
-    for r in r0..r1 {
-        let (i1, i2, i3) = (
-            r % view.ne[1],
-            (r / view.ne[1]) % view.ne[2],
-            r / (view.ne[1] * view.ne[2]),
-        );
-        let row = view
-            .data
-            .wrapping_add(i1 * view.nb[1] + i2 * view.nb[2] + i3 * view.nb[3]);
-        for i in 0..view.ne[0] {
-            // SAFETY: element (i, i1, i2, i3) lies inside dst's data; rows are split by thread.
-            unsafe {
-                row.wrapping_add(i * view.nb[0])
-                    .cast::<f32>()
-                    .write_unaligned(f32::NAN)
-            };
-        }
-    }
 }

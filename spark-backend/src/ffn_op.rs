@@ -31,80 +31,65 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
 }
 
-/// `spark_ffn_up`: thresholds and gated value products, `dst u [n_tokens, F]`.
-///
-/// # Safety
-/// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..3]` are the tensors
-/// of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params` (or null,
-/// which is reported as an error).
-#[no_mangle]
-pub unsafe extern "C" fn spark_ffn_up(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    userdata: *mut c_void,
-) {
-    // SAFETY: forwarded contract of this function.
-    run_guarded("spark_ffn_up", dst, ith, nth, || unsafe {
-        up(dst, ith, nth, userdata)
-    });
+/// Defines a `ggml_custom_op_t` entry point `$name` that runs `$body(dst, ith, nth, userdata)`
+/// under [`run_guarded`] (errors and panics become one stderr line and a NaN-filled share of
+/// dst; nothing unwinds into C).
+macro_rules! custom_op {
+    ($(#[$doc:meta])* $name:ident => $body:ident) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            dst: *mut sys::ggml_tensor,
+            ith: c_int,
+            nth: c_int,
+            userdata: *mut c_void,
+        ) {
+            // SAFETY: forwarded contract of this function (its `# Safety` section).
+            run_guarded(stringify!($name), dst, ith, nth, || unsafe {
+                $body(dst, ith, nth, userdata)
+            });
+        }
+    };
 }
 
-/// `spark_ffn_down`: `dst [D, n_tokens] = sum_j u_j V_j` over neurons with `u_j != 0`.
-///
-/// # Safety
-/// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..2]` are `u` and `V`
-/// of `docs/INTERFACES.md`; `userdata` is not read.
-#[no_mangle]
-pub unsafe extern "C" fn spark_ffn_down(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    _userdata: *mut c_void,
-) {
-    // SAFETY: forwarded contract of this function.
-    run_guarded("spark_ffn_down", dst, ith, nth, || unsafe {
-        down(dst, ith, nth)
-    });
+custom_op! {
+    /// `spark_ffn_up`: thresholds and gated value products, `dst u [n_tokens, F]`.
+    ///
+    /// # Safety
+    /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..3]` are the
+    /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params`
+    /// (or null, which is reported as an error).
+    spark_ffn_up => up
 }
 
-/// `spark_ffn_fused`: stages 2 and 3 over P fixed neuron chunks; `dst [D, n_tokens, P]` holds
-/// one partial output per chunk (the graph picks P: `ffn::fused::default_chunks(F)`).
-///
-/// # Safety
-/// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..4]` are the tensors
-/// of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params` (or null,
-/// which is reported as an error).
-#[no_mangle]
-pub unsafe extern "C" fn spark_ffn_fused(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    userdata: *mut c_void,
-) {
-    // SAFETY: forwarded contract of this function.
-    run_guarded("spark_ffn_fused", dst, ith, nth, || unsafe {
-        fused(dst, ith, nth, userdata)
-    });
+custom_op! {
+    /// `spark_ffn_down`: `dst [D, n_tokens] = sum_j u_j V_j` over neurons with `u_j != 0`.
+    ///
+    /// # Safety
+    /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..2]` are `u` and
+    /// `V` of `docs/INTERFACES.md`; `userdata` is not read.
+    spark_ffn_down => down
 }
 
-/// `spark_ffn_sum`: `dst [D, n_tokens]` = the sum of the P partials of `spark_ffn_fused`, in
-/// chunk order.
-///
-/// # Safety
-/// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0]` is the
-/// `spark_ffn_fused` output; `userdata` is not read.
-#[no_mangle]
-pub unsafe extern "C" fn spark_ffn_sum(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    _userdata: *mut c_void,
-) {
-    // SAFETY: forwarded contract of this function.
-    run_guarded("spark_ffn_sum", dst, ith, nth, || unsafe {
-        sum(dst, ith, nth)
-    });
+custom_op! {
+    /// `spark_ffn_fused`: stages 2 and 3 over P fixed neuron chunks; `dst [D, n_tokens, P]`
+    /// holds one partial output per chunk (the graph picks P: `ffn::fused::default_chunks(F)`).
+    ///
+    /// # Safety
+    /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..4]` are the
+    /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params`
+    /// (or null, which is reported as an error).
+    spark_ffn_fused => fused
+}
+
+custom_op! {
+    /// `spark_ffn_sum`: `dst [D, n_tokens]` = the sum of the P partials of `spark_ffn_fused`,
+    /// in chunk order.
+    ///
+    /// # Safety
+    /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0]` is the
+    /// `spark_ffn_fused` output; `userdata` is not read.
+    spark_ffn_sum => sum
 }
 
 /// How many error lines are printed per process before going quiet.
@@ -131,33 +116,7 @@ fn run_guarded(
     }
     // SAFETY: dst is the op's live output tensor (ggml contract); only this thread's share of
     // its rows is written.
-    unsafe { fill_nan_share(dst, ith, nth) };
-}
-
-/// Fills this thread's share of dst's rows with NaN (dst must be f32 with contiguous rows).
-///
-/// # Safety
-/// `dst` is null or a live f32 ggml tensor whose data covers its ne/nb.
-unsafe fn fill_nan_share(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) {
-    // SAFETY: per the function contract.
-    let Ok(v) = (unsafe { TensorView::from_raw(dst) }) else {
-        return;
-    };
-    if v.ty != GGML_F32 || v.nb[0] != 4 {
-        return;
-    }
-    let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
-    let n_rows = v.n_rows();
-    for r in ffn::split_range(n_rows, nth, ith, 1) {
-        let (i1, rest) = (r % v.ne[1], r / v.ne[1]);
-        let (i2, i3) = (rest % v.ne[2].max(1), rest / v.ne[2].max(1));
-        let offset = i1 * v.nb[1] + i2 * v.nb[2] + i3 * v.nb[3];
-        // SAFETY: the row lies inside dst's data (ne/nb describe it) and this thread alone
-        // writes the rows of its share.
-        let row =
-            unsafe { std::slice::from_raw_parts_mut(v.data.add(offset).cast::<f32>(), v.ne[0]) };
-        row.fill(f32::NAN);
-    }
+    unsafe { crate::tensor::fill_nan_share(dst, ith.max(0) as usize, nth.max(1) as usize) };
 }
 
 /// The tensor views of dst and its first `n` sources.
@@ -373,7 +332,12 @@ unsafe fn fused(
 
 /// # Safety
 /// See [`spark_ffn_sum`].
-unsafe fn sum(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) -> Result<(), KernelError> {
+unsafe fn sum(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    _userdata: *mut c_void,
+) -> Result<(), KernelError> {
     let (ith, nth) = thread_share(ith, nth)?;
     // SAFETY: the op contract: dst and its sources are live.
     let (out, [partials]) = unsafe { views::<1>(dst)? };
@@ -449,7 +413,12 @@ unsafe fn up(
 
 /// # Safety
 /// See [`spark_ffn_down`].
-unsafe fn down(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) -> Result<(), KernelError> {
+unsafe fn down(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    _userdata: *mut c_void,
+) -> Result<(), KernelError> {
     let (ith, nth) = thread_share(ith, nth)?;
     // SAFETY: the op contract: dst and its sources are live.
     let (out, [u, v]) = unsafe { views::<2>(dst)? };
