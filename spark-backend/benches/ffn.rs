@@ -58,6 +58,8 @@ struct Setup {
     sparse: *mut sys::ggml_cgraph,
     /// The fused path: mul_mat + spark_ffn_fused + spark_ffn_sum.
     fused: *mut sys::ggml_cgraph,
+    /// The fused path with K2 and V rows interleaved in one buffer.
+    fused_packed: *mut sys::ggml_cgraph,
     /// Prefixes of the sparse graph: the predictor alone, and predictor + `spark_ffn_up`.
     predictor_only: *mut sys::ggml_cgraph,
     through_up: *mut sys::ggml_cgraph,
@@ -74,7 +76,7 @@ impl Setup {
     fn new(ty: RowType, n_tokens: usize) -> Self {
         let mut rng = Rng::new(7);
         let row = |n: usize| ty.row_bytes(n).unwrap();
-        let total = row(R) * F + row(D - R) * F + row(D) * F + 3 * row(D) * FF;
+        let total = row(R) * F + 2 * (row(D - R) * F + row(D) * F) + 3 * row(D) * FF;
         let partials = 4 * D * n_tokens * spark_backend::ffn::fused::default_chunks(F);
         let ggml =
             Ggml::new(total + partials + (n_tokens * (8 * F + 8 * FF + 12 * D) + (64 << 20)));
@@ -86,14 +88,29 @@ impl Setup {
             F,
             &weights(&mut rng, ty, R, F, 1.0 / (R as f64).sqrt()),
         );
-        let k2 = ggml.tensor(ty, D - R, F, &weights(&mut rng, ty, D - R, F, 0.03));
-        let v = ggml.tensor(ty, D, F, &weights(&mut rng, ty, D, F, 0.03));
+        let k2_bytes = weights(&mut rng, ty, D - R, F, 0.03);
+        let v_bytes = weights(&mut rng, ty, D, F, 0.03);
+        let k2 = ggml.tensor(ty, D - R, F, &k2_bytes);
+        let v = ggml.tensor(ty, D, F, &v_bytes);
+        // The same K2 and V stored interleaved, row j of K2 right before row j of V (one
+        // contiguous read per active neuron), as strided views of one tensor: what a loader
+        // that packs the two tensors together would buy.
+        let (k2_row, v_row) = (row(D - R), row(D));
+        let packed: Vec<u8> = k2_bytes
+            .chunks_exact(k2_row)
+            .zip(v_bytes.chunks_exact(v_row))
+            .flat_map(|(a, b)| a.iter().chain(b).copied())
+            .collect();
+        let kv = ggml.tensor(ty, 2 * D - R, F, &packed);
+        let [k2_packed, v_packed] = ggml.row_views(kv, [D - R, D]);
         let params = Box::new(FfnParams { layer: 0, k: K });
         let [scores, u, out] = ggml.spark_ffn(h, k1, k2, v, &*params);
         let sparse = ggml.graph(out);
         let p = spark_backend::ffn::fused::default_chunks(F);
         let [_, _, fused_out] = ggml.spark_ffn_fused(h, k1, k2, v, p, &*params);
         let fused = ggml.graph(fused_out);
+        let [_, _, packed_out] = ggml.spark_ffn_fused(h, k1, k2_packed, v_packed, p, &*params);
+        let fused_packed = ggml.graph(packed_out);
         let predictor_only = ggml.graph(scores);
         let through_up = ggml.graph(u);
         let gate = ggml.tensor(ty, D, FF, &weights(&mut rng, ty, D, FF, 0.03));
@@ -105,14 +122,15 @@ impl Setup {
             _params: params,
             sparse,
             fused,
+            fused_packed,
             predictor_only,
             through_up,
             dense,
             u,
             dense_bytes: 3 * row(D) * FF,
             k1_bytes: row(R) * F,
-            k2_row: row(D - R),
-            v_row: row(D),
+            k2_row,
+            v_row,
         }
     }
 
@@ -186,6 +204,7 @@ fn bench(c: &mut Criterion) {
     let run = |g: *mut sys::ggml_cgraph| runner.borrow_mut().compute(g);
     let mut summary = Vec::new();
     let mut stages = Vec::new();
+    let mut packed_rows = Vec::new();
     for ty in types() {
         for n_tokens in batches() {
             let setup = Setup::new(ty, n_tokens);
@@ -202,15 +221,18 @@ fn bench(c: &mut Criterion) {
             // weights), so that its weights come from memory as in a decode step, and never
             // right after the other sparse graph (which reads the same weights).
             let runs = if n_tokens == 1 { 61 } else { 9 };
-            let [dense, sparse, _, fused] = interleaved(
+            let [dense, sparse, _, fused, _, packed] = interleaved(
                 runs,
                 [
                     &mut || run(setup.dense),
                     &mut || run(setup.sparse),
                     &mut || run(setup.dense),
                     &mut || run(setup.fused),
+                    &mut || run(setup.dense),
+                    &mut || run(setup.fused_packed),
                 ],
             );
+            packed_rows.push((ty, n_tokens, dense, fused, packed));
             let (bytes, kept) = setup.sparse_bytes();
             summary.push((
                 ty,
@@ -261,6 +283,21 @@ fn bench(c: &mut Criterion) {
             sb as f64 / fused.0.as_secs_f64() / 1e9,
             db as f64 / dense.0.as_secs_f64() / 1e9,
             db as f64 / sb as f64,
+        );
+    }
+    println!("\nfused path with K2 and V rows interleaved in one buffer (same run):");
+    println!("| type | batch | fused ms (min / median) | interleaved ms (min / median) | interleaved speed-up over dense (min / median) |");
+    println!("|---|---|---|---|---|");
+    for (ty, n, dense, fused, packed) in packed_rows {
+        println!(
+            "| {} | {n} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2}x / {:.2}x |",
+            ty.name(),
+            ms(fused.0),
+            ms(fused.1),
+            ms(packed.0),
+            ms(packed.1),
+            ms(dense.0) / ms(packed.0),
+            ms(dense.1) / ms(packed.1),
         );
     }
     println!("\nsparse stages (min ms of graph prefixes, each run after the dense graph):");

@@ -201,6 +201,25 @@ impl Ggml {
         self.tensor(RowType::F32, ne0, ne1, spark_backend::rows::f32_bytes(x))
     }
 
+    /// Side-by-side row views of a 2-D tensor: view i has `widths[i]` elements per row,
+    /// starting after the previous views' elements, at the tensor's row stride.
+    pub fn row_views<const N: usize>(
+        &self,
+        t: *mut sys::ggml_tensor,
+        widths: [usize; N],
+    ) -> [*mut sys::ggml_tensor; N] {
+        let mut offset = 0;
+        widths.map(|w| {
+            // SAFETY: t is a live 2-D tensor of this context; each view lies inside its rows
+            // (the widths sum to at most ne0, whole blocks of t's type).
+            unsafe {
+                let v = sys::ggml_view_2d(self.ctx, t, w as i64, (*t).ne[1], (*t).nb[1], offset);
+                offset += sys::ggml_row_size((*t).type_, w as i64);
+                v
+            }
+        })
+    }
+
     /// Copies out an f32 tensor (contiguous).
     pub fn read(&self, t: *mut sys::ggml_tensor) -> Vec<f32> {
         // SAFETY: t is a live contiguous f32 tensor of this context.
