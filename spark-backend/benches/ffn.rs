@@ -2,8 +2,10 @@
 //! persistent ggml thread pool (2 threads), at Gemma-2 2B shapes: D 2304, F 13824, r_f 1024,
 //! k_f 1106 (sparse); gate/up/down 2304 x 9216 (dense). The sparse FFN runs both ways of
 //! `docs/INTERFACES.md`: two-stage (`spark_ffn_up` + `spark_ffn_down`) and fused
-//! (`spark_ffn_fused` + `spark_ffn_sum`). Weight types f16 and q8_0, batches 1 and 64. Also measures this machine's read bandwidth (2 threads summing a 2 GiB buffer) and
-//! prints a summary table with the ratios and the sparse kernel's achieved bytes/s.
+//! (`spark_ffn_fused` + `spark_ffn_sum`), the latter also with K2 and V packed row by row into
+//! one tensor. Weight types f16 and q8_0, batches 1 and 64. Also measures this machine's read
+//! bandwidth (2 threads summing a 2 GiB buffer) and prints a summary table with the ratios and
+//! the sparse kernel's achieved bytes/s.
 //!
 //! Run: `cargo bench -p spark-backend --bench ffn` (add `-- --quick`-style criterion flags as
 //! usual). `SPARK_BENCH_TYPES=f16` / `SPARK_BENCH_BATCHES=1` restrict the grid;
@@ -153,10 +155,9 @@ impl Setup {
 /// exposes all of them to the same conditions.
 fn interleaved<const N: usize>(
     runs: usize,
-    fs: [&mut dyn FnMut(); N],
+    mut fs: [&mut dyn FnMut(); N],
 ) -> [(Duration, Duration); N] {
     let mut times = vec![Vec::with_capacity(runs); N];
-    let mut fs = fs;
     for _ in 0..runs {
         for (f, t) in fs.iter_mut().zip(times.iter_mut()) {
             let s = Instant::now();

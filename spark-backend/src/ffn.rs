@@ -100,6 +100,20 @@ impl Scratch {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// For a single token (threshold `thetas[0]`): its active neurons among `neurons` into
+    /// `active`, in increasing order, each with `(0, activation)` at the same index of `tokens`.
+    fn list_active_one_token(&mut self, scores: &[f32], neurons: Range<usize>) {
+        let theta = self.thetas[0];
+        self.active.clear();
+        self.tokens.clear();
+        for j in neurons {
+            if let Some(a) = activation(scores[j], theta) {
+                self.active.push(j as u32);
+                self.tokens.push((0, a));
+            }
+        }
+    }
 }
 
 /// Stage 2 for neurons `neurons` of every token: writes `u[(j - neurons.start) * n_tokens + t]`
@@ -137,15 +151,7 @@ pub fn up_range(
     let mut kept = 0u64;
     if n_tokens == 1 {
         // One token: list the active neurons first so the next rows can be prefetched.
-        let theta = scratch.thetas[0];
-        scratch.active.clear();
-        scratch.tokens.clear();
-        for j in neurons.clone() {
-            if let Some(a) = activation(scores[j], theta) {
-                scratch.active.push(j as u32);
-                scratch.tokens.push((0, a));
-            }
-        }
+        scratch.list_active_one_token(scores, neurons.clone());
         for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
             if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
                 prefetch_row(k2, next as usize);

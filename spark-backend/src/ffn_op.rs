@@ -4,15 +4,16 @@
 //!
 //! ggml calls each op on all `nth` threads at once with no barrier inside a node, so each
 //! thread computes a fixed share (up: a neuron range; down and sum: an output range; fused:
-//! every nth chunk) and results do not depend on `nth`. Errors (bad shapes, types or parameters) print one line to
-//! stderr (the first few per process) and fill the thread's share of dst with NaN, so a broken
-//! graph shows in the logits; panics are caught and handled the same way, never unwinding into C.
+//! every nth chunk) and results do not depend on `nth`. Errors (bad shapes, types or
+//! parameters) print one line to stderr (the first few per process) and fill the thread's share
+//! of dst with NaN, so a broken graph shows in the logits; panics are caught and handled the
+//! same way, never unwinding into C.
 
 use crate::ffn::{self, Scratch};
 use crate::params::FfnParams;
 use crate::rows::{RowMatrix, RowType};
 use crate::stats;
-use crate::tensor::TensorView;
+use crate::tensor::{TensorView, GGML_TYPE_F32};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::cell::RefCell;
@@ -20,8 +21,6 @@ use std::ffi::{c_int, c_void};
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-const GGML_F32: u32 = 0;
 
 /// Output-dimension ranges of `spark_ffn_down` are multiples of this many elements (and of the
 /// weight type's block size), so SIMD loops run on whole vectors.
@@ -153,7 +152,7 @@ fn expect_2d(v: &TensorView, name: &str, ne0: usize, ne1: usize) -> Result<(), K
 }
 
 fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
-    if v.ty != GGML_F32 {
+    if v.ty != GGML_TYPE_F32 {
         return Err(KernelError::UnsupportedType {
             tensor: name,
             ty: v.ty,

@@ -3,6 +3,9 @@
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 
+/// ggml type id of f32 (`GGML_TYPE_F32`), the type of every custom op's output.
+pub const GGML_TYPE_F32: u32 = 0;
+
 /// Shape, strides, type and data pointer of a ggml tensor, copied out of the C struct.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorView {
@@ -63,7 +66,7 @@ pub unsafe fn fill_nan_share(dst: *mut sys::ggml_tensor, ith: usize, nth: usize)
     let Ok(view) = (unsafe { TensorView::from_raw(dst) }) else {
         return;
     };
-    if view.ty != crate::attention::layout::GGML_TYPE_F32 {
+    if view.ty != GGML_TYPE_F32 {
         return;
     }
     let rows = view.n_rows();

@@ -11,8 +11,7 @@ use crate::params::AttnParams;
 use crate::tensor::TensorView;
 use crate::KernelError;
 
-/// ggml type id of f32.
-pub const GGML_TYPE_F32: u32 = 0;
+pub use crate::tensor::GGML_TYPE_F32;
 /// ggml type id of f16.
 pub const GGML_TYPE_F16: u32 = 1;
 

@@ -75,8 +75,8 @@ impl FusedInputs<'_> {
     }
 }
 
-/// Computes the partial outputs of the chunks (of `n_chunks`) that `chunks` yields, each given with its output
-/// slice of `n_tokens * D` values (token `t` at `[t * D ..][..D]`):
+/// Computes the partial outputs of the chunks (of `n_chunks`) that `chunks` yields, each
+/// given with its output slice of `n_tokens * D` values (token `t` at `[t * D ..][..D]`):
 /// `partial_t = sum_j u_tj V_j` over the chunk's neurons `j` in increasing order with
 /// `u_tj = gelu_tanh(s_tj - theta_t) (K2_j . h_t[r_f:]) != 0`. Returns the number of active
 /// (neuron, token) pairs over those chunks.
@@ -87,6 +87,11 @@ pub fn chunk_partials<'p>(
     scratch: &mut Scratch,
 ) -> Result<u64, KernelError> {
     let (d, f) = inputs.check()?;
+    if n_chunks == 0 || n_chunks > f.max(1) {
+        return Err(KernelError::Shape(format!(
+            "{n_chunks} chunks of F = {f} neurons (1 <= P <= F)"
+        )));
+    }
     let n_tokens = inputs.n_tokens;
     let r = d - inputs.k2.n_cols();
     prepare_tokens(
@@ -101,14 +106,12 @@ pub fn chunk_partials<'p>(
     )?;
     let mut kept = 0;
     for (c, partial) in chunks {
+        if c >= n_chunks {
+            return Err(KernelError::Shape(format!("chunk {c} of {n_chunks}")));
+        }
         check_len("partial", partial.len(), n_tokens * d)?;
         let partial = &mut partial[..n_tokens * d];
         partial.fill(0.0);
-        if c >= n_chunks || n_chunks > f.max(1) {
-            return Err(KernelError::Shape(format!(
-                "chunk {c} of {n_chunks} (F = {f}; 1 <= P <= F)"
-            )));
-        }
         let neurons = chunk_neurons(f, n_chunks, c);
         kept += if n_tokens == 1 {
             one_token_chunk(inputs, neurons, partial, scratch)
@@ -127,15 +130,7 @@ fn one_token_chunk(
     out: &mut [f32],
     scratch: &mut Scratch,
 ) -> u64 {
-    let theta = scratch.thetas[0];
-    scratch.active.clear();
-    scratch.tokens.clear();
-    for j in neurons {
-        if let Some(a) = activation(inputs.scores[j], theta) {
-            scratch.active.push(j as u32);
-            scratch.tokens.push((0, a));
-        }
-    }
+    scratch.list_active_one_token(inputs.scores, neurons);
     let mut pending = PendingAxpy::default();
     for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
         if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {

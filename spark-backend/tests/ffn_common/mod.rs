@@ -257,6 +257,19 @@ impl Ggml {
         }
     }
 
+    /// The predictor scores `mul_mat(K1, h[:r_f])`, [F, n_tokens].
+    pub fn predictor(
+        &self,
+        h: *mut sys::ggml_tensor,
+        k1: *mut sys::ggml_tensor,
+    ) -> *mut sys::ggml_tensor {
+        // SAFETY: h [D, n_tokens] f32 and K1 [r_f, F] are live tensors of this context.
+        unsafe {
+            let hp = sys::ggml_view_2d(self.ctx, h, (*k1).ne[0], (*h).ne[1], (*h).nb[1], 0);
+            sys::ggml_mul_mat(self.ctx, k1, hp)
+        }
+    }
+
     /// The Spark FFN as the INTERFACES.md graph: mul_mat + spark_ffn_up + spark_ffn_down.
     /// Returns (scores, u, out).
     pub fn spark_ffn(
@@ -270,10 +283,8 @@ impl Ggml {
         // SAFETY: live tensors of this context with INTERFACES.md shapes.
         unsafe {
             let (d, n_tokens) = ((*h).ne[0] as usize, (*h).ne[1] as usize);
-            let r = (*k1).ne[0];
             let f = (*k1).ne[1] as usize;
-            let hp = sys::ggml_view_2d(self.ctx, h, r, n_tokens as i64, (*h).nb[1], 0);
-            let s = sys::ggml_mul_mat(self.ctx, k1, hp);
+            let s = self.predictor(h, k1);
             let u = self.custom(&[n_tokens, f], &mut [s, h, k2], spark_ffn_up, params);
             let out = self.custom(&[d, n_tokens], &mut [u, v], spark_ffn_down, params);
             [s, u, out]
@@ -294,9 +305,7 @@ impl Ggml {
         // SAFETY: live tensors of this context with INTERFACES.md shapes.
         unsafe {
             let (d, n_tokens) = ((*h).ne[0] as usize, (*h).ne[1] as usize);
-            let r = (*k1).ne[0];
-            let hp = sys::ggml_view_2d(self.ctx, h, r, n_tokens as i64, (*h).nb[1], 0);
-            let s = sys::ggml_mul_mat(self.ctx, k1, hp);
+            let s = self.predictor(h, k1);
             let partials = self.custom(
                 &[d, n_tokens, n_chunks],
                 &mut [s, h, k2, v],
