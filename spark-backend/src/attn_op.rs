@@ -5,72 +5,50 @@
 //! &params)` where `params` is a `struct spark_attn_params` (`crate::params::AttnParams`) that
 //! outlives the graph. ggml's worker threads each call it with their `ith` of `nth`.
 //!
-//! Failure contract: if the arguments are invalid (shape, type, parameter) the op prints one
-//! line `spark-backend: spark_attn: layer L: <reason>` to stderr (from thread 0 only) and every
-//! thread fills its share of dst with NaN, so the failure shows in the model output instead of
-//! passing silently. A panic inside the kernel is caught (nothing unwinds into C): the thread
-//! reports it and fills the rows it owns with NaN.
+//! It enters through [`crate::op::enter`] like every Spark op (one message format, NaN on
+//! failure). Thread `ith` owns the output rows of work units `ith, ith + nth, ...`
+//! ([`SparseAttention::fill_owned_rows`]).
 
 use crate::attention::SparseAttention;
-use crate::ffi;
+use crate::op::SparkOp;
 use crate::params::AttnParams;
 use crate::tensor::TensorView;
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 
-/// The `ggml_custom_op_t` for Spark attention. Arguments: `dst->src[0..4]` = q, k, v, mask;
-/// `userdata` = `*const AttnParams`.
-///
-/// # Safety
-/// ggml calls this with a live `dst` whose sources and data are valid for their shapes, and
-/// with `userdata` pointing at a live `struct spark_attn_params` (or null, reported as an
-/// error).
-pub unsafe extern "C" fn spark_attn(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    userdata: *mut c_void,
-) {
-    let (ith_u, nth_u) = match (usize::try_from(ith), usize::try_from(nth)) {
-        (Ok(i), Ok(n)) if i < n => (i, n),
-        _ => {
-            if ith == 0 {
-                ffi::report("spark_attn", &format!("bad thread index {ith} of {nth}"));
-            }
-            return;
-        }
-    };
-    // Validation (reads only the C structs).
-    // SAFETY: ggml passes a live tensor with its sources, and userdata per the graph's contract.
-    let prepared = ffi::guard(
-        "spark_attn",
-        Err(KernelError::Param("panic while validating".into())),
-        || unsafe { prepare(dst, userdata) },
-    );
-    let op = match prepared {
-        Ok(op) => op,
-        Err(e) => {
-            if ith_u == 0 {
-                // SAFETY: userdata is null or a live AttnParams (contract).
-                let layer =
-                    unsafe { userdata.cast::<AttnParams>().as_ref() }.map_or(-1, |p| p.layer);
-                eprintln!("spark-backend: spark_attn: layer {layer}: {e}");
-            }
-            // SAFETY: dst is live; fill_nan checks its type and data before writing its share.
-            unsafe { crate::tensor::fill_nan_share(dst, ith_u, nth_u) };
-            return;
-        }
-    };
-    // SAFETY: the op was validated against dst's sources; ggml gives each thread its own ith
-    // and runs no other node on dst concurrently.
-    let ok = ffi::guard("spark_attn", false, || {
-        unsafe { op.run(ith_u, nth_u) };
-        true
-    });
-    if !ok {
-        // SAFETY: as above; the rows written are those this thread owns.
-        unsafe { op.fill_owned_rows(ith_u, nth_u, f32::NAN) };
+crate::op::custom_op! {
+    /// The `ggml_custom_op_t` for Spark attention. Arguments: `dst->src[0..4]` = q, k, v, mask;
+    /// `userdata` = `*const AttnParams`.
+    ///
+    /// # Safety
+    /// ggml calls this with a live `dst` whose sources and data are valid for their shapes, and
+    /// with `userdata` pointing at a live `struct spark_attn_params` (or null, reported as an
+    /// error).
+    spark_attn => SparseAttention
+}
+
+impl SparkOp for SparseAttention {
+    const NAME: &'static str = "spark_attn";
+
+    unsafe fn prepare(
+        dst: *mut sys::ggml_tensor,
+        userdata: *mut c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: forwarded contract.
+        unsafe { prepare(dst, userdata) }
+    }
+
+    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
+        // SAFETY: the op was validated against dst's sources; ggml gives each thread its own
+        // ith and runs no other node on dst concurrently.
+        unsafe { SparseAttention::run(self, ith, nth) };
+        Ok(())
+    }
+
+    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
+        // SAFETY: as for run; the rows written are those this thread owns.
+        unsafe { self.fill_owned_rows(ith, nth, value) };
     }
 }
 

@@ -22,6 +22,63 @@ use std::ops::Range;
 
 pub mod fused;
 
+/// A batch of `n_tokens` activation rows of D (`width`) values each: row `t` is
+/// `h[t * stride ..][..width]`. The input of every FFN stage.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    /// The rows, back to back at `stride`.
+    pub h: &'a [f32],
+    /// Elements between consecutive rows (>= `width`).
+    pub stride: usize,
+    /// D: values per row.
+    pub width: usize,
+    /// Rows in the batch.
+    pub n_tokens: usize,
+}
+
+impl<'a> Batch<'a> {
+    /// Columns `cols` of row `t`.
+    pub fn row(&self, t: usize, cols: Range<usize>) -> Result<&'a [f32], KernelError> {
+        let start = t * self.stride + cols.start;
+        let end = t * self.stride + cols.end;
+        if cols.end > self.width {
+            return Err(KernelError::Shape(format!(
+                "h columns {cols:?} beyond D = {}",
+                self.width
+            )));
+        }
+        self.h
+            .get(start..end)
+            .ok_or_else(|| KernelError::Shape(format!("h row {t} columns {cols:?} out of bounds")))
+    }
+}
+
+/// The inputs of stage 2 ([`up_range`], and the fused path's [`fused::FusedInputs`]).
+#[derive(Clone, Copy, Debug)]
+pub struct UpInputs<'a> {
+    /// Predictor scores, `n_tokens` rows of F (`scores[t * F + j]`).
+    pub scores: &'a [f32],
+    /// The normed activations; `h[r_f..D]` of each row is read (r_f = D - `k2.n_cols()`).
+    pub batch: Batch<'a>,
+    /// K2: F rows of D - r_f.
+    pub k2: &'a RowMatrix<'a>,
+    /// k_f (k >= F is dense).
+    pub k: usize,
+}
+
+/// The three FFN weight matrices of one layer and its k_f, for the serial whole-FFN functions.
+#[derive(Clone, Copy, Debug)]
+pub struct FfnWeights<'a> {
+    /// K1: F rows of r_f (the predictor).
+    pub k1: &'a RowMatrix<'a>,
+    /// K2: F rows of D - r_f.
+    pub k2: &'a RowMatrix<'a>,
+    /// V: F rows of D (neuron-major).
+    pub v: &'a RowMatrix<'a>,
+    /// k_f (k >= F is dense).
+    pub k: usize,
+}
+
 /// `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with the limits
 /// `gelu_tanh(+inf) = +inf` and `gelu_tanh(-inf) = 0` (NaN stays NaN).
 #[inline]
@@ -61,21 +118,18 @@ pub fn activation(s: f32, theta: Option<f32>) -> Option<f32> {
     (a != 0.0).then_some(a)
 }
 
-/// Stage 1: `scores[t * F + j] = K1_j . h_t[:r]` for every token and neuron, `h` given as
-/// `n_tokens` rows of at least `r` values (`h[t * h_stride ..]`). For tests and the serial
-/// [`sparse_ffn`]; the ggml graph uses `ggml_mul_mat` instead.
+/// Stage 1: `scores[t * F + j] = K1_j . h_t[:r]` for every token of `batch` and every neuron.
+/// For tests and the serial [`sparse_ffn`]; the ggml graph uses `ggml_mul_mat` instead.
 pub fn predictor_scores(
     k1: &RowMatrix<'_>,
-    h: &[f32],
-    h_stride: usize,
-    n_tokens: usize,
+    batch: &Batch<'_>,
     scores: &mut [f32],
 ) -> Result<(), KernelError> {
     let (r, f) = (k1.n_cols(), k1.n_rows());
-    check_len("scores", scores.len(), n_tokens * f)?;
+    check_len("scores", scores.len(), batch.n_tokens * f)?;
     let mut act = Activation::new();
-    for t in 0..n_tokens {
-        let row = token_row(h, h_stride, t, 0..r)?;
+    for t in 0..batch.n_tokens {
+        let row = batch.row(t, 0..r)?;
         act.prepare(k1.ty(), row)?;
         for (j, s) in scores[t * f..(t + 1) * f].iter_mut().enumerate() {
             *s = rows::dot(k1.row(j), &act);
@@ -118,27 +172,14 @@ impl Scratch {
 
 /// Stage 2 for neurons `neurons` of every token: writes `u[(j - neurons.start) * n_tokens + t]`
 /// and returns how many (neuron, token) pairs are active in the range.
-///
-/// `scores` holds `n_tokens` rows of F scores (`scores[t * F + j]`, F = `k2.n_rows()`), `h`
-/// holds `n_tokens` rows of D values at stride `h_stride` of which `h[r..D]` is read
-/// (r = D - `k2.n_cols()`), `k` is k_f.
-#[allow(clippy::too_many_arguments)]
 pub fn up_range(
-    scores: &[f32],
-    h: &[f32],
-    h_stride: usize,
-    d: usize,
-    n_tokens: usize,
-    k2: &RowMatrix<'_>,
-    k: usize,
+    inputs: &UpInputs<'_>,
     neurons: Range<usize>,
     u: &mut [f32],
     scratch: &mut Scratch,
 ) -> Result<u64, KernelError> {
-    let f = k2.n_rows();
-    let r = d.checked_sub(k2.n_cols()).ok_or_else(|| {
-        KernelError::Shape(format!("K2 has {} columns, more than D = {d}", k2.n_cols()))
-    })?;
+    let UpInputs { scores, k2, .. } = *inputs;
+    let (f, n_tokens) = (k2.n_rows(), inputs.batch.n_tokens);
     check_len("scores", scores.len(), n_tokens * f)?;
     check_len("u", u.len(), neurons.len() * n_tokens)?;
     if neurons.end > f {
@@ -146,7 +187,7 @@ pub fn up_range(
             "neuron range {neurons:?} beyond F = {f}"
         )));
     }
-    prepare_tokens(scores, h, h_stride, n_tokens, r..d, k2, k, scratch)?;
+    prepare_tokens(inputs, scratch)?;
     u.fill(0.0);
     let mut kept = 0u64;
     if n_tokens == 1 {
@@ -175,23 +216,18 @@ pub fn up_range(
     Ok(kept)
 }
 
-/// Per token of a batch: its threshold (`scratch.thetas`) and `h[cols]` prepared for K2's
+/// Per token of a batch: its threshold (`scratch.thetas`) and `h[r_f..D]` prepared for K2's
 /// row type (`scratch.acts`), shared by every neuron range a thread computes.
-#[allow(clippy::too_many_arguments)]
-fn prepare_tokens(
-    scores: &[f32],
-    h: &[f32],
-    h_stride: usize,
-    n_tokens: usize,
-    cols: Range<usize>,
-    k2: &RowMatrix<'_>,
-    k: usize,
-    scratch: &mut Scratch,
-) -> Result<(), KernelError> {
-    token_thresholds(scores, k2.n_rows(), k, &mut scratch.thetas);
-    scratch.acts.resize_with(n_tokens, Activation::new);
-    for t in 0..n_tokens {
-        scratch.acts[t].prepare(k2.ty(), token_row(h, h_stride, t, cols.clone())?)?;
+fn prepare_tokens(inputs: &UpInputs<'_>, scratch: &mut Scratch) -> Result<(), KernelError> {
+    let UpInputs { batch, k2, .. } = *inputs;
+    let d = batch.width;
+    let r = d.checked_sub(k2.n_cols()).ok_or_else(|| {
+        KernelError::Shape(format!("K2 has {} columns, more than D = {d}", k2.n_cols()))
+    })?;
+    token_thresholds(inputs.scores, k2.n_rows(), inputs.k, &mut scratch.thetas);
+    scratch.acts.resize_with(batch.n_tokens, Activation::new);
+    for t in 0..batch.n_tokens {
+        scratch.acts[t].prepare(k2.ty(), batch.row(t, r..d)?)?;
     }
     Ok(())
 }
@@ -353,42 +389,30 @@ fn down_tile(
     }
 }
 
-/// The whole FFN serially: `out[t * D ..]` for `n_tokens` rows of `h` (`h[t * h_stride ..]`,
-/// D = `v.n_cols()`), with `k1` [F rows of r], `k2` [F rows of D - r], `v` [F rows of D].
+/// The whole FFN serially: `out[t * D ..]` for every row of `batch` (D = `w.v.n_cols()`).
 /// Returns the number of active (neuron, token) pairs.
-#[allow(clippy::too_many_arguments)]
 pub fn sparse_ffn(
-    h: &[f32],
-    h_stride: usize,
-    n_tokens: usize,
-    k1: &RowMatrix<'_>,
-    k2: &RowMatrix<'_>,
-    v: &RowMatrix<'_>,
-    k: usize,
+    batch: &Batch<'_>,
+    w: &FfnWeights<'_>,
     out: &mut [f32],
 ) -> Result<u64, KernelError> {
-    let d = v.n_cols();
-    let f = v.n_rows();
-    check_shapes(d, f, k1, k2)?;
+    let (d, f, n_tokens) = (w.v.n_cols(), w.v.n_rows(), batch.n_tokens);
+    check_shapes(d, f, w.k1, w.k2)?;
+    check_batch_width(batch, d)?;
     let mut scores = vec![0f32; n_tokens * f];
-    predictor_scores(k1, h, h_stride, n_tokens, &mut scores)?;
+    predictor_scores(w.k1, batch, &mut scores)?;
     let mut u = vec![0f32; n_tokens * f];
     let mut scratch = Scratch::new();
-    let kept = up_range(
-        &scores,
-        h,
-        h_stride,
-        d,
-        n_tokens,
-        k2,
-        k,
-        0..f,
-        &mut u,
-        &mut scratch,
-    )?;
+    let inputs = UpInputs {
+        scores: &scores,
+        batch: *batch,
+        k2: w.k2,
+        k: w.k,
+    };
+    let kept = up_range(&inputs, 0..f, &mut u, &mut scratch)?;
     check_len("out", out.len(), n_tokens * d)?;
     let mut rows_out: Vec<&mut [f32]> = out.chunks_mut(d).take(n_tokens).collect();
-    down_range(&u, v, 0..d, &mut rows_out, &mut scratch)?;
+    down_range(&u, w.v, 0..d, &mut rows_out, &mut scratch)?;
     Ok(kept)
 }
 
@@ -440,16 +464,15 @@ fn check_len(what: &str, have: usize, want: usize) -> Result<(), KernelError> {
     Ok(())
 }
 
-fn token_row(
-    h: &[f32],
-    stride: usize,
-    t: usize,
-    cols: Range<usize>,
-) -> Result<&[f32], KernelError> {
-    let start = t * stride + cols.start;
-    let end = t * stride + cols.end;
-    h.get(start..end)
-        .ok_or_else(|| KernelError::Shape(format!("h row {t} columns {cols:?} out of bounds")))
+/// Checks that `batch`'s rows are D wide (the serial whole-FFN functions take D from V).
+fn check_batch_width(batch: &Batch<'_>, d: usize) -> Result<(), KernelError> {
+    if batch.width != d {
+        return Err(KernelError::Shape(format!(
+            "h rows have {} values, V has D = {d}",
+            batch.width
+        )));
+    }
+    Ok(())
 }
 
 /// Rows ahead to prefetch in the sparse loops (8 rows of up to 4 KiB measured best on an idle

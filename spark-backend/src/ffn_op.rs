@@ -2,14 +2,15 @@
 //! them is a stock `ggml_mul_mat`): the two-stage path `spark_ffn_up` + `spark_ffn_down`, and
 //! the fused path `spark_ffn_fused` + `spark_ffn_sum` the graph takes for small batches.
 //!
-//! ggml calls each op on all `nth` threads at once with no barrier inside a node, so each
-//! thread computes a fixed share (up: a neuron range; down and sum: an output range; fused:
-//! every nth chunk) and results do not depend on `nth`. Errors (bad shapes, types or
-//! parameters) print one line to stderr (the first few per process) and fill the thread's share
-//! of dst with NaN, so a broken graph shows in the logits; panics are caught and handled the
-//! same way, never unwinding into C.
+//! Every op enters through [`crate::op::enter`] (one protocol for all Spark ops: checks, one
+//! message format, NaN on failure). Each op's share of the output is a fixed function of
+//! `(ith, nth)` and the shapes, defined once below and used both to compute and to NaN-fill:
+//! up: a neuron range (rows of `u`); down: a column range of every token row; fused: chunks
+//! `ith, ith + nth, ...` (whole partial planes); sum: an element range. Results do not depend on
+//! `nth`.
 
-use crate::ffn::{self, Scratch};
+use crate::ffn::{self, fused::FusedInputs, Batch, Scratch, UpInputs};
+use crate::op::SparkOp;
 use crate::params::FfnParams;
 use crate::rows::{RowMatrix, RowType};
 use crate::stats;
@@ -17,60 +18,38 @@ use crate::tensor::{TensorView, GGML_TYPE_F32};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::cell::RefCell;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 use std::ops::Range;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Output-dimension ranges of `spark_ffn_down` are multiples of this many elements (and of the
-/// weight type's block size), so SIMD loops run on whole vectors.
+/// Output-dimension ranges of `spark_ffn_down` and `spark_ffn_sum` are multiples of this many
+/// elements (and, for down, of the weight type's block size), so SIMD loops run on whole vectors.
 const DIM_ALIGN: usize = 16;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
 }
 
-/// Defines a `ggml_custom_op_t` entry point `$name` that runs `$body(dst, ith, nth, userdata)`
-/// under [`run_guarded`] (errors and panics become one stderr line and a NaN-filled share of
-/// dst; nothing unwinds into C).
-macro_rules! custom_op {
-    ($(#[$doc:meta])* $name:ident => $body:ident) => {
-        $(#[$doc])*
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            dst: *mut sys::ggml_tensor,
-            ith: c_int,
-            nth: c_int,
-            userdata: *mut c_void,
-        ) {
-            // SAFETY: forwarded contract of this function (its `# Safety` section).
-            run_guarded(stringify!($name), dst, ith, nth, || unsafe {
-                $body(dst, ith, nth, userdata)
-            });
-        }
-    };
-}
-
-custom_op! {
+crate::op::custom_op! {
     /// `spark_ffn_up`: thresholds and gated value products, `dst u [n_tokens, F]`.
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..3]` are the
     /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params`
     /// (or null, which is reported as an error).
-    spark_ffn_up => up
+    spark_ffn_up => Up
 }
 
-custom_op! {
+crate::op::custom_op! {
     /// `spark_ffn_down`: `dst [D, n_tokens] = sum_j u_j V_j` over neurons with `u_j != 0`.
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..2]` are `u` and
-    /// `V` of `docs/INTERFACES.md`; `userdata` is not read.
-    spark_ffn_down => down
+    /// `V` of `docs/INTERFACES.md`; `userdata` is null or a `struct spark_ffn_params` (only its
+    /// layer is read, for messages).
+    spark_ffn_down => Down
 }
 
-custom_op! {
+crate::op::custom_op! {
     /// `spark_ffn_fused`: stages 2 and 3 over P fixed neuron chunks; `dst [D, n_tokens, P]`
     /// holds one partial output per chunk (the graph picks P: `ffn::fused::default_chunks(F)`).
     ///
@@ -78,44 +57,18 @@ custom_op! {
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..4]` are the
     /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params`
     /// (or null, which is reported as an error).
-    spark_ffn_fused => fused
+    spark_ffn_fused => Fused
 }
 
-custom_op! {
+crate::op::custom_op! {
     /// `spark_ffn_sum`: `dst [D, n_tokens]` = the sum of the P partials of `spark_ffn_fused`,
     /// in chunk order.
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0]` is the
-    /// `spark_ffn_fused` output; `userdata` is not read.
-    spark_ffn_sum => sum
-}
-
-/// How many error lines are printed per process before going quiet.
-const MAX_ERROR_LINES: usize = 8;
-
-fn run_guarded(
-    name: &str,
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    body: impl FnOnce() -> Result<(), KernelError>,
-) {
-    static PRINTED: AtomicUsize = AtomicUsize::new(0);
-    let outcome = catch_unwind(AssertUnwindSafe(body));
-    let message = match outcome {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => (ith == 0).then(|| e.to_string()),
-        Err(_) => Some(format!("panic in thread {ith}")),
-    };
-    if let Some(m) = message {
-        if PRINTED.fetch_add(1, Ordering::Relaxed) < MAX_ERROR_LINES {
-            eprintln!("spark: {name}: {m}; output set to NaN");
-        }
-    }
-    // SAFETY: dst is the op's live output tensor (ggml contract); only this thread's share of
-    // its rows is written.
-    unsafe { crate::tensor::fill_nan_share(dst, ith.max(0) as usize, nth.max(1) as usize) };
+    /// `spark_ffn_fused` output; `userdata` is null or a `struct spark_ffn_params` (only its
+    /// layer is read, for messages).
+    spark_ffn_sum => Sum
 }
 
 /// The tensor views of dst and its first `n` sources.
@@ -218,13 +171,6 @@ unsafe fn f32_rows<'a>(v: &TensorView) -> (&'a [f32], usize) {
     )
 }
 
-fn thread_share(ith: c_int, nth: c_int) -> Result<(usize, usize), KernelError> {
-    if nth < 1 || ith < 0 || ith >= nth {
-        return Err(KernelError::Param(format!("thread {ith} of {nth}")));
-    }
-    Ok((ith as usize, nth as usize))
-}
-
 /// `k_f` from the op's userdata.
 ///
 /// # Safety
@@ -242,211 +188,386 @@ unsafe fn read_params(userdata: *mut c_void) -> Result<(FfnParams, usize), Kerne
     Ok((params, k))
 }
 
-/// Checks the shared inputs of `spark_ffn_up` and `spark_ffn_fused`: scores [F, T] and h
-/// [D, T] as f32 rows, K2 [D - r_f, F]; returns (F, T, D) and K2's matrix.
-///
-/// # Safety
-/// `k2` describes a live tensor.
-unsafe fn check_up_inputs<'a>(
-    s: &TensorView,
-    h: &TensorView,
-    k2: &TensorView,
-) -> Result<(usize, usize, usize, RowMatrix<'a>), KernelError> {
-    expect_f32_rows(s, "scores")?;
-    expect_f32_rows(h, "h")?;
-    // SAFETY: k2 is a live tensor (contract).
-    let k2m = unsafe { weight(k2, "ffn_up")? };
-    let (f, n_tokens, d) = (s.ne[0], s.ne[1], h.ne[0]);
-    expect_2d(s, "scores", f, n_tokens)?;
-    expect_2d(h, "h", d, n_tokens)?;
-    expect_2d(k2, "ffn_up", k2.ne[0], f)?;
-    if k2.ne[0] == 0 || k2.ne[0] >= d {
-        return Err(KernelError::Shape(format!(
-            "ffn_up width {} not in (0, D = {d})",
-            k2.ne[0]
-        )));
-    }
-    if s.nb[1] != 4 * f {
-        return Err(KernelError::Shape("scores rows must be contiguous".into()));
-    }
-    Ok((f, n_tokens, d, k2m))
+/// The checked inputs `spark_ffn_up` and `spark_ffn_fused` share: scores [F, T] and h [D, T]
+/// as f32 rows, K2 [D - r_f, F], k_f and the layer.
+struct StageInputs<'a> {
+    layer: i32,
+    k: usize,
+    scores: &'a [f32],
+    batch: Batch<'a>,
+    k2: RowMatrix<'a>,
 }
 
-/// # Safety
-/// See [`spark_ffn_fused`].
-unsafe fn fused(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    userdata: *mut c_void,
-) -> Result<(), KernelError> {
-    let (ith, nth) = thread_share(ith, nth)?;
-    // SAFETY: userdata is null or a spark_ffn_params (contract).
-    let (params, k) = unsafe { read_params(userdata)? };
-    // SAFETY: the op contract: dst and its sources are live.
-    let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
-    // SAFETY: as above.
-    let (f, n_tokens, d, k2m) = unsafe { check_up_inputs(&s, &h, &k2)? };
-    // SAFETY: v is a live tensor (contract).
-    let vm = unsafe { weight(&v, "ffn_down_t")? };
-    expect_2d(&v, "ffn_down_t", d, f)?;
-    let p = out.ne[2];
-    if out.ne != [d, n_tokens, p, 1] || p == 0 || p > f {
-        return Err(KernelError::Shape(format!(
-            "dst: ne {:?}, expected [{d}, {n_tokens}, P, 1] with 1 <= P <= F = {f}",
-            out.ne
-        )));
-    }
-    expect_f32_rows(&out, "dst")?;
-    let len = d * n_tokens;
-    if out.nb[1] != 4 * d || out.nb[2] != 4 * len {
-        return Err(KernelError::Shape("dst must be contiguous".into()));
-    }
-    // SAFETY: s and h are live f32 tensors with the checked shapes.
-    let (scores, _) = unsafe { f32_rows(&s) };
-    // SAFETY: as above.
-    let (h_data, h_stride) = unsafe { f32_rows(&h) };
-    let inputs = ffn::fused::FusedInputs {
-        scores,
-        h: h_data,
-        h_stride,
-        n_tokens,
-        k2: &k2m,
-        v: &vm,
-        k,
-    };
-    let chunks = (ith..p).step_by(nth).map(|c| {
-        // SAFETY: partial c (len contiguous f32 values) lies inside dst (shape and strides
-        // checked) and belongs to this thread alone: chunk c goes to thread c % nth.
-        let partial =
-            unsafe { std::slice::from_raw_parts_mut(out.data.cast::<f32>().add(c * len), len) };
-        (c, partial)
-    });
-    let kept =
-        SCRATCH.with(|sc| ffn::fused::chunk_partials(&inputs, p, chunks, &mut sc.borrow_mut()))?;
-    let tokens = if ith == 0 { n_tokens as u64 } else { 0 };
-    stats::record_ffn(params.layer, kept, tokens, f as u64);
-    Ok(())
-}
-
-/// # Safety
-/// See [`spark_ffn_sum`].
-unsafe fn sum(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    _userdata: *mut c_void,
-) -> Result<(), KernelError> {
-    let (ith, nth) = thread_share(ith, nth)?;
-    // SAFETY: the op contract: dst and its sources are live.
-    let (out, [partials]) = unsafe { views::<1>(dst)? };
-    let (d, n_tokens, p) = (partials.ne[0], partials.ne[1], partials.ne[2]);
-    expect_f32_rows(&partials, "partials")?;
-    let len = d * n_tokens;
-    if partials.ne[3] != 1 || partials.nb[1] != 4 * d || partials.nb[2] != 4 * len || p == 0 {
-        return Err(KernelError::Shape(format!(
-            "partials: ne {:?} nb {:?}, expected contiguous [D, n_tokens, P >= 1, 1]",
-            partials.ne, partials.nb
-        )));
-    }
-    expect_2d(&out, "dst", d, n_tokens)?;
-    expect_f32_rows(&out, "dst")?;
-    if out.nb[1] != 4 * d {
-        return Err(KernelError::Shape("dst must be contiguous".into()));
-    }
-    // SAFETY: partials is a live contiguous f32 tensor of p * len values (checked above).
-    let all =
-        unsafe { std::slice::from_raw_parts(partials.data.cast::<f32>().cast_const(), p * len) };
-    let range = ffn::split_range(len, nth, ith, DIM_ALIGN);
-    // SAFETY: elements `range` of dst (contiguous, len values) belong to this thread alone:
-    // the shares of split_range are disjoint.
-    let mine = unsafe {
-        std::slice::from_raw_parts_mut(out.data.cast::<f32>().add(range.start), range.len())
-    };
-    ffn::fused::sum_partials(all, len, range, mine)
-}
-
-/// # Safety
-/// See [`spark_ffn_up`].
-unsafe fn up(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    userdata: *mut c_void,
-) -> Result<(), KernelError> {
-    let (ith, nth) = thread_share(ith, nth)?;
-    // SAFETY: userdata is null or a spark_ffn_params (contract).
-    let (params, k) = unsafe { read_params(userdata)? };
-    // SAFETY: the op contract: dst and its sources are live.
-    let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
-    // SAFETY: as above.
-    let (f, n_tokens, d, k2m) = unsafe { check_up_inputs(&s, &h, &k2)? };
-    expect_2d(&out, "dst", n_tokens, f)?;
-    expect_f32_rows(&out, "dst")?;
-    if out.nb[1] != 4 * n_tokens {
-        return Err(KernelError::Shape("dst must be contiguous".into()));
-    }
-    // SAFETY: s and h are live f32 tensors with the checked shapes.
-    let (scores, _) = unsafe { f32_rows(&s) };
-    // SAFETY: as above.
-    let (h_data, h_stride) = unsafe { f32_rows(&h) };
-    let neurons = ffn::split_range(f, nth, ith, 1);
-    // SAFETY: dst rows `neurons` (n_tokens f32 each, contiguous) belong to this thread alone:
-    // the shares of split_range are disjoint.
-    let u = unsafe {
-        std::slice::from_raw_parts_mut(
-            out.data.cast::<f32>().add(neurons.start * n_tokens),
-            neurons.len() * n_tokens,
-        )
-    };
-    let kept = SCRATCH.with(|sc| {
-        let mut sc = sc.borrow_mut();
-        ffn::up_range(
-            scores, h_data, h_stride, d, n_tokens, &k2m, k, neurons, u, &mut sc,
-        )
-    })?;
-    let tokens = if ith == 0 { n_tokens as u64 } else { 0 };
-    stats::record_ffn(params.layer, kept, tokens, f as u64);
-    Ok(())
-}
-
-/// # Safety
-/// See [`spark_ffn_down`].
-unsafe fn down(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    _userdata: *mut c_void,
-) -> Result<(), KernelError> {
-    let (ith, nth) = thread_share(ith, nth)?;
-    // SAFETY: the op contract: dst and its sources are live.
-    let (out, [u, v]) = unsafe { views::<2>(dst)? };
-    expect_f32_rows(&u, "u")?;
-    // SAFETY: v is a live tensor (contract).
-    let vm = unsafe { weight(&v, "ffn_down_t")? };
-    let (n_tokens, f, d) = (u.ne[0], u.ne[1], v.ne[0]);
-    expect_2d(&u, "u", n_tokens, f)?;
-    expect_2d(&v, "ffn_down_t", d, f)?;
-    if u.nb[1] != 4 * n_tokens {
-        return Err(KernelError::Shape("u must be contiguous".into()));
-    }
-    expect_2d(&out, "dst", d, n_tokens)?;
-    expect_f32_rows(&out, "dst")?;
-    // SAFETY: u is a live f32 tensor with the checked shape.
-    let (u_data, _) = unsafe { f32_rows(&u) };
-    let align = lcm(DIM_ALIGN, vm.ty().block_elems());
-    let dims: Range<usize> = ffn::split_range(d, nth, ith, align);
-    let mut rows: Vec<&mut [f32]> = (0..n_tokens)
-        .map(|t| {
-            // SAFETY: columns `dims` of dst row t lie inside dst (shape checked) and belong to
-            // this thread alone: the shares of split_range are disjoint.
-            unsafe {
-                let p = out.data.add(t * out.nb[1]).cast::<f32>().add(dims.start);
-                std::slice::from_raw_parts_mut(p, dims.len())
-            }
+impl<'a> StageInputs<'a> {
+    /// # Safety
+    /// `s`, `h` and `k2` describe live tensors; `userdata` is null or a `spark_ffn_params`.
+    unsafe fn new(
+        s: &TensorView,
+        h: &TensorView,
+        k2: &TensorView,
+        userdata: *mut c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: userdata is null or a spark_ffn_params (contract).
+        let (params, k) = unsafe { read_params(userdata)? };
+        expect_f32_rows(s, "scores")?;
+        expect_f32_rows(h, "h")?;
+        // SAFETY: k2 is a live tensor (contract).
+        let k2m = unsafe { weight(k2, "ffn_up")? };
+        let (f, n_tokens, d) = (s.ne[0], s.ne[1], h.ne[0]);
+        expect_2d(s, "scores", f, n_tokens)?;
+        expect_2d(h, "h", d, n_tokens)?;
+        expect_2d(k2, "ffn_up", k2.ne[0], f)?;
+        if k2.ne[0] == 0 || k2.ne[0] >= d {
+            return Err(KernelError::Shape(format!(
+                "ffn_up width {} not in (0, D = {d})",
+                k2.ne[0]
+            )));
+        }
+        if s.nb[1] != 4 * f {
+            return Err(KernelError::Shape("scores rows must be contiguous".into()));
+        }
+        // SAFETY: s and h are live f32 tensors with the checked shapes.
+        let (scores, _) = unsafe { f32_rows(s) };
+        // SAFETY: as above.
+        let (h_data, stride) = unsafe { f32_rows(h) };
+        Ok(Self {
+            layer: params.layer,
+            k,
+            scores,
+            batch: Batch {
+                h: h_data,
+                stride,
+                width: d,
+                n_tokens,
+            },
+            k2: k2m,
         })
-        .collect();
-    SCRATCH.with(|sc| ffn::down_range(u_data, &vm, dims, &mut rows, &mut sc.borrow_mut()))
+    }
+
+    fn f(&self) -> usize {
+        self.k2.n_rows()
+    }
+
+    fn up(&self) -> UpInputs<'_> {
+        UpInputs {
+            scores: self.scores,
+            batch: self.batch,
+            k2: &self.k2,
+            k: self.k,
+        }
+    }
+
+    /// Records thread `ith`'s kept count (tokens are counted once, by thread 0).
+    fn record(&self, ith: usize, kept: u64) {
+        let tokens = if ith == 0 {
+            self.batch.n_tokens as u64
+        } else {
+            0
+        };
+        stats::record_ffn(self.layer, kept, tokens, self.f() as u64);
+    }
+}
+
+/// `spark_ffn_up`, checked. Thread `ith` owns the rows of `u` (one per neuron, `n_tokens`
+/// values each) of neuron range `split_range(F, nth, ith, 1)`.
+pub(crate) struct Up<'a> {
+    inputs: StageInputs<'a>,
+    u: *mut f32,
+}
+
+impl Up<'_> {
+    fn share(&self, ith: usize, nth: usize) -> Range<usize> {
+        ffn::split_range(self.inputs.f(), nth, ith, 1)
+    }
+
+    /// Rows `neurons` of `u`. The slice points into ggml's dst, not into `self`.
+    ///
+    /// # Safety
+    /// The caller owns rows `neurons` of `u` and drops the slice before the op call returns.
+    unsafe fn rows<'s>(&self, neurons: &Range<usize>) -> &'s mut [f32] {
+        let n_tokens = self.inputs.batch.n_tokens;
+        // SAFETY: rows `neurons` lie inside u (shape checked in prepare); the caller owns them.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.u.add(neurons.start * n_tokens),
+                neurons.len() * n_tokens,
+            )
+        }
+    }
+}
+
+impl SparkOp for Up<'_> {
+    const NAME: &'static str = "spark_ffn_up";
+
+    unsafe fn prepare(
+        dst: *mut sys::ggml_tensor,
+        userdata: *mut c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: the op contract: dst and its sources are live.
+        let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
+        // SAFETY: as above.
+        let inputs = unsafe { StageInputs::new(&s, &h, &k2, userdata)? };
+        let n_tokens = inputs.batch.n_tokens;
+        expect_2d(&out, "dst", n_tokens, inputs.f())?;
+        expect_f32_rows(&out, "dst")?;
+        if out.nb[1] != 4 * n_tokens {
+            return Err(KernelError::Shape("dst must be contiguous".into()));
+        }
+        Ok(Self {
+            inputs,
+            u: out.data.cast(),
+        })
+    }
+
+    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
+        let neurons = self.share(ith, nth);
+        // SAFETY: this thread's share (SparkOp contract).
+        let u = unsafe { self.rows(&neurons) };
+        let kept = SCRATCH
+            .with(|sc| ffn::up_range(&self.inputs.up(), neurons, u, &mut sc.borrow_mut()))?;
+        self.inputs.record(ith, kept);
+        Ok(())
+    }
+
+    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
+        // SAFETY: this thread's share (SparkOp contract).
+        unsafe { self.rows(&self.share(ith, nth)) }.fill(value);
+    }
+}
+
+/// `spark_ffn_down`, checked. Thread `ith` owns columns `split_range(D, nth, ith, align)` of
+/// every token row of dst (`align` = lcm of 16 and V's block size).
+pub(crate) struct Down<'a> {
+    u: &'a [f32],
+    v: RowMatrix<'a>,
+    n_tokens: usize,
+    out: *mut u8,
+    out_row_bytes: usize,
+}
+
+impl Down<'_> {
+    fn share(&self, ith: usize, nth: usize) -> Range<usize> {
+        let align = lcm(DIM_ALIGN, self.v.ty().block_elems());
+        ffn::split_range(self.v.n_cols(), nth, ith, align)
+    }
+
+    /// Columns `dims` of every token row of dst (slices into ggml's dst, not into `self`).
+    ///
+    /// # Safety
+    /// The caller owns columns `dims` of dst and drops the slices before the op call returns.
+    unsafe fn rows<'s>(&self, dims: &Range<usize>) -> Vec<&'s mut [f32]> {
+        (0..self.n_tokens)
+            .map(|t| {
+                // SAFETY: columns `dims` of row t lie inside dst (shape checked in prepare);
+                // the caller owns them.
+                unsafe {
+                    let p = self.out.add(t * self.out_row_bytes).cast::<f32>();
+                    std::slice::from_raw_parts_mut(p.add(dims.start), dims.len())
+                }
+            })
+            .collect()
+    }
+}
+
+impl SparkOp for Down<'_> {
+    const NAME: &'static str = "spark_ffn_down";
+
+    unsafe fn prepare(
+        dst: *mut sys::ggml_tensor,
+        _userdata: *mut c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: the op contract: dst and its sources are live.
+        let (out, [u, v]) = unsafe { views::<2>(dst)? };
+        expect_f32_rows(&u, "u")?;
+        // SAFETY: v is a live tensor (contract).
+        let vm = unsafe { weight(&v, "ffn_down_t")? };
+        let (n_tokens, f, d) = (u.ne[0], u.ne[1], v.ne[0]);
+        expect_2d(&u, "u", n_tokens, f)?;
+        expect_2d(&v, "ffn_down_t", d, f)?;
+        if u.nb[1] != 4 * n_tokens {
+            return Err(KernelError::Shape("u must be contiguous".into()));
+        }
+        expect_2d(&out, "dst", d, n_tokens)?;
+        expect_f32_rows(&out, "dst")?;
+        // SAFETY: u is a live f32 tensor with the checked shape.
+        let (u_data, _) = unsafe { f32_rows(&u) };
+        Ok(Self {
+            u: u_data,
+            v: vm,
+            n_tokens,
+            out: out.data,
+            out_row_bytes: out.nb[1],
+        })
+    }
+
+    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
+        let dims = self.share(ith, nth);
+        // SAFETY: this thread's share (SparkOp contract).
+        let mut rows = unsafe { self.rows(&dims) };
+        SCRATCH.with(|sc| ffn::down_range(self.u, &self.v, dims, &mut rows, &mut sc.borrow_mut()))
+    }
+
+    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
+        // SAFETY: this thread's share (SparkOp contract).
+        for row in unsafe { self.rows(&self.share(ith, nth)) } {
+            row.fill(value);
+        }
+    }
+}
+
+/// `spark_ffn_fused`, checked. Thread `ith` owns the partial planes (`D x n_tokens` values
+/// each) of chunks `ith, ith + nth, ...`.
+pub(crate) struct Fused<'a> {
+    inputs: StageInputs<'a>,
+    v: RowMatrix<'a>,
+    n_chunks: usize,
+    out: *mut f32,
+}
+
+impl Fused<'_> {
+    fn share(&self, ith: usize, nth: usize) -> impl Iterator<Item = usize> {
+        (ith..self.n_chunks).step_by(nth)
+    }
+
+    /// Partial plane `c` (a slice into ggml's dst, not into `self`).
+    ///
+    /// # Safety
+    /// The caller owns chunk `c` and drops the slice before the op call returns.
+    unsafe fn partial<'s>(&self, c: usize) -> &'s mut [f32] {
+        let len = self.v.n_cols() * self.inputs.batch.n_tokens;
+        // SAFETY: plane c (len contiguous f32) lies inside dst (shape and strides checked in
+        // prepare); the caller owns it.
+        unsafe { std::slice::from_raw_parts_mut(self.out.add(c * len), len) }
+    }
+}
+
+impl SparkOp for Fused<'_> {
+    const NAME: &'static str = "spark_ffn_fused";
+
+    unsafe fn prepare(
+        dst: *mut sys::ggml_tensor,
+        userdata: *mut c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: the op contract: dst and its sources are live.
+        let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
+        // SAFETY: as above.
+        let inputs = unsafe { StageInputs::new(&s, &h, &k2, userdata)? };
+        // SAFETY: v is a live tensor (contract).
+        let vm = unsafe { weight(&v, "ffn_down_t")? };
+        let (f, n_tokens, d) = (inputs.f(), inputs.batch.n_tokens, inputs.batch.width);
+        expect_2d(&v, "ffn_down_t", d, f)?;
+        let p = out.ne[2];
+        if out.ne != [d, n_tokens, p, 1] || p == 0 || p > f {
+            return Err(KernelError::Shape(format!(
+                "dst: ne {:?}, expected [{d}, {n_tokens}, P, 1] with 1 <= P <= F = {f}",
+                out.ne
+            )));
+        }
+        expect_f32_rows(&out, "dst")?;
+        if out.nb[1] != 4 * d || out.nb[2] != 4 * d * n_tokens {
+            return Err(KernelError::Shape("dst must be contiguous".into()));
+        }
+        Ok(Self {
+            inputs,
+            v: vm,
+            n_chunks: p,
+            out: out.data.cast(),
+        })
+    }
+
+    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
+        let inputs = FusedInputs {
+            up: self.inputs.up(),
+            v: &self.v,
+        };
+        // SAFETY: chunks of this thread's share (SparkOp contract).
+        let chunks = self
+            .share(ith, nth)
+            .map(|c| (c, unsafe { self.partial(c) }));
+        let kept = SCRATCH.with(|sc| {
+            ffn::fused::chunk_partials(&inputs, self.n_chunks, chunks, &mut sc.borrow_mut())
+        })?;
+        self.inputs.record(ith, kept);
+        Ok(())
+    }
+
+    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
+        for c in self.share(ith, nth) {
+            // SAFETY: chunk c is in this thread's share (SparkOp contract).
+            unsafe { self.partial(c) }.fill(value);
+        }
+    }
+}
+
+/// `spark_ffn_sum`, checked. Thread `ith` owns elements `split_range(D * n_tokens, nth, ith,
+/// 16)` of dst (contiguous).
+pub(crate) struct Sum<'a> {
+    partials: &'a [f32],
+    len: usize,
+    out: *mut f32,
+}
+
+impl Sum<'_> {
+    fn share(&self, ith: usize, nth: usize) -> Range<usize> {
+        ffn::split_range(self.len, nth, ith, DIM_ALIGN)
+    }
+
+    /// Elements `range` of dst (a slice into ggml's dst, not into `self`).
+    ///
+    /// # Safety
+    /// The caller owns elements `range` of dst and drops the slice before the op call returns.
+    unsafe fn elements<'s>(&self, range: &Range<usize>) -> &'s mut [f32] {
+        // SAFETY: `range` lies inside dst (len contiguous values, checked in prepare); the
+        // caller owns it.
+        unsafe { std::slice::from_raw_parts_mut(self.out.add(range.start), range.len()) }
+    }
+}
+
+impl SparkOp for Sum<'_> {
+    const NAME: &'static str = "spark_ffn_sum";
+
+    unsafe fn prepare(
+        dst: *mut sys::ggml_tensor,
+        _userdata: *mut c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: the op contract: dst and its sources are live.
+        let (out, [partials]) = unsafe { views::<1>(dst)? };
+        let (d, n_tokens, p) = (partials.ne[0], partials.ne[1], partials.ne[2]);
+        expect_f32_rows(&partials, "partials")?;
+        let len = d * n_tokens;
+        if partials.ne[3] != 1 || partials.nb[1] != 4 * d || partials.nb[2] != 4 * len || p == 0 {
+            return Err(KernelError::Shape(format!(
+                "partials: ne {:?} nb {:?}, expected contiguous [D, n_tokens, P >= 1, 1]",
+                partials.ne, partials.nb
+            )));
+        }
+        expect_2d(&out, "dst", d, n_tokens)?;
+        expect_f32_rows(&out, "dst")?;
+        if out.nb[1] != 4 * d {
+            return Err(KernelError::Shape("dst must be contiguous".into()));
+        }
+        // SAFETY: partials is a live contiguous f32 tensor of p * len values (checked above).
+        let all = unsafe {
+            std::slice::from_raw_parts(partials.data.cast::<f32>().cast_const(), p * len)
+        };
+        Ok(Self {
+            partials: all,
+            len,
+            out: out.data.cast(),
+        })
+    }
+
+    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
+        let range = self.share(ith, nth);
+        // SAFETY: this thread's share (SparkOp contract).
+        let mine = unsafe { self.elements(&range) };
+        ffn::fused::sum_partials(self.partials, self.len, range, mine)
+    }
+
+    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
+        // SAFETY: this thread's share (SparkOp contract).
+        unsafe { self.elements(&self.share(ith, nth)) }.fill(value);
+    }
 }
 
 fn lcm(a: usize, b: usize) -> usize {

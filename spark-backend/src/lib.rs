@@ -13,6 +13,7 @@ pub mod error;
 pub mod ffi;
 pub mod ffn;
 pub mod ffn_op;
+pub mod op;
 pub mod params;
 pub mod registry;
 pub mod rows;

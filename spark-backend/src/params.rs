@@ -25,3 +25,18 @@ pub struct AttnParams {
     /// c_attn: attention logit soft-cap (0 = off).
     pub softcap: f32,
 }
+
+/// The layer index of a Spark op's parameter struct: both structs start with `int32_t layer`
+/// (checked below), so every op reads it the same way for its messages. `None` for null.
+///
+/// # Safety
+/// `userdata` is null or points to a [`FfnParams`] or an [`AttnParams`].
+pub unsafe fn layer_of(userdata: *const std::ffi::c_void) -> Option<i32> {
+    // SAFETY: per the contract, a non-null pointer starts with an i32; read unaligned.
+    (!userdata.is_null()).then(|| unsafe { userdata.cast::<i32>().read_unaligned() })
+}
+
+const _: () = {
+    assert!(std::mem::offset_of!(FfnParams, layer) == 0);
+    assert!(std::mem::offset_of!(AttnParams, layer) == 0);
+};

@@ -1,10 +1,11 @@
-//! A checked view of a `ggml_tensor` handed to a custom op, and the NaN fill of an op that fails.
+//! A checked view of a `ggml_tensor` handed to a custom op, and the NaN fill of an op whose
+//! arguments fail their checks.
 
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 
 /// ggml type id of f32 (`GGML_TYPE_F32`), the type of every custom op's output.
-pub const GGML_TYPE_F32: u32 = 0;
+pub const GGML_TYPE_F32: u32 = sys::GGML_TYPE_F32;
 
 /// Shape, strides, type and data pointer of a ggml tensor, copied out of the C struct.
 #[derive(Debug, Clone, Copy)]
@@ -56,12 +57,14 @@ impl TensorView {
     }
 }
 
-/// Fills thread `ith`'s contiguous share (of `nth`) of dst's rows with NaN, if dst is a
-/// non-null f32 tensor.
+/// Fills block `ith` of `nth` contiguous blocks of dst's rows with NaN, if dst is a non-null f32
+/// tensor. The blocks of `0..nth` are disjoint and cover dst; `(0, 1)` is the whole tensor. Used
+/// when an op's arguments fail their checks (`crate::op`), where no op-specific share exists.
 ///
 /// # Safety
-/// `dst` must be null or a live tensor whose data (if non-null) covers its shape and strides.
-pub unsafe fn fill_nan_share(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) {
+/// `dst` must be null or a live tensor whose data (if non-null) covers its shape and strides,
+/// and no other thread may access block `ith` meanwhile.
+pub unsafe fn fill_nan_rows(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) {
     // SAFETY: per the contract.
     let Ok(view) = (unsafe { TensorView::from_raw(dst) }) else {
         return;

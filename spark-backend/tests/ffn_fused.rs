@@ -5,8 +5,8 @@
 
 mod ffn_common;
 
-use ffn_common::{assert_close, op_case, ref_up, up_scale, OpCase, Rng, Weights};
-use spark_backend::ffn::{self, fused};
+use ffn_common::{assert_close, batch, op_case, ref_up, up_scale, OpCase, Rng, Weights};
+use spark_backend::ffn::{self, fused, FfnWeights};
 use spark_backend::ffn_op::{spark_ffn_fused, spark_ffn_sum};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;
@@ -69,7 +69,7 @@ fn fused_path_matches_float64_for_every_type_shape_and_chunk_count() {
                 let h = rng.normals(n_tokens * d, 1.0);
                 let k = (f / 10).max(1);
                 let mut scores = vec![0f32; n_tokens * f];
-                ffn::predictor_scores(&k1.matrix(), &h, d, n_tokens, &mut scores).unwrap();
+                ffn::predictor_scores(&k1.matrix(), &batch(&h, d, n_tokens), &mut scores).unwrap();
                 let (want, mag, want_kept) = ref_out(&scores, &h, d, n_tokens, &k2, &v, k);
                 // Quantized K2 rows also quantize h[r:] (~1% of a block's max per element).
                 let rel = if ty.is_quantized() { 2e-2 } else { 1e-5 };
@@ -77,13 +77,13 @@ fn fused_path_matches_float64_for_every_type_shape_and_chunk_count() {
                     let what = format!("{ty:?} D={d} r={r} F={f} T={n_tokens} P={p}");
                     let mut out = vec![0f32; n_tokens * d];
                     let kept = fused::sparse_ffn_fused(
-                        &h,
-                        d,
-                        n_tokens,
-                        &k1.matrix(),
-                        &k2.matrix(),
-                        &v.matrix(),
-                        k,
+                        &batch(&h, d, n_tokens),
+                        &FfnWeights {
+                            k1: &k1.matrix(),
+                            k2: &k2.matrix(),
+                            v: &v.matrix(),
+                            k,
+                        },
                         p,
                         &mut out,
                     )
@@ -108,25 +108,25 @@ fn fused_and_two_stage_paths_agree_and_dense_when_k_at_least_f() {
         for k in [20, f, f + 5] {
             let mut two = vec![0f32; n_tokens * d];
             let kept_two = ffn::sparse_ffn(
-                &h,
-                d,
-                n_tokens,
-                &k1.matrix(),
-                &k2.matrix(),
-                &v.matrix(),
-                k,
+                &batch(&h, d, n_tokens),
+                &FfnWeights {
+                    k1: &k1.matrix(),
+                    k2: &k2.matrix(),
+                    v: &v.matrix(),
+                    k,
+                },
                 &mut two,
             )
             .unwrap();
             let mut one = vec![0f32; n_tokens * d];
             let kept_one = fused::sparse_ffn_fused(
-                &h,
-                d,
-                n_tokens,
-                &k1.matrix(),
-                &k2.matrix(),
-                &v.matrix(),
-                k,
+                &batch(&h, d, n_tokens),
+                &FfnWeights {
+                    k1: &k1.matrix(),
+                    k2: &k2.matrix(),
+                    v: &v.matrix(),
+                    k,
+                },
                 16,
                 &mut one,
             )
@@ -164,13 +164,13 @@ fn batch_tokens_get_exactly_what_they_get_alone() {
         let run = |h: &[f32], n: usize| {
             let mut out = vec![0f32; n * d];
             fused::sparse_ffn_fused(
-                h,
-                d,
-                n,
-                &k1.matrix(),
-                &k2.matrix(),
-                &v.matrix(),
-                (f / 8).max(1),
+                &batch(h, d, n),
+                &FfnWeights {
+                    k1: &k1.matrix(),
+                    k2: &k2.matrix(),
+                    v: &v.matrix(),
+                    k: (f / 8).max(1),
+                },
                 p,
                 &mut out,
             )
@@ -228,7 +228,7 @@ fn ops_are_bit_identical_for_any_thread_count_and_equal_the_serial_path() {
             let k = (f / 8).max(1);
             let (c, [k1, k2, v], h) = op_case(&mut rng, ty, d, r, f, n, k as i32, 210);
             let mut s = vec![0f32; n * f];
-            ffn::predictor_scores(&k1.matrix(), &h, d, n, &mut s).unwrap();
+            ffn::predictor_scores(&k1.matrix(), &batch(&h, d, n), &mut s).unwrap();
             for p in chunk_counts(f) {
                 let o1 = run_simulated(&c, &s, p, 1);
                 assert!(o1.iter().all(|x| x.is_finite()) && o1.iter().any(|&x| x != 0.0));
@@ -241,13 +241,13 @@ fn ops_are_bit_identical_for_any_thread_count_and_equal_the_serial_path() {
                 }
                 let mut serial = vec![0f32; n * d];
                 fused::sparse_ffn_fused(
-                    &h,
-                    d,
-                    n,
-                    &k1.matrix(),
-                    &k2.matrix(),
-                    &v.matrix(),
-                    k,
+                    &batch(&h, d, n),
+                    &FfnWeights {
+                        k1: &k1.matrix(),
+                        k2: &k2.matrix(),
+                        v: &v.matrix(),
+                        k,
+                    },
                     p,
                     &mut serial,
                 )

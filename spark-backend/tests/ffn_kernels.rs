@@ -5,9 +5,9 @@
 mod ffn_common;
 
 use ffn_common::{
-    assert_close, op_case, ref_down, ref_scores, ref_up, up_scale, OpCase, Rng, Weights,
+    assert_close, batch, op_case, ref_down, ref_scores, ref_up, up_scale, OpCase, Rng, Weights,
 };
-use spark_backend::ffn::{self, Scratch};
+use spark_backend::ffn::{self, FfnWeights, Scratch, UpInputs};
 use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::{quant, RowType};
@@ -43,7 +43,7 @@ fn stages_match_float64_for_every_type_and_shape() {
 
                 // Stage 1: scores.
                 let mut scores = vec![0f32; n_tokens * f];
-                ffn::predictor_scores(&k1.matrix(), &h, d, n_tokens, &mut scores).unwrap();
+                ffn::predictor_scores(&k1.matrix(), &batch(&h, d, n_tokens), &mut scores).unwrap();
                 let want = ref_scores(&h, d, n_tokens, &k1);
                 let k1abs = Weights {
                     values: k1.values.iter().map(|v| v.abs()).collect(),
@@ -60,13 +60,12 @@ fn stages_match_float64_for_every_type_and_shape() {
                 let mut u = vec![0f32; n_tokens * f];
                 let mut sc = Scratch::new();
                 ffn::up_range(
-                    &scores,
-                    &h,
-                    d,
-                    d,
-                    n_tokens,
-                    &k2.matrix(),
-                    k,
+                    &UpInputs {
+                        scores: &scores,
+                        batch: batch(&h, d, n_tokens),
+                        k2: &k2.matrix(),
+                        k,
+                    },
                     0..f,
                     &mut u,
                     &mut sc,
@@ -115,13 +114,13 @@ fn serial_ffn_matches_float64_end_to_end_for_f32() {
         let h = rng.normals(n_tokens * d, 1.0);
         let mut out = vec![0f32; n_tokens * d];
         let kept = ffn::sparse_ffn(
-            &h,
-            d,
-            n_tokens,
-            &k1.matrix(),
-            &k2.matrix(),
-            &v.matrix(),
-            k,
+            &batch(&h, d, n_tokens),
+            &FfnWeights {
+                k1: &k1.matrix(),
+                k2: &k2.matrix(),
+                v: &v.matrix(),
+                k,
+            },
             &mut out,
         )
         .unwrap();
@@ -166,16 +165,15 @@ fn dense_when_k_at_least_f_and_inactive_rows_are_skipped() {
     let v = Weights::random(&mut rng, RowType::F32, d, f, 1.0);
     let h = rng.normals(d, 1.0);
     let mut scores = vec![0f32; f];
-    ffn::predictor_scores(&k1.matrix(), &h, d, 1, &mut scores).unwrap();
+    ffn::predictor_scores(&k1.matrix(), &batch(&h, d, 1), &mut scores).unwrap();
     let mut u = vec![0f32; f];
     let kept = ffn::up_range(
-        &scores,
-        &h,
-        d,
-        d,
-        1,
-        &k2.matrix(),
-        f,
+        &UpInputs {
+            scores: &scores,
+            batch: batch(&h, d, 1),
+            k2: &k2.matrix(),
+            k: f,
+        },
         0..f,
         &mut u,
         &mut Scratch::new(),
@@ -235,7 +233,7 @@ fn ops_are_bit_identical_for_any_thread_count() {
         for n_tokens in [1usize, 5] {
             let (c, [k1, ..], h) = op_case(&mut rng, ty, d, r, f, n_tokens, (f / 8) as i32, 200);
             let mut s = vec![0f32; n_tokens * f];
-            ffn::predictor_scores(&k1.matrix(), &h, d, n_tokens, &mut s).unwrap();
+            ffn::predictor_scores(&k1.matrix(), &batch(&h, d, n_tokens), &mut s).unwrap();
             let (u1, o1) = run_ops_simulated(&c, &s, 1);
             assert!(o1.iter().all(|x| x.is_finite()) && o1.iter().any(|&x| x != 0.0));
             for nth in [2, 3, 7] {
@@ -252,13 +250,12 @@ fn ops_are_bit_identical_for_any_thread_count() {
             // And equal to the library's serial stages.
             let mut u = vec![0f32; n_tokens * f];
             ffn::up_range(
-                &s,
-                &h,
-                d,
-                d,
-                n_tokens,
-                &k1_k2(&c, ty, d, r, f),
-                (f / 8).max(1),
+                &UpInputs {
+                    scores: &s,
+                    batch: batch(&h, d, n_tokens),
+                    k2: &k1_k2(&c, ty, d, r, f),
+                    k: (f / 8).max(1),
+                },
                 0..f,
                 &mut u,
                 &mut Scratch::new(),
@@ -388,32 +385,32 @@ fn batch_union_loads_each_row_once_and_matches_single_token_calls() {
         let k2 = Weights::random(&mut rng, ty, d - r, f, 0.3);
         let v = Weights::random(&mut rng, ty, d, f, 0.3);
         let h = rng.normals(n_tokens * d, 1.0);
-        let mut batch = vec![0f32; n_tokens * d];
+        let mut batched = vec![0f32; n_tokens * d];
         ffn::sparse_ffn(
-            &h,
-            d,
-            n_tokens,
-            &k1.matrix(),
-            &k2.matrix(),
-            &v.matrix(),
-            20,
-            &mut batch,
+            &batch(&h, d, n_tokens),
+            &FfnWeights {
+                k1: &k1.matrix(),
+                k2: &k2.matrix(),
+                v: &v.matrix(),
+                k: 20,
+            },
+            &mut batched,
         )
         .unwrap();
         for t in 0..n_tokens {
             let mut one = vec![0f32; d];
             ffn::sparse_ffn(
-                &h[t * d..(t + 1) * d],
-                d,
-                1,
-                &k1.matrix(),
-                &k2.matrix(),
-                &v.matrix(),
-                20,
+                &batch(&h[t * d..(t + 1) * d], d, 1),
+                &FfnWeights {
+                    k1: &k1.matrix(),
+                    k2: &k2.matrix(),
+                    v: &v.matrix(),
+                    k: 20,
+                },
                 &mut one,
             )
             .unwrap();
-            assert_eq!(&batch[t * d..(t + 1) * d], &one[..], "{ty:?} token {t}");
+            assert_eq!(&batched[t * d..(t + 1) * d], &one[..], "{ty:?} token {t}");
         }
     }
 }

@@ -275,3 +275,36 @@ fn axpy4_equals_four_axpy_calls_bit_for_bit() {
         }
     }
 }
+
+/// The type facts the op entry points turn into slice lengths (`RowType::block_bytes`,
+/// `block_elems`, the ggml id) must be those of the ggml this crate links, not typed copies.
+#[test]
+fn row_type_sizes_and_ids_equal_the_linked_ggml() {
+    use llama_cpp_sys_2 as sys;
+    for ty in RowType::ALL {
+        // SAFETY: plain queries of ggml's static type-traits table for a valid type id.
+        let (bytes, elems, name) = unsafe {
+            (
+                sys::ggml_type_size(ty.ggml()),
+                sys::ggml_blck_size(ty.ggml()),
+                std::ffi::CStr::from_ptr(sys::ggml_type_name(ty.ggml())),
+            )
+        };
+        assert_eq!(ty.block_bytes(), bytes, "{ty:?}: bytes per block");
+        assert_eq!(ty.block_elems() as i64, elems, "{ty:?}: elements per block");
+        assert_eq!(
+            ty.name(),
+            name.to_str().unwrap(),
+            "{ty:?}: ggml's name for the id"
+        );
+        assert_eq!(RowType::from_ggml(ty.ggml()), Some(ty));
+        assert_eq!(ty.row_bytes(3 * ty.block_elems()), Some(3 * bytes));
+    }
+    // ggml's row size for a whole row, as ggml computes it (ggml_row_size).
+    for ty in RowType::ALL {
+        let n = 2 * 256;
+        // SAFETY: as above.
+        let want = unsafe { sys::ggml_row_size(ty.ggml(), n as i64) };
+        assert_eq!(ty.row_bytes(n), Some(want), "{ty:?}: row of {n}");
+    }
+}

@@ -7,6 +7,7 @@
 //! the kernel's output independent of thread count and batch composition.
 
 use super::layout::ElemType;
+use std::ops::Range;
 
 /// A set of cache rows: row `j` starts at `base + offset(j)`, element `i` of a row at
 /// `+ i * elem_stride` bytes.
@@ -85,39 +86,54 @@ impl Isa {
     }
 }
 
-/// For every query `m < n_q` and every listed row `rows_idx[c]`:
-/// `out[m * ld + c] = sum_{i < len} q[m * q_stride + i] * row(rows_idx[c])[dim0 + i]`.
+/// `n` queries side by side: query `m` is `q[m * stride ..]` (as many values as dims scored).
+#[derive(Clone, Copy, Debug)]
+pub struct Queries<'a> {
+    /// The query values.
+    pub q: &'a [f32],
+    /// Elements between consecutive queries.
+    pub stride: usize,
+    /// Number of queries.
+    pub n: usize,
+}
+
+/// A row-major score matrix: query `m`'s score against listed row `c` is `out[m * ld + c]`.
+#[derive(Debug)]
+pub struct Scores<'a> {
+    /// The scores.
+    pub out: &'a mut [f32],
+    /// Elements between consecutive queries' scores (>= the number of listed rows).
+    pub ld: usize,
+}
+
+/// For every query `m` and every listed row `rows_idx[c]`:
+/// `out[m * ld + c] = sum_{i in dims} q_m[i - dims.start] * row(rows_idx[c])[i]`.
 ///
 /// # Safety
-/// Every listed row must be readable over dims `dim0 .. dim0 + len` through `rows`; `q` must hold
-/// `n_q` queries of `len` values at stride `q_stride`; `out` must hold `n_q` rows of `ld >=
-/// rows_idx.len()` values.
-#[allow(clippy::too_many_arguments)]
+/// Every listed row must be readable over `dims` through `rows`; `q` must hold its queries of
+/// `dims.len()` values at its stride; `out` must hold `q.n` rows of `ld >= rows_idx.len()` values.
 pub unsafe fn dots(
     isa: Isa,
     rows: Rows,
-    dim0: usize,
-    len: usize,
+    dims: Range<usize>,
     rows_idx: &[u32],
-    q: &[f32],
-    q_stride: usize,
-    n_q: usize,
-    out: &mut [f32],
-    ld: usize,
+    q: Queries<'_>,
+    out: Scores<'_>,
 ) {
-    debug_assert!(n_q == 0 || q.len() >= (n_q - 1) * q_stride + len);
-    debug_assert!(n_q == 0 || out.len() >= (n_q - 1) * ld + rows_idx.len());
+    let (dim0, len, n_q) = (dims.start, dims.len(), q.n);
+    debug_assert!(n_q == 0 || q.q.len() >= (n_q - 1) * q.stride + len);
+    debug_assert!(n_q == 0 || out.out.len() >= (n_q - 1) * out.ld + rows_idx.len());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && rows.is_dense() {
         // SAFETY: Isa::Avx2 is only chosen when the CPU has AVX2, FMA and F16C; the caller's
         // contract covers every address the function reads or writes.
-        unsafe { avx2::dots(rows, dim0, len, rows_idx, q, q_stride, n_q, out, ld) };
+        unsafe { avx2::dots(rows, dims, rows_idx, q, out) };
         return;
     }
     let _ = isa;
     for (c, &j) in rows_idx.iter().enumerate() {
         for m in 0..n_q {
-            let qm = &q[m * q_stride..m * q_stride + len];
+            let qm = &q.q[m * q.stride..m * q.stride + len];
             let mut acc = [0f32; 8];
             let full = len / 8 * 8;
             for i0 in (0..full).step_by(8) {
@@ -133,7 +149,7 @@ pub unsafe fn dots(
                 let k = unsafe { load1(rows.ty, rows.at(j as usize, dim0 + i)) };
                 s = qv.mul_add(k, s);
             }
-            out[m * ld + c] = s;
+            out.out[m * out.ld + c] = s;
         }
     }
 }
@@ -178,8 +194,9 @@ pub unsafe fn accumulate(isa: Isa, rows: Rows, rows_idx: &[u32], w: &[f32], out:
 mod avx2 {
     //! AVX2 + FMA + F16C implementations. Callers check the CPU features first.
 
-    use super::{reduce8, ElemType, Rows};
+    use super::{reduce8, ElemType, Queries, Rows, Scores};
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
     /// Loads 8 consecutive elements as f32.
     #[inline(always)]
@@ -246,25 +263,22 @@ mod avx2 {
         }
     }
 
-    /// Queries in pairs (then a single one) over rows in blocks of 4 (then singles).
+    /// Queries in pairs (then a single one) over listed rows `c0 .. c0 + R`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn rows_block<const R: usize>(
         rows: Rows,
-        dim0: usize,
-        len: usize,
+        dims: Range<usize>,
         idx: &[u32],
         c0: usize,
-        q: &[f32],
-        q_stride: usize,
-        n_q: usize,
-        out: &mut [f32],
-        ld: usize,
+        q: Queries<'_>,
+        out: &mut Scores<'_>,
     ) {
+        let (len, n_q, q_stride, ld) = (dims.len(), q.n, q.stride, out.ld);
         let esz = rows.ty.size();
-        let rows_p: [*const u8; R] = std::array::from_fn(|r| rows.at(idx[c0 + r] as usize, dim0));
-        let qp = q.as_ptr();
-        let op = out.as_mut_ptr();
+        let rows_p: [*const u8; R] =
+            std::array::from_fn(|r| rows.at(idx[c0 + r] as usize, dims.start));
+        let qp = q.q.as_ptr();
+        let op = out.out.as_mut_ptr();
         let mut m = 0;
         // SAFETY: the caller's contract (see `super::dots`) covers these rows, queries and outputs.
         unsafe {
@@ -304,20 +318,16 @@ mod avx2 {
 
     /// See `super::dots`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn dots(
         rows: Rows,
-        dim0: usize,
-        len: usize,
+        dims: Range<usize>,
         idx: &[u32],
-        q: &[f32],
-        q_stride: usize,
-        n_q: usize,
-        out: &mut [f32],
-        ld: usize,
+        q: Queries<'_>,
+        mut out: Scores<'_>,
     ) {
         let mut c = 0;
-        let bytes = len * rows.ty.size();
+        let dim0 = dims.start;
+        let bytes = dims.len() * rows.ty.size();
         // SAFETY: forwarded contract of `super::dots`; prefetches only hint listed rows.
         unsafe {
             while c + 4 <= idx.len() {
@@ -326,11 +336,11 @@ mod avx2 {
                 for &j in idx.iter().skip(c + PREFETCH_ROWS).take(4) {
                     prefetch_span(rows.at(j as usize, dim0), bytes);
                 }
-                rows_block::<4>(rows, dim0, len, idx, c, q, q_stride, n_q, out, ld);
+                rows_block::<4>(rows, dims.clone(), idx, c, q, &mut out);
                 c += 4;
             }
             while c < idx.len() {
-                rows_block::<1>(rows, dim0, len, idx, c, q, q_stride, n_q, out, ld);
+                rows_block::<1>(rows, dims.clone(), idx, c, q, &mut out);
                 c += 1;
             }
         }
@@ -451,7 +461,23 @@ mod tests {
                 for isa in [Isa::Scalar, Isa::detect()] {
                     let mut out = vec![0f32; n_q * 10];
                     // SAFETY: rows cover dims dim0..dim0+len of 11 rows; q and out sized above.
-                    unsafe { dots(isa, rows, dim0, len, &idx, &q, len + 1, n_q, &mut out, 10) };
+                    unsafe {
+                        dots(
+                            isa,
+                            rows,
+                            dim0..dim0 + len,
+                            &idx,
+                            Queries {
+                                q: &q,
+                                stride: len + 1,
+                                n: n_q,
+                            },
+                            Scores {
+                                out: &mut out,
+                                ld: 10,
+                            },
+                        )
+                    };
                     for m in 0..n_q {
                         for (c, &j) in idx.iter().enumerate() {
                             let want: f64 = (0..len)
@@ -519,7 +545,23 @@ mod tests {
         let isa = Isa::detect();
         let mut all = vec![0f32; 5 * n_rows];
         // SAFETY: 9 rows of 21 f16; 5 queries of 21; out 5 x 9.
-        unsafe { dots(isa, rows, 0, len, &idx, &q, len, 5, &mut all, n_rows) };
+        unsafe {
+            dots(
+                isa,
+                rows,
+                0..len,
+                &idx,
+                Queries {
+                    q: &q,
+                    stride: len,
+                    n: 5,
+                },
+                Scores {
+                    out: &mut all,
+                    ld: n_rows,
+                },
+            )
+        };
         for m in 0..5 {
             for j in 0..n_rows {
                 let mut one = [0f32; 1];
@@ -528,14 +570,17 @@ mod tests {
                     dots(
                         isa,
                         rows,
-                        0,
-                        len,
+                        0..len,
                         &[j as u32],
-                        &q[m * len..],
-                        len,
-                        1,
-                        &mut one,
-                        1,
+                        Queries {
+                            q: &q[m * len..],
+                            stride: len,
+                            n: 1,
+                        },
+                        Scores {
+                            out: &mut one,
+                            ld: 1,
+                        },
                     )
                 };
                 assert_eq!(one[0].to_bits(), all[m * n_rows + j].to_bits());

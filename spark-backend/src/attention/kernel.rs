@@ -10,7 +10,7 @@
 //! thread with arithmetic that does not depend on the unit's other rows, so the output is
 //! bit-identical for every thread count (and for any batch composition).
 
-use super::dot::{self, Isa, Rows};
+use super::dot::{self, Isa, Queries, Rows, Scores};
 use super::layout::{AttnLayout, ElemType, Strided};
 use super::math;
 use crate::topk;
@@ -88,23 +88,29 @@ pub fn n_units(l: &AttnLayout) -> usize {
     l.n_stream * l.n_tokens.div_ceil(tb) * l.n_head_kv
 }
 
-/// Unit `u` of `l`: (stream, first token, end token, KV head).
-fn unit_bounds(l: &AttnLayout, u: usize) -> (usize, usize, usize, usize) {
+/// One work unit: tokens `tokens` of stream `stream`, every query head of KV head `kv_head`.
+#[derive(Clone, Debug)]
+struct Unit {
+    stream: usize,
+    tokens: std::ops::Range<usize>,
+    kv_head: usize,
+}
+
+/// Unit `u` of `l`.
+fn unit_bounds(l: &AttnLayout, u: usize) -> Unit {
     let tb = tokens_per_unit(l.group_size(), l.n_tokens);
     let n_tb = l.n_tokens.div_ceil(tb);
-    let g = u % l.n_head_kv;
     let b = (u / l.n_head_kv) % n_tb;
-    let s = u / (l.n_head_kv * n_tb);
     let t0 = b * tb;
-    (s, t0, (t0 + tb).min(l.n_tokens), g)
+    Unit {
+        stream: u / (l.n_head_kv * n_tb),
+        tokens: t0..(t0 + tb).min(l.n_tokens),
+        kv_head: u % l.n_head_kv,
+    }
 }
 
 /// The units thread `ith` of `nth` owns: `ith, ith + nth, ...`.
-fn owned_units(
-    l: &AttnLayout,
-    ith: usize,
-    nth: usize,
-) -> impl Iterator<Item = (usize, usize, usize, usize)> + '_ {
+fn owned_units(l: &AttnLayout, ith: usize, nth: usize) -> impl Iterator<Item = Unit> + '_ {
     (ith..n_units(l))
         .step_by(nth.max(1))
         .map(move |u| unit_bounds(l, u))
@@ -124,9 +130,9 @@ pub unsafe fn run(
     let isa = Isa::detect();
     let mut tally = Tally::default();
     let mut work = |sc: &mut Scratch| {
-        for (s, t0, t1, g) in owned_units(l, ith, nth) {
+        for u in owned_units(l, ith, nth) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { unit(l, isa, s, t0, t1, g, sc, &mut observer, &mut tally) };
+            unsafe { unit(l, isa, u, sc, &mut observer, &mut tally) };
         }
     };
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
@@ -141,8 +147,13 @@ pub unsafe fn run(
 /// # Safety
 /// As for [`run`] (only dst is touched).
 pub unsafe fn fill_owned_rows(l: &AttnLayout, ith: usize, nth: usize, value: f32) {
-    for (s, t0, t1, g) in owned_units(l, ith, nth) {
-        for t in t0..t1 {
+    for Unit {
+        stream: s,
+        tokens,
+        kv_head: g,
+    } in owned_units(l, ith, nth)
+    {
+        for t in tokens {
             for n in g * l.group_size()..(g + 1) * l.group_size() {
                 let row = l.dst.data.wrapping_add(l.dst.offset([0, n, t, s]));
                 for i in 0..l.head_dim {
@@ -179,22 +190,19 @@ fn cache_rows(c: &Strided, g: usize, s: usize) -> Rows {
     }
 }
 
-/// One work unit: tokens `t0..t1` of stream `s`, every query head of KV head `g`.
+/// Computes the output rows of work unit `u`.
 ///
 /// # Safety
 /// As for [`run`].
-#[allow(clippy::too_many_arguments)]
 unsafe fn unit(
     l: &AttnLayout,
     isa: Isa,
-    s: usize,
-    t0: usize,
-    t1: usize,
-    g: usize,
+    u: Unit,
     sc: &mut Scratch,
     observer: &mut Option<&mut dyn FnMut(&RowSelection)>,
     tally: &mut Tally,
 ) {
+    let (s, g, t0, t1) = (u.stream, u.kv_head, u.tokens.start, u.tokens.end);
     let h = l.head_dim;
     let gs = l.group_size();
     let n_q = (t1 - t0) * gs;
@@ -274,7 +282,19 @@ unsafe fn unit(
     // SAFETY: union positions are < n_kv, dims 0..r < H lie inside the K view; q and d sized above.
     unsafe {
         dot::dots(
-            isa, k_rows, 0, l.r, &sc.union, &sc.q, h, n_q, &mut sc.d, width,
+            isa,
+            k_rows,
+            0..l.r,
+            &sc.union,
+            Queries {
+                q: &sc.q,
+                stride: h,
+                n: n_q,
+            },
+            Scores {
+                out: &mut sc.d,
+                ld: width,
+            },
         )
     };
 
@@ -318,14 +338,17 @@ unsafe fn unit(
                 dot::dots(
                     isa,
                     k_rows,
-                    l.r,
-                    h - l.r,
+                    l.r..h,
                     &sc.pos,
-                    &sc.q[m * h + l.r..(m + 1) * h],
-                    h,
-                    1,
-                    &mut sc.w,
-                    kept,
+                    Queries {
+                        q: &sc.q[m * h + l.r..(m + 1) * h],
+                        stride: h,
+                        n: 1,
+                    },
+                    Scores {
+                        out: &mut sc.w,
+                        ld: kept,
+                    },
                 )
             };
             math::softplus_in_place(&mut sc.w);

@@ -13,7 +13,7 @@ use crate::KernelError;
 
 pub use crate::tensor::GGML_TYPE_F32;
 /// ggml type id of f16.
-pub const GGML_TYPE_F16: u32 = 1;
+pub const GGML_TYPE_F16: u32 = llama_cpp_sys_2::GGML_TYPE_F16;
 
 /// Element type of a cache or mask tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,7 +16,8 @@
 //! fused and two-stage paths agree to rounding, not bit for bit.
 
 use super::{
-    activation, check_len, prefetch_row, prepare_tokens, PendingAxpy, Scratch, PREFETCH_AHEAD,
+    activation, check_batch_width, check_len, prefetch_row, prepare_tokens, Batch, FfnWeights,
+    PendingAxpy, Scratch, UpInputs, PREFETCH_AHEAD,
 };
 use crate::rows::{self, RowMatrix};
 use crate::KernelError;
@@ -41,36 +42,28 @@ pub fn chunk_neurons(f: usize, p: usize, c: usize) -> Range<usize> {
     lo..hi
 }
 
-/// The inputs every chunk of one FFN call shares.
+/// The inputs every chunk of one FFN call shares: those of stage 2 and V.
 #[derive(Clone, Copy, Debug)]
 pub struct FusedInputs<'a> {
-    /// Predictor scores, `n_tokens` rows of F (`scores[t * F + j]`).
-    pub scores: &'a [f32],
-    /// The normed activations, `n_tokens` rows of D at stride `h_stride`.
-    pub h: &'a [f32],
-    /// Elements between consecutive rows of `h`.
-    pub h_stride: usize,
-    /// Tokens in the batch.
-    pub n_tokens: usize,
-    /// K2: F rows of D - r_f.
-    pub k2: &'a RowMatrix<'a>,
+    /// Scores, activations, K2 and k_f.
+    pub up: UpInputs<'a>,
     /// V: F rows of D (neuron-major).
     pub v: &'a RowMatrix<'a>,
-    /// k_f (k >= F is dense).
-    pub k: usize,
 }
 
 impl FusedInputs<'_> {
     fn check(&self) -> Result<(usize, usize), KernelError> {
         let (d, f) = (self.v.n_cols(), self.v.n_rows());
-        if self.k2.n_rows() != f || self.k2.n_cols() == 0 || self.k2.n_cols() >= d {
+        let k2 = self.up.k2;
+        if k2.n_rows() != f || k2.n_cols() == 0 || k2.n_cols() >= d {
             return Err(KernelError::Shape(format!(
                 "K2 [{} x {}] does not fit V [{f} x {d}] (0 < D - r_f < D)",
-                self.k2.n_rows(),
-                self.k2.n_cols()
+                k2.n_rows(),
+                k2.n_cols()
             )));
         }
-        check_len("scores", self.scores.len(), self.n_tokens * f)?;
+        check_batch_width(&self.up.batch, d)?;
+        check_len("scores", self.up.scores.len(), self.up.batch.n_tokens * f)?;
         Ok((d, f))
     }
 }
@@ -92,18 +85,8 @@ pub fn chunk_partials<'p>(
             "{n_chunks} chunks of F = {f} neurons (1 <= P <= F)"
         )));
     }
-    let n_tokens = inputs.n_tokens;
-    let r = d - inputs.k2.n_cols();
-    prepare_tokens(
-        inputs.scores,
-        inputs.h,
-        inputs.h_stride,
-        n_tokens,
-        r..d,
-        inputs.k2,
-        inputs.k,
-        scratch,
-    )?;
+    let n_tokens = inputs.up.batch.n_tokens;
+    prepare_tokens(&inputs.up, scratch)?;
     let mut kept = 0;
     for (c, partial) in chunks {
         if c >= n_chunks {
@@ -130,15 +113,16 @@ fn one_token_chunk(
     out: &mut [f32],
     scratch: &mut Scratch,
 ) -> u64 {
-    scratch.list_active_one_token(inputs.scores, neurons);
+    let k2 = inputs.up.k2;
+    scratch.list_active_one_token(inputs.up.scores, neurons);
     let mut pending = PendingAxpy::default();
     for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
         if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
-            prefetch_row(inputs.k2, next as usize);
+            prefetch_row(k2, next as usize);
             prefetch_row(inputs.v, next as usize);
         }
         let j = j as usize;
-        let u = a * rows::dot(inputs.k2.row(j), &scratch.acts[0]);
+        let u = a * rows::dot(k2.row(j), &scratch.acts[0]);
         if u != 0.0 {
             pending.push(inputs.v.row(j), u, out);
         }
@@ -156,13 +140,14 @@ fn batch_chunk(
     scratch: &mut Scratch,
 ) -> u64 {
     let (d, f) = (inputs.v.n_cols(), inputs.v.n_rows());
+    let UpInputs { scores, k2, .. } = inputs.up;
     let mut kept = 0;
     for j in neurons {
         scratch.tokens.clear();
         let mut k2_row = None;
-        for t in 0..inputs.n_tokens {
-            if let Some(a) = activation(inputs.scores[t * f + j], scratch.thetas[t]) {
-                let row = *k2_row.get_or_insert_with(|| inputs.k2.row(j));
+        for t in 0..inputs.up.batch.n_tokens {
+            if let Some(a) = activation(scores[t * f + j], scratch.thetas[t]) {
+                let row = *k2_row.get_or_insert_with(|| k2.row(j));
                 kept += 1;
                 let u = a * rows::dot(row, &scratch.acts[t]);
                 if u != 0.0 {
@@ -222,35 +207,30 @@ pub fn sum_partials(
 }
 
 /// The whole FFN serially on the fused path (predictor, `n_chunks` chunks, sum):
-/// `out[t * D ..]` for `n_tokens` rows of `h`. Returns the number of active (neuron, token)
+/// `out[t * D ..]` for every row of `batch`. Returns the number of active (neuron, token)
 /// pairs.
-#[allow(clippy::too_many_arguments)]
 pub fn sparse_ffn_fused(
-    h: &[f32],
-    h_stride: usize,
-    n_tokens: usize,
-    k1: &RowMatrix<'_>,
-    k2: &RowMatrix<'_>,
-    v: &RowMatrix<'_>,
-    k: usize,
+    batch: &Batch<'_>,
+    w: &FfnWeights<'_>,
     n_chunks: usize,
     out: &mut [f32],
 ) -> Result<u64, KernelError> {
-    let (d, f) = (v.n_cols(), v.n_rows());
-    super::check_shapes(d, f, k1, k2)?;
+    let (d, f, n_tokens) = (w.v.n_cols(), w.v.n_rows(), batch.n_tokens);
+    super::check_shapes(d, f, w.k1, w.k2)?;
+    check_batch_width(batch, d)?;
     check_len("out", out.len(), n_tokens * d)?;
     let mut scores = vec![0f32; n_tokens * f];
-    super::predictor_scores(k1, h, h_stride, n_tokens, &mut scores)?;
+    super::predictor_scores(w.k1, batch, &mut scores)?;
     let len = n_tokens * d;
     let mut partials = vec![0f32; n_chunks * len];
     let inputs = FusedInputs {
-        scores: &scores,
-        h,
-        h_stride,
-        n_tokens,
-        k2,
-        v,
-        k,
+        up: UpInputs {
+            scores: &scores,
+            batch: *batch,
+            k2: w.k2,
+            k: w.k,
+        },
+        v: w.v,
     };
     let kept = chunk_partials(
         &inputs,

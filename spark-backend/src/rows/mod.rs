@@ -13,6 +13,7 @@ mod quant_x86;
 pub mod simd;
 
 use crate::KernelError;
+use llama_cpp_sys_2 as sys;
 
 /// A weight storage type the kernels support (a subset of ggml's types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,27 +75,28 @@ impl RowType {
         Self::ALL.into_iter().find(|t| t.ggml() == ty)
     }
 
-    /// The ggml type id (`GGML_TYPE_*`).
-    pub fn ggml(self) -> u32 {
+    /// The ggml type id (`GGML_TYPE_*`, from ggml's own header through the sys bindings).
+    pub const fn ggml(self) -> u32 {
         match self {
-            RowType::F32 => 0,
-            RowType::F16 => 1,
-            RowType::Q4_0 => 2,
-            RowType::Q4_1 => 3,
-            RowType::Q5_0 => 6,
-            RowType::Q5_1 => 7,
-            RowType::Q8_0 => 8,
-            RowType::Q2K => 10,
-            RowType::Q3K => 11,
-            RowType::Q4K => 12,
-            RowType::Q5K => 13,
-            RowType::Q6K => 14,
-            RowType::Bf16 => 30,
+            RowType::F32 => sys::GGML_TYPE_F32,
+            RowType::F16 => sys::GGML_TYPE_F16,
+            RowType::Q4_0 => sys::GGML_TYPE_Q4_0,
+            RowType::Q4_1 => sys::GGML_TYPE_Q4_1,
+            RowType::Q5_0 => sys::GGML_TYPE_Q5_0,
+            RowType::Q5_1 => sys::GGML_TYPE_Q5_1,
+            RowType::Q8_0 => sys::GGML_TYPE_Q8_0,
+            RowType::Q2K => sys::GGML_TYPE_Q2_K,
+            RowType::Q3K => sys::GGML_TYPE_Q3_K,
+            RowType::Q4K => sys::GGML_TYPE_Q4_K,
+            RowType::Q5K => sys::GGML_TYPE_Q5_K,
+            RowType::Q6K => sys::GGML_TYPE_Q6_K,
+            RowType::Bf16 => sys::GGML_TYPE_BF16,
         }
     }
 
-    /// Elements per block (1 for float types).
-    pub fn block_elems(self) -> usize {
+    /// Elements per block (1 for float types); equals the linked ggml's `ggml_blck_size`
+    /// (tested: `tests/ffn_rows.rs`).
+    pub const fn block_elems(self) -> usize {
         match self {
             RowType::F32 | RowType::F16 | RowType::Bf16 => 1,
             RowType::Q8_0 | RowType::Q4_0 | RowType::Q4_1 | RowType::Q5_0 | RowType::Q5_1 => 32,
@@ -102,8 +104,9 @@ impl RowType {
         }
     }
 
-    /// Bytes per block.
-    pub fn block_bytes(self) -> usize {
+    /// Bytes per block; equals the linked ggml's `ggml_type_size` (tested:
+    /// `tests/ffn_rows.rs`). Row slice lengths of the ops are computed from it.
+    pub const fn block_bytes(self) -> usize {
         match self {
             RowType::F32 => 4,
             RowType::F16 | RowType::Bf16 => 2,

@@ -6,10 +6,13 @@
 
 use std::arch::x86_64::*;
 
-/// Bytes per q8_0 block (f16 scale + 32 int8).
-const Q8_0_BYTES: usize = 34;
-/// Bytes per q4_0 block (f16 scale + 16 bytes of nibbles).
-const Q4_0_BYTES: usize = 18;
+use super::RowType;
+
+/// Bytes per q8_0 block (f16 scale + 32 int8): ggml's size, through `RowType` (tested there).
+const Q8_0_BYTES: usize = RowType::Q8_0.block_bytes();
+/// Bytes per q4_0 block (f16 scale + 16 bytes of nibbles), as above.
+const Q4_0_BYTES: usize = RowType::Q4_0.block_bytes();
+const _: () = assert!(RowType::Q8_0.block_elems() == 32 && RowType::Q4_0.block_elems() == 32);
 
 #[inline(always)]
 unsafe fn scale(p: *const u8) -> __m256 {

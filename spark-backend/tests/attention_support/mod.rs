@@ -3,9 +3,12 @@
 
 #![allow(dead_code)]
 
+use llama_cpp_sys_2 as sys;
+use spark_backend::attn_op::spark_attn;
 use spark_backend::params::AttnParams;
 use spark_backend::tensor::TensorView;
 use spark_backend::topk::norm_ppf;
+use std::ffi::c_void;
 
 /// SplitMix64: small, deterministic.
 pub struct Rng(u64);
@@ -490,4 +493,140 @@ pub fn reference_output(
         }
     }
     (o, mag)
+}
+
+/// A ggml context with its tensors allocated in host memory; freed on drop.
+pub struct Ctx(pub *mut sys::ggml_context);
+
+impl Ctx {
+    pub fn new(bytes: usize) -> Self {
+        let p = sys::ggml_init_params {
+            mem_size: bytes,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: false,
+        };
+        // SAFETY: plain ggml context creation; the result is checked.
+        let ctx = unsafe { sys::ggml_init(p) };
+        assert!(!ctx.is_null());
+        Ctx(ctx)
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // SAFETY: created by ggml_init, freed once.
+        unsafe { sys::ggml_free(self.0) };
+    }
+}
+
+/// Copies `bytes` into a tensor's data.
+///
+/// # Safety
+/// `t` must be an allocated tensor of at least `bytes.len()` bytes.
+unsafe fn fill(t: *mut sys::ggml_tensor, bytes: &[u8]) {
+    // SAFETY: per the contract.
+    unsafe {
+        assert!(sys::ggml_nbytes(t) >= bytes.len());
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), (*t).data.cast::<u8>(), bytes.len());
+    }
+}
+
+fn ty(t: Ty) -> sys::ggml_type {
+    t.ggml()
+}
+
+/// The `spark_attn` node for `case` in `ctx`, as llama.cpp builds it (K and V views of a
+/// larger cache; V either plain or transposed storage permuted to [H, KV, n_kv]), with
+/// `userdata` as its parameters. `mutate` may alter the arguments before the op is created.
+pub fn build_op(
+    ctx: &Ctx,
+    case: &Case,
+    userdata: *mut c_void,
+    mutate: impl FnOnce(&mut [*mut sys::ggml_tensor; 4]),
+) -> *mut sys::ggml_tensor {
+    let s = case.spec;
+    assert_eq!(s.n_stream, 1);
+    let cells = s.n_kv + s.spare_cells;
+    // SAFETY: every tensor comes from `ctx` (allocated, host memory), data copied to exact sizes.
+    unsafe {
+        let c = ctx.0;
+        let q = sys::ggml_new_tensor_3d(c, 0, s.h as i64, s.n_head as i64, s.n_tokens as i64);
+        fill(
+            q,
+            std::slice::from_raw_parts(case.q.as_ptr().cast::<u8>(), case.q.len() * 4),
+        );
+        let k_store =
+            sys::ggml_new_tensor_3d(c, ty(s.k_ty), s.h as i64, s.n_head_kv as i64, cells as i64);
+        fill(k_store, &case.k);
+        let k = sys::ggml_view_3d(
+            c,
+            k_store,
+            s.h as i64,
+            s.n_head_kv as i64,
+            s.n_kv as i64,
+            (*k_store).nb[1],
+            (*k_store).nb[2],
+            0,
+        );
+        let v = if s.v_transposed {
+            // llama.cpp's transposed V: [cells, H, KV] storage, viewed [n_kv, H, KV], then
+            // permuted so that dims read [H, KV, n_kv] (nb0 = cells * elem).
+            let v_store = sys::ggml_new_tensor_3d(
+                c,
+                ty(s.v_ty),
+                cells as i64,
+                s.h as i64,
+                s.n_head_kv as i64,
+            );
+            fill(v_store, &case.v);
+            let view = sys::ggml_view_3d(
+                c,
+                v_store,
+                s.n_kv as i64,
+                s.h as i64,
+                s.n_head_kv as i64,
+                (*v_store).nb[1],
+                (*v_store).nb[2],
+                0,
+            );
+            sys::ggml_permute(c, view, 2, 0, 1, 3)
+        } else {
+            let v_store = sys::ggml_new_tensor_3d(
+                c,
+                ty(s.v_ty),
+                s.h as i64,
+                s.n_head_kv as i64,
+                cells as i64,
+            );
+            fill(v_store, &case.v);
+            sys::ggml_view_3d(
+                c,
+                v_store,
+                s.h as i64,
+                s.n_head_kv as i64,
+                s.n_kv as i64,
+                (*v_store).nb[1],
+                (*v_store).nb[2],
+                0,
+            )
+        };
+        let mask =
+            sys::ggml_new_tensor_3d(c, ty(s.mask_ty), s.n_kv as i64, case.mask_rows as i64, 1);
+        fill(mask, &case.mask);
+        let mut args = [q, k, v, mask];
+        mutate(&mut args);
+        sys::ggml_custom_4d(
+            c,
+            0,
+            s.h as i64,
+            s.n_head as i64,
+            s.n_tokens as i64,
+            1,
+            args.as_mut_ptr(),
+            4,
+            Some(spark_attn),
+            -1,
+            userdata,
+        )
+    }
 }

@@ -4,10 +4,21 @@
 #![allow(dead_code)]
 
 use llama_cpp_sys_2 as sys;
+use spark_backend::ffn::Batch;
 use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::{quant, RowMatrix, RowType};
 use std::ffi::c_void;
+
+/// `n` rows of `d` values back to back, as the FFN kernels' input batch.
+pub fn batch(h: &[f32], d: usize, n: usize) -> Batch<'_> {
+    Batch {
+        h,
+        stride: d,
+        width: d,
+        n_tokens: n,
+    }
+}
 
 /// xorshift64* random numbers (deterministic per seed).
 pub struct Rng(u64);

@@ -1,0 +1,313 @@
+//! The failure path every Spark op shares (`spark_backend::op`), driven by the test-only fault
+//! switch (`op::fault`, feature `fault-injection`): when op X panics in thread `ith` of `nth`
+//! (nth 1..4, every op), exactly the output share that thread owns is NaN, every element other
+//! threads own is bit-identical to a fault-free run (no thread writes another's share), the
+//! failure line names the op, layer and thread, and the process goes on. Where the next op of
+//! the FFN reads the whole failed output (fused -> sum, up -> down) the whole FFN output is NaN,
+//! through ggml's own worker threads. A bad thread index or bad parameters give NaN, not an early
+//! return.
+
+mod attention_support;
+mod ffn_common;
+
+use attention_support::{build_op, Case, Ctx, Spec};
+use ffn_common::{op_case, OpCase, Rng, Runner};
+use llama_cpp_sys_2 as sys;
+use spark_backend::attn_op::spark_attn;
+use spark_backend::ffn::{self, Batch};
+use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+use spark_backend::op::fault;
+use spark_backend::params::FfnParams;
+use spark_backend::rows::RowType;
+use std::ffi::c_void;
+
+/// A value no op writes: what is still there after a run was not written.
+const SENTINEL: f32 = 1234.5;
+
+type OpFn = unsafe extern "C" fn(*mut sys::ggml_tensor, i32, i32, *mut c_void);
+
+/// One custom-op node run by hand, one call per thread index.
+struct Node {
+    name: &'static str,
+    layer: i32,
+    dst: *mut sys::ggml_tensor,
+    op: OpFn,
+    userdata: *mut c_void,
+}
+
+impl Node {
+    fn call(&self, ith: i32, nth: i32) {
+        // SAFETY: dst is a live custom-op tensor of a live context, built with its sources and
+        // userdata as the op's contract requires.
+        unsafe { (self.op)(self.dst, ith, nth, self.userdata) };
+    }
+
+    fn run_all(&self, nth: i32) {
+        for ith in 0..nth {
+            self.call(ith, nth);
+        }
+    }
+
+    fn len(&self) -> usize {
+        // SAFETY: dst is a live tensor.
+        unsafe { sys::ggml_nelements(self.dst) as usize }
+    }
+
+    fn read(&self) -> Vec<f32> {
+        // SAFETY: dst is a live, contiguous f32 tensor; no op runs meanwhile.
+        unsafe { std::slice::from_raw_parts((*self.dst).data.cast::<f32>(), self.len()).to_vec() }
+    }
+
+    fn set(&self, v: f32) {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut((*self.dst).data.cast::<f32>(), self.len()) }
+            .fill(v);
+    }
+
+    /// Which elements thread `ith` of `nth` writes: run it alone over the sentinel.
+    fn owned(&self, ith: i32, nth: i32) -> Vec<bool> {
+        self.set(SENTINEL);
+        self.call(ith, nth);
+        self.read()
+            .iter()
+            .map(|&x| x.to_bits() != SENTINEL.to_bits())
+            .collect()
+    }
+}
+
+fn count_lines(want: &str, since: usize) -> usize {
+    fault::reports()[since..]
+        .iter()
+        .filter(|l| l.as_str() == want)
+        .count()
+}
+
+/// Keeps the default panic message (and backtrace) for real panics, not for injected ones.
+fn quiet_injected_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() != Some(&"injected fault") {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// The checks of the module docs for one node, for nth 1..4 and a fault in each thread.
+fn check_fault_path(node: &Node) {
+    quiet_injected_panics();
+    for nth in 1..=4 {
+        node.set(SENTINEL);
+        node.run_all(nth);
+        let want = node.read();
+        assert!(
+            want.iter().all(|x| x.is_finite() && *x != SENTINEL),
+            "{}: a fault-free run writes every element",
+            node.name
+        );
+        let owned: Vec<Vec<bool>> = (0..nth).map(|i| node.owned(i, nth)).collect();
+        for e in 0..node.len() {
+            let owners = owned.iter().filter(|o| o[e]).count();
+            assert_eq!(owners, 1, "{}: element {e} has {owners} owners", node.name);
+        }
+        for bad in 0..nth {
+            node.set(SENTINEL);
+            let since = fault::reports().len();
+            fault::arm(node.dst, bad as usize);
+            node.run_all(nth);
+            fault::disarm(node.dst);
+            let got = node.read();
+            for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+                if owned[bad as usize][e] {
+                    assert!(g.is_nan(), "{}: {bad}/{nth} element {e} = {g}", node.name);
+                } else {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{}: {bad}/{nth} e {e}", node.name);
+                }
+            }
+            let line = format!(
+                "spark-backend: {}: layer {}: panic in thread {bad} of {nth}: injected fault; \
+                 output set to NaN",
+                node.name, node.layer
+            );
+            assert_eq!(count_lines(&line, since), 1, "{line}");
+        }
+        // A bad thread index: no share is known, the whole output is NaN and it is said.
+        for (ith, n) in [(nth, nth), (-1, nth), (0, 0)] {
+            node.set(SENTINEL);
+            let since = fault::reports().len();
+            node.call(ith, n);
+            assert!(node.read().iter().all(|x| x.is_nan()), "{}", node.name);
+            let line = format!(
+                "spark-backend: {}: layer {}: bad thread index {ith} of {n}; output set to NaN",
+                node.name, node.layer
+            );
+            assert_eq!(count_lines(&line, since), 1, "{line}");
+        }
+    }
+}
+
+/// D 256, r_f 64, F 72, 3 tokens, k_f 10 (every op's share is non-empty for up to 4 threads).
+fn ffn_case(ty: RowType, seed: u64) -> (OpCase, Vec<f32>) {
+    let (d, r, f, n) = (256, 64, 72, 3);
+    let mut rng = Rng::new(seed);
+    let (case, [k1, _, _], h) = op_case(&mut rng, ty, d, r, f, n, 10, 7);
+    let mut scores = vec![0f32; n * f];
+    let batch = Batch {
+        h: &h,
+        stride: d,
+        width: d,
+        n_tokens: n,
+    };
+    ffn::predictor_scores(&k1.matrix(), &batch, &mut scores).unwrap();
+    (case, scores)
+}
+
+fn node(c: &OpCase, name: &'static str, dst: *mut sys::ggml_tensor, op: OpFn) -> Node {
+    Node {
+        name,
+        layer: c.params.layer,
+        dst,
+        op,
+        userdata: (&*c.params as *const FfnParams).cast_mut().cast(),
+    }
+}
+
+#[test]
+fn a_failing_ffn_thread_nans_exactly_its_share() {
+    for (i, ty) in [RowType::Q8_0, RowType::F16].into_iter().enumerate() {
+        let (c, scores) = ffn_case(ty, 70 + i as u64);
+        // SAFETY: c.h is a live tensor of c.ggml.
+        let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
+        let f = scores.len() / n;
+        let p = ffn::fused::default_chunks(f);
+        let params = &*c.params as *const FfnParams;
+        let st = c.ggml.f32_tensor(f, n, &scores);
+        let u = c
+            .ggml
+            .custom(&[n, f], &mut [st, c.h, c.k2], spark_ffn_up, params);
+        let down = c
+            .ggml
+            .custom(&[d, n], &mut [u, c.v], spark_ffn_down, params);
+        let partials = c.ggml.custom(
+            &[d, n, p],
+            &mut [st, c.h, c.k2, c.v],
+            spark_ffn_fused,
+            params,
+        );
+        let sum = c
+            .ggml
+            .custom(&[d, n], &mut [partials], spark_ffn_sum, params);
+
+        let up_node = node(&c, "spark_ffn_up", u, spark_ffn_up);
+        check_fault_path(&up_node);
+        up_node.run_all(1); // down's input
+        check_fault_path(&node(&c, "spark_ffn_down", down, spark_ffn_down));
+
+        let fused_node = node(&c, "spark_ffn_fused", partials, spark_ffn_fused);
+        check_fault_path(&fused_node);
+        fused_node.run_all(1); // sum's input
+        check_fault_path(&node(&c, "spark_ffn_sum", sum, spark_ffn_sum));
+    }
+}
+
+#[test]
+fn a_failing_attention_thread_nans_exactly_its_share() {
+    let mut spec = Spec::new(64, 32, 8, 4, 5, 200);
+    spec.k_keep = 16;
+    let case = Case::build(spec);
+    let mut params = spec.params();
+    let ctx = Ctx::new(64 << 20);
+    let ud: *mut c_void = (&mut params as *mut spark_backend::params::AttnParams).cast();
+    let dst = build_op(&ctx, &case, ud, |_| {});
+    check_fault_path(&Node {
+        name: "spark_attn",
+        layer: params.layer,
+        dst,
+        op: spark_attn,
+        userdata: ud,
+    });
+}
+
+/// Through ggml's own worker threads: a fault in any thread of the first FFN op makes the whole
+/// FFN output NaN (every output element reads every partial / every neuron's u).
+#[test]
+fn a_failing_thread_makes_the_whole_ffn_output_nan_in_a_ggml_graph() {
+    quiet_injected_panics();
+    let (c, _) = ffn_case(RowType::Q8_0, 80);
+    for fused_path in [true, false] {
+        for n_threads in 1..=4 {
+            for bad in 0..n_threads {
+                let [_, first, out] = if fused_path {
+                    let p = ffn::fused::default_chunks(72);
+                    c.ggml.spark_ffn_fused(c.h, c.k1, c.k2, c.v, p, &*c.params)
+                } else {
+                    c.ggml.spark_ffn(c.h, c.k1, c.k2, c.v, &*c.params)
+                };
+                let graph = c.ggml.graph(out);
+                fault::arm(first, bad as usize);
+                Runner::new(n_threads).compute(graph);
+                fault::disarm(first);
+                let got = c.ggml.read(out);
+                assert!(
+                    got.iter().all(|x| x.is_nan()),
+                    "fused {fused_path}: thread {bad} of {n_threads}"
+                );
+                // The same graph without the fault is finite again: nothing sticky.
+                Runner::new(n_threads).compute(graph);
+                assert!(c.ggml.read(out).iter().all(|x| x.is_finite()));
+            }
+        }
+    }
+}
+
+/// Bad parameters (null userdata, k < 1) fail the checks on every thread: the whole output is
+/// NaN for every thread count, with one line naming the op.
+#[test]
+fn bad_parameters_nan_the_whole_output() {
+    let (c, scores) = ffn_case(RowType::Q8_0, 90);
+    // SAFETY: c.h is a live tensor of c.ggml.
+    let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
+    let f = scores.len() / n;
+    let st = c.ggml.f32_tensor(f, n, &scores);
+    let bad_k = Box::new(FfnParams { layer: 5, k: 0 });
+    for (userdata, layer, reason) in [
+        (std::ptr::null_mut(), "?", "spark_ffn_params is null"),
+        (
+            (&*bad_k as *const FfnParams).cast_mut().cast::<c_void>(),
+            "5",
+            "k = 0 (must be >= 1)",
+        ),
+    ] {
+        for (name, op, ne) in [
+            ("spark_ffn_up", spark_ffn_up as OpFn, vec![n, f]),
+            ("spark_ffn_fused", spark_ffn_fused as OpFn, vec![d, n, 4]),
+        ] {
+            let mut args = if name == "spark_ffn_up" {
+                vec![st, c.h, c.k2]
+            } else {
+                vec![st, c.h, c.k2, c.v]
+            };
+            let dst = c.ggml.custom(&ne, &mut args, op, userdata.cast());
+            let nd = Node {
+                name,
+                layer: 0,
+                dst,
+                op,
+                userdata,
+            };
+            for nth in 1..=4 {
+                nd.set(SENTINEL);
+                let since = fault::reports().len();
+                nd.run_all(nth);
+                assert!(nd.read().iter().all(|x| x.is_nan()), "{name} {nth}");
+                let line = format!(
+                    "spark-backend: {name}: layer {layer}: invalid parameter: {reason}; \
+                     output set to NaN"
+                );
+                assert_eq!(count_lines(&line, since), 1, "{line}");
+            }
+        }
+    }
+}
