@@ -121,7 +121,7 @@ pub fn plan_sources(
     let rf = hp.ffn_r as usize;
     let spark = hp.arch == SPARK_ARCH;
     let specs = arch_tensors(&hp.arch)
-        .ok_or_else(|| Error::Gguf(format!("unknown architecture '{}'", hp.arch)))?;
+        .ok_or_else(|| Error::Internal(format!("unknown architecture '{}'", hp.arch)))?;
     let expected = hp.expected_tensors();
     let mut used = BTreeSet::new();
     let mut out = Vec::with_capacity(expected.len());
@@ -266,7 +266,7 @@ pub fn plan_sources(
                 (en, View::transposed(0, f, d))
             }
             other => {
-                return Err(Error::Gguf(format!(
+                return Err(Error::Internal(format!(
                     "no checkpoint entry is known for tensor '{other}'"
                 )))
             }
@@ -277,7 +277,7 @@ pub fn plan_sources(
             vec![view.cols() as u64, view.rows() as u64]
         };
         if got != ne {
-            return Err(Error::Gguf(format!(
+            return Err(Error::Internal(format!(
                 "internal: tensor '{name}' maps to {got:?}, the schema says {ne:?}"
             )));
         }

@@ -15,12 +15,6 @@ pub const BLOCK_ELEMS: usize = 1 << 22;
 /// Encoded chunks that may wait for the writer thread.
 const QUEUE_CHUNKS: usize = 8;
 
-impl From<GgufError> for Error {
-    fn from(e: GgufError) -> Error {
-        Error::Gguf(e.to_string())
-    }
-}
-
 /// Rows per block for rows of `cols` elements.
 pub fn block_rows(cols: usize) -> usize {
     (BLOCK_ELEMS / cols.max(1)).max(1)
@@ -34,7 +28,7 @@ pub struct ChunkSink<'a> {
 
 /// The error a producer sees when the writer thread has stopped (its own error is reported).
 fn writer_stopped() -> Error {
-    Error::Gguf("the GGUF writer stopped".into())
+    Error::Internal("the GGUF writer stopped".into())
 }
 
 impl ChunkSink<'_> {
@@ -84,7 +78,7 @@ pub fn write_pipelined(
         drop(sink);
         let written = writer
             .join()
-            .unwrap_or_else(|_| Err(Error::Gguf("the GGUF writer thread panicked".into())));
+            .unwrap_or_else(|_| Err(Error::Internal("the GGUF writer thread panicked".into())));
         (produced, written)
     });
     // The writer's own error explains a producer's "writer stopped".

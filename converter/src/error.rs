@@ -38,9 +38,13 @@ pub enum Error {
     /// The command line is inconsistent.
     #[error("{0}")]
     Usage(String),
-    /// Writing or reading GGUF failed.
+    /// Writing or reading GGUF failed (the GGUF crate's error, kept as the source).
     #[error("{0}")]
-    Gguf(String),
+    Gguf(#[from] spark_gguf::GgufError),
+    /// The converter disagrees with the schema, or its writer thread stopped: a bug, or the
+    /// consequence of an error reported elsewhere.
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// Result with the converter's [`Error`].
@@ -69,5 +73,26 @@ impl Error {
             path: path.display().to_string(),
             message: message.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn gguf_errors_keep_their_source_and_message() {
+        let g =
+            spark_gguf::GgufError::metadata("spark-gemma2.spark.ffn_k", "must be at least 1, is 0");
+        let text = g.to_string();
+        let e = Error::from(g);
+        assert_eq!(e.to_string(), text);
+        let source = e.source().expect("a GGUF error has a source");
+        assert!(matches!(
+            source.downcast_ref::<spark_gguf::GgufError>(),
+            Some(spark_gguf::GgufError::Metadata { key, .. }) if key == "spark-gemma2.spark.ffn_k"
+        ));
+        assert!(Error::Internal("x".into()).source().is_none());
     }
 }

@@ -94,7 +94,7 @@ pub fn hparams(arch: &str, cfg: &ModelConfig) -> Result<Hparams> {
 fn arch_value(arch: &str, suffix: &str, x: f64) -> Result<(String, Value)> {
     let spec = arch_keys(arch)
         .and_then(|ks| ks.iter().find(|k| k.suffix == suffix))
-        .ok_or_else(|| Error::Gguf(format!("the schema of '{arch}' has no key '{suffix}'")))?;
+        .ok_or_else(|| Error::Internal(format!("the schema of '{arch}' has no key '{suffix}'")))?;
     let v = match spec.ty {
         ValueType::U32 => Value::U32(x as u32),
         ValueType::F32 => Value::F32(x as f32),
@@ -102,7 +102,7 @@ fn arch_value(arch: &str, suffix: &str, x: f64) -> Result<(String, Value)> {
         ValueType::F64 => Value::F64(x),
         ValueType::I32 => Value::I32(x as i32),
         other => {
-            return Err(Error::Gguf(format!(
+            return Err(Error::Internal(format!(
                 "key '{}' has type {}, not a number",
                 spec.key(arch),
                 other.name()
@@ -120,7 +120,7 @@ pub fn model_metadata(
     hp: &Hparams,
     types: &[GgmlType],
 ) -> Result<Vec<(String, Value)>> {
-    let file_type = schema::file_type_for(types).map_err(|e| Error::Gguf(e.to_string()))?;
+    let file_type = schema::file_type_for(types)?;
     let mut md = vec![
         (
             keys::GENERAL_ARCHITECTURE.to_string(),
@@ -176,7 +176,7 @@ pub fn model_metadata(
     for spec in arch_keys(arch).unwrap_or(&[]) {
         let key = spec.key(arch);
         if spec.required && !md.iter().any(|(k, _)| *k == key) {
-            return Err(Error::Gguf(format!(
+            return Err(Error::Internal(format!(
                 "internal: required key '{key}' was not produced"
             )));
         }

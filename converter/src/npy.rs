@@ -3,6 +3,11 @@
 //! Only what SPEC section 5 needs is accepted: little-endian `f4`, `f2`, raw 2-byte `V2`
 //! (bfloat16 as numpy stores it through `ml_dtypes`), `u1`, and 0-d little-endian unicode (`<U…`)
 //! for the config; C order only. Everything else is a clear error.
+//!
+//! Writing is here too, so the workspace has one NPY header writer: [`header`] (any `descr` and
+//! shape, C order) and [`write_f32_2d`] (what `spark eval --logits-out` writes).
+
+use std::io::{self, Write};
 
 use crate::error::{Error, Result};
 
@@ -169,6 +174,73 @@ pub fn parse_header(entry: &str, bytes: &[u8]) -> Result<NpyHeader> {
     Ok(header)
 }
 
+/// Data alignment of the files [`header`] writes (numpy's `ARRAY_ALIGN`).
+pub const NPY_ALIGN: usize = 64;
+
+/// The `.npy` header of a C-order array whose elements have NPY type `descr` (e.g. `"<f4"`,
+/// `"|u1"`, `"<U17"`; no quotes or backslashes) and whose numpy shape is `shape` (empty for a 0-d
+/// array): magic, format version 1.0, the header length, and the dict
+/// `{'descr': …, 'fortran_order': False, 'shape': …, }` padded with spaces and ended by a newline
+/// so that the array data starts at a multiple of [`NPY_ALIGN`] bytes. Shapes are spelt as
+/// Python does: `()`, `(5,)`, `(2, 3)`. As numpy does, a dict too long for version 1.0's 16-bit
+/// length (a shape with thousands of dimensions) is written as version 2.0 instead.
+pub fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
+    let dims = match shape {
+        [] => String::new(),
+        [n] => format!("{n},"),
+        _ => shape
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({dims}), }}");
+    // Header bytes (data offset) with a preamble of `p` bytes: magic, version, length field
+    // (2 bytes in version 1.0, 4 in 2.0), then the dict, its padding and the newline.
+    let padded = |p: usize| (p + dict.len() + 1).div_ceil(NPY_ALIGN) * NPY_ALIGN;
+    let (version, preamble) = if padded(10) - 10 <= usize::from(u16::MAX) {
+        (1u8, 10)
+    } else {
+        (2u8, 12)
+    };
+    let total = padded(preamble);
+    let mut h = Vec::with_capacity(total);
+    h.extend_from_slice(NPY_MAGIC);
+    h.extend_from_slice(&[version, 0]);
+    let text_len = total - preamble;
+    if version == 1 {
+        h.extend_from_slice(&(text_len as u16).to_le_bytes());
+    } else {
+        h.extend_from_slice(&(text_len as u32).to_le_bytes());
+    }
+    h.extend_from_slice(dict.as_bytes());
+    h.resize(total - 1, b' ');
+    h.push(b'\n');
+    h
+}
+
+/// Writes `data` (row-major, `rows * cols` values) as a little-endian float32 `.npy` array of
+/// shape `(rows, cols)`; an `InvalidInput` error when the lengths disagree.
+pub fn write_f32_2d<W: Write>(
+    out: &mut W,
+    rows: usize,
+    cols: usize,
+    data: &[f32],
+) -> io::Result<()> {
+    if rows.checked_mul(cols) != Some(data.len()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("npy: {} values for shape ({rows}, {cols})", data.len()),
+        ));
+    }
+    out.write_all(&header("<f4", &[rows, cols]))?;
+    let mut buf = Vec::with_capacity(data.len() * 4);
+    for v in data {
+        buf.extend_from_slice(&v.to_le_bytes());
+    }
+    out.write_all(&buf)
+}
+
 /// A value in the header's Python dict literal.
 #[derive(Debug, PartialEq)]
 enum PyValue {
@@ -302,7 +374,9 @@ impl Parser<'_> {
 mod tests {
     use super::*;
 
-    fn npy(version: u8, dict: &str) -> Vec<u8> {
+    /// A hand-made header for what [`header`] does not write: versions 2 and 3, and dicts
+    /// spelt differently from numpy (double quotes, no trailing comma) or malformed ones.
+    fn raw(version: u8, dict: &str) -> Vec<u8> {
         let mut v = NPY_MAGIC.to_vec();
         v.push(version);
         v.push(0);
@@ -323,11 +397,11 @@ mod tests {
 
     #[test]
     fn parses_v1_v2_v3() {
-        for ver in [1u8, 2, 3] {
-            let b = npy(
-                ver,
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }",
-            );
+        let dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }";
+        let v1 = header("<f4", &[3, 4]);
+        // The writer spells the dict exactly as numpy does.
+        assert_eq!(v1, raw(1, dict));
+        for b in [v1, raw(2, dict), raw(3, dict)] {
             let h = parse_header("w", &b).unwrap();
             assert_eq!(h.dtype, NpyDtype::F32);
             assert_eq!(h.shape, vec![3, 4]);
@@ -339,23 +413,17 @@ mod tests {
 
     #[test]
     fn parses_scalars_and_one_tuples_and_dtypes() {
-        let b = npy(
-            1,
-            "{'descr': '<U17', 'fortran_order': False, 'shape': (), }",
-        );
+        let b = header("<U17", &[]);
         let h = parse_header("config", &b).unwrap();
         assert_eq!(h.dtype, NpyDtype::Unicode(17));
         assert!(h.shape.is_empty());
         assert_eq!(h.data_len(), Some(68));
-        let b = npy(
-            1,
-            "{'descr': '|V2', 'fortran_order': False, 'shape': (5,), }",
-        );
+        let b = header("|V2", &[5]);
         let h = parse_header("x", &b).unwrap();
         assert_eq!((h.dtype, h.shape.clone()), (NpyDtype::Raw2, vec![5]));
-        let b = npy(1, "{'descr': '|u1', 'fortran_order': False, 'shape': (7,)}");
+        let b = raw(1, "{'descr': '|u1', 'fortran_order': False, 'shape': (7,)}");
         assert_eq!(parse_header("x", &b).unwrap().dtype, NpyDtype::U8);
-        let b = npy(
+        let b = raw(
             1,
             "{\"descr\": \"<f2\", \"fortran_order\": False, \"shape\": (2,3,4)}",
         );
@@ -365,48 +433,39 @@ mod tests {
 
     #[test]
     fn rejects_fortran_order_bad_dtypes_and_garbage() {
-        let b = npy(
+        let b = raw(
             1,
             "{'descr': '<f4', 'fortran_order': True, 'shape': (3, 4), }",
         );
         let e = parse_header("layer_0/x", &b).unwrap_err().to_string();
         assert!(e.contains("layer_0/x") && e.contains("Fortran"), "{e}");
-        let b = npy(
-            1,
-            "{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }",
-        );
+        let b = header("<f8", &[3]);
         assert!(parse_header("x", &b)
             .unwrap_err()
             .to_string()
             .contains("<f8"));
-        let b = npy(
-            1,
-            "{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }",
-        );
+        let b = header(">f4", &[3]);
         assert!(parse_header("x", &b)
             .unwrap_err()
             .to_string()
             .contains("big-endian"));
-        let b = npy(
+        let b = raw(
             1,
             "{'descr': '<f4', 'fortran_order': False, 'shape': (3,x), }",
         );
         assert!(parse_header("x", &b).is_err());
-        let b = npy(1, "{'descr': '<f4', 'shape': (3,), }");
+        let b = raw(1, "{'descr': '<f4', 'shape': (3,), }");
         assert!(parse_header("x", &b)
             .unwrap_err()
             .to_string()
             .contains("fortran_order"));
         assert!(parse_header("x", b"NOTNPY....").is_err());
-        let b = npy(
-            1,
-            "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",
-        );
+        let b = header("<f4", &[3]);
         assert!(parse_header("x", &b[..b.len() - 5])
             .unwrap_err()
             .to_string()
             .contains("truncated"));
-        let b = npy(9, "{}");
+        let b = raw(9, "{}");
         assert!(parse_header("x", &b)
             .unwrap_err()
             .to_string()
@@ -415,10 +474,104 @@ mod tests {
 
     #[test]
     fn rejects_overflowing_shapes() {
-        let b = npy(
-            1,
-            "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551615, 4), }",
-        );
+        let b = header("<f4", &[usize::MAX, 4]);
         assert!(parse_header("x", &b).is_err());
+    }
+
+    #[test]
+    fn written_headers_are_aligned_and_read_back() {
+        let cases: [(&str, &[usize], NpyDtype); 6] = [
+            ("<f4", &[], NpyDtype::F32),
+            ("|u1", &[7], NpyDtype::U8),
+            ("<f2", &[2, 3, 4], NpyDtype::F16),
+            ("<U5", &[], NpyDtype::Unicode(5)),
+            ("|V2", &[0, 9], NpyDtype::Raw2),
+            // A 117-byte dict: the newline is byte 127, no padding is needed.
+            (
+                "<f4",
+                &[
+                    10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                ],
+                NpyDtype::F32,
+            ),
+        ];
+        for (descr, shape, dtype) in cases {
+            let b = header(descr, shape);
+            if shape.len() == 21 {
+                assert_eq!(
+                    (b.len(), b[b.len() - 2]),
+                    (128, b'}'),
+                    "no padding before the newline"
+                );
+            }
+            assert_eq!(&b[..8], b"\x93NUMPY\x01\x00", "{descr} {shape:?}");
+            assert_eq!(b.len() % NPY_ALIGN, 0, "{descr} {shape:?}");
+            assert_eq!(header_len("x", &b).unwrap(), b.len());
+            assert_eq!(b.last(), Some(&b'\n'));
+            let h = parse_header("x", &b).unwrap();
+            assert_eq!((h.dtype, h.shape.as_slice()), (dtype, shape));
+            assert_eq!(h.data_offset, b.len());
+        }
+        let b = header("<f2", &[2, 3, 4]);
+        let text = std::str::from_utf8(&b[10..]).unwrap();
+        assert!(text.starts_with("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 3, 4), }"));
+        assert!(header("<f4", &[5]).windows(5).any(|w| w == b"(5,),"));
+        assert!(header("<f4", &[]).windows(4).any(|w| w == b"(), "));
+    }
+
+    #[test]
+    fn long_shapes_are_written_as_version_2() {
+        let shape = vec![1usize; 30_000];
+        let b = header("<f4", &shape);
+        assert_eq!(b[6], 2);
+        assert_eq!(b.len() % NPY_ALIGN, 0);
+        let h = parse_header("x", &b).unwrap();
+        assert_eq!(h.shape, shape);
+        assert_eq!(h.data_offset, b.len());
+        // The longest shape that still fits version 1.0 stays there (binary search on its rank).
+        let (mut fits, mut too_long) = (1usize, 30_000usize);
+        while too_long - fits > 1 {
+            let mid = (fits + too_long) / 2;
+            if header("<f4", &vec![1; mid])[6] == 1 {
+                fits = mid;
+            } else {
+                too_long = mid;
+            }
+        }
+        let shape = vec![1usize; fits];
+        let b = header("<f4", &shape);
+        assert_eq!(b[6], 1);
+        assert_eq!(header("<f4", &vec![1; fits + 1])[6], 2);
+        assert!(b.len() > 60_000 && b.len() - 10 <= usize::from(u16::MAX));
+        assert_eq!(parse_header("x", &b).unwrap().shape, shape);
+    }
+
+    #[test]
+    fn f32_2d_arrays_are_written_whole() {
+        let mut out = Vec::new();
+        write_f32_2d(&mut out, 2, 3, &[1.0, 2.0, 3.0, 4.0, 5.0, -6.5]).unwrap();
+        let h = parse_header("logits", &out).unwrap();
+        assert_eq!((h.dtype, h.shape.clone()), (NpyDtype::F32, vec![2, 3]));
+        assert_eq!(h.data_offset % 64, 0);
+        let body = &out[h.data_offset..];
+        assert_eq!(Some(body.len()), h.data_len());
+        let got: Vec<f32> = body
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(got, [1.0, 2.0, 3.0, 4.0, 5.0, -6.5]);
+        let mut empty = Vec::new();
+        write_f32_2d(&mut empty, 0, 7, &[]).unwrap();
+        assert_eq!(parse_header("x", &empty).unwrap().shape, vec![0, 7]);
+        assert_eq!(empty.len(), 128);
+    }
+
+    #[test]
+    fn f32_2d_rejects_wrong_length() {
+        let mut out = Vec::new();
+        let e = write_f32_2d(&mut out, 2, 2, &[1.0]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(write_f32_2d(&mut out, usize::MAX, 2, &[1.0]).is_err());
+        assert!(out.is_empty());
     }
 }

@@ -103,6 +103,13 @@ impl Npz {
                         format!("truncated: member '{name}' runs past the end of the file"),
                     ));
                 }
+                // A stored member's bytes are read in place, so both sizes must describe them.
+                if stored && compressed != size {
+                    return Err(Error::archive(
+                        path,
+                        format!("member '{name}' is stored, but its zip entry gives {compressed} stored bytes and a size of {size}"),
+                    ));
+                }
                 let header = if stored {
                     let bytes = &map[data_start as usize..(data_start + compressed) as usize];
                     npy::parse_header(&name, bytes)?
@@ -110,15 +117,17 @@ impl Npz {
                     let mut f = archive.by_index(index).map_err(|e| zip_error(path, e))?;
                     read_deflated_header(&name, &mut f)?
                 };
-                let expected =
-                    header.data_offset as u64 + header.data_len().unwrap_or(usize::MAX) as u64;
-                if size != expected {
+                let expected = header
+                    .data_len()
+                    .and_then(|n| (header.data_offset as u64).checked_add(n as u64));
+                if expected != Some(size) {
                     return Err(Error::entry(
                         &name,
                         format!(
-                            "holds {size} bytes but its header (shape {:?}, {}) needs {expected}",
+                            "holds {size} bytes but its header (shape {:?}, {}) needs {}",
                             header.shape,
-                            header.dtype.describe()
+                            header.dtype.describe(),
+                            expected.map_or_else(|| "more than 2^64".into(), |e| e.to_string())
                         ),
                     ));
                 }
@@ -227,9 +236,15 @@ fn read_deflated_header(name: &str, f: &mut impl Read) -> Result<NpyHeader> {
     }
     let n = if pre[6] == 1 { 10 } else { 12 };
     let total = npy::header_len(name, &pre[..n])?;
+    // The length field may claim up to 4 GiB: read what is really there rather than allocating
+    // that much up front.
     let mut all = pre[..n].to_vec();
-    all.resize(total, 0);
-    f.read_exact(&mut all[n..]).map_err(|e| corrupt(name, e))?;
+    f.take((total - n) as u64)
+        .read_to_end(&mut all)
+        .map_err(|e| corrupt(name, e))?;
+    if all.len() < total {
+        return Err(Error::entry(name, "truncated .npy header"));
+    }
     npy::parse_header(name, &all)
 }
 
@@ -239,16 +254,8 @@ mod tests {
     use std::io::Write;
     use zip::write::SimpleFileOptions;
 
-    fn npy_f32(shape: &str, values: &[f32]) -> Vec<u8> {
-        let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
-        let mut h = dict.into_bytes();
-        while (10 + h.len() + 1) % 64 != 0 {
-            h.push(b' ');
-        }
-        h.push(b'\n');
-        let mut v = b"\x93NUMPY\x01\x00".to_vec();
-        v.extend_from_slice(&(h.len() as u16).to_le_bytes());
-        v.extend_from_slice(&h);
+    fn npy_f32(shape: &[usize], values: &[f32]) -> Vec<u8> {
+        let mut v = npy::header("<f4", shape);
         for x in values {
             v.extend_from_slice(&x.to_le_bytes());
         }
@@ -277,12 +284,8 @@ mod tests {
         write_zip(
             &path,
             &[
-                ("x/a.npy", npy_f32("(2, 3)", &a), CompressionMethod::Stored),
-                (
-                    "y/b.npy",
-                    npy_f32("(1000,)", &b),
-                    CompressionMethod::Deflated,
-                ),
+                ("x/a.npy", npy_f32(&[2, 3], &a), CompressionMethod::Stored),
+                ("y/b.npy", npy_f32(&[1000], &b), CompressionMethod::Deflated),
             ],
         );
         let npz = Npz::open(&path).unwrap();
@@ -316,7 +319,7 @@ mod tests {
         let e = Npz::open(&path).err().unwrap().to_string();
         assert!(e.contains("a.npz") && e.contains("zip"), "{e}");
 
-        let mut short = npy_f32("(2, 3)", &[1.0; 6]);
+        let mut short = npy_f32(&[2, 3], &[1.0; 6]);
         short.truncate(short.len() - 4);
         write_zip(&path, &[("w.npy", short, CompressionMethod::Stored)]);
         let e = Npz::open(&path).err().unwrap().to_string();
@@ -336,7 +339,7 @@ mod tests {
             &path,
             &[(
                 "w.npy",
-                npy_f32("(64,)", &[2.0; 64]),
+                npy_f32(&[64], &[2.0; 64]),
                 CompressionMethod::Stored,
             )],
         );
@@ -348,5 +351,60 @@ mod tests {
             .unwrap()
             .to_string()
             .contains("missing.npz"));
+    }
+
+    /// Byte offset of the first central directory record of `bytes`.
+    fn central_directory(bytes: &[u8]) -> usize {
+        bytes.windows(4).position(|w| w == b"PK\x01\x02").unwrap()
+    }
+
+    #[test]
+    fn rejects_stored_members_whose_sizes_disagree() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.npz");
+        write_zip(
+            &path,
+            &[(
+                "w.npy",
+                npy_f32(&[64], &[2.0; 64]),
+                CompressionMethod::Stored,
+            )],
+        );
+        let good = std::fs::read(&path).unwrap();
+        assert!(Npz::open(&path).is_ok());
+        // The central directory's compressed size (offset 20) 4 bytes short of the size.
+        let mut bytes = good.clone();
+        let cd = central_directory(&bytes);
+        let c = u32::from_le_bytes(bytes[cd + 20..cd + 24].try_into().unwrap());
+        bytes[cd + 20..cd + 24].copy_from_slice(&(c - 4).to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Npz::open(&path).err().unwrap().to_string();
+        assert!(
+            e.contains("a.npz") && e.contains("'w'") && e.contains("stored"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rejects_sizes_beyond_64_bits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.npz");
+        // 4 * (2^62 - 1) data bytes fit in a usize; with the header they do not fit in a u64.
+        let header = npy::header("<f4", &[usize::MAX / 4]);
+        write_zip(&path, &[("w.npy", header, CompressionMethod::Stored)]);
+        let e = Npz::open(&path).err().unwrap().to_string();
+        assert!(e.contains("'w'") && e.contains("more than 2^64"), "{e}");
+    }
+
+    #[test]
+    fn deflated_headers_that_claim_more_than_they_hold_are_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.npz");
+        // A version 2.0 header whose length field claims 4 GiB.
+        let mut member = b"\x93NUMPY\x02\x00\xff\xff\xff\xff".to_vec();
+        member.extend_from_slice(&[b' '; 100]);
+        write_zip(&path, &[("w.npy", member, CompressionMethod::Deflated)]);
+        let e = Npz::open(&path).err().unwrap().to_string();
+        assert!(e.contains("'w'") && e.contains("truncated"), "{e}");
     }
 }

@@ -6,20 +6,9 @@
 //! wire type. SentencePiece's piece types have the same numbers as llama.cpp's token types
 //! (NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4, UNUSED 5, BYTE 6), so they map one to one.
 
-use crate::error::{Error, Result};
+use spark_gguf::keys::token_type;
 
-/// llama.cpp / SentencePiece token type: ordinary piece.
-pub const TOKEN_NORMAL: i32 = 1;
-/// Unknown-token piece.
-pub const TOKEN_UNKNOWN: i32 = 2;
-/// Control piece (`<bos>`, `<eos>`, `<pad>`).
-pub const TOKEN_CONTROL: i32 = 3;
-/// User-defined piece.
-pub const TOKEN_USER_DEFINED: i32 = 4;
-/// Unused piece.
-pub const TOKEN_UNUSED: i32 = 5;
-/// Byte-fallback piece `<0xXX>`.
-pub const TOKEN_BYTE: i32 = 6;
+use crate::error::{Error, Result};
 
 /// A SentencePiece vocabulary in id order.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -28,7 +17,7 @@ pub struct Vocab {
     pub tokens: Vec<String>,
     /// Score per id.
     pub scores: Vec<f32>,
-    /// Token type per id (`TOKEN_*`).
+    /// Token type per id (`spark_gguf::keys::token_type`).
     pub types: Vec<i32>,
 }
 
@@ -135,7 +124,7 @@ fn parse_piece(buf: &[u8]) -> Result<(String, f32, i32)> {
     let mut r = Reader::new(buf);
     let mut piece = None;
     let mut score = 0.0f32;
-    let mut ty = TOKEN_NORMAL;
+    let mut ty = token_type::NORMAL;
     while !r.done() {
         match r.key()? {
             (1, 2) => {
@@ -151,7 +140,7 @@ fn parse_piece(buf: &[u8]) -> Result<(String, f32, i32)> {
             (3, 0) => {
                 let v = r.varint()?;
                 ty = match i32::try_from(v) {
-                    Ok(t @ 1..=6) => t,
+                    Ok(t @ token_type::NORMAL..=token_type::BYTE) => t,
                     _ => {
                         return Err(malformed(&format!(
                             "piece type {v} is not one SentencePiece defines"
@@ -177,7 +166,7 @@ fn parse_piece(buf: &[u8]) -> Result<(String, f32, i32)> {
 pub fn synthetic_vocab(size: usize) -> Result<Vocab> {
     let mut v = Vocab::default();
     let push = |v: &mut Vocab, t: String, ty: i32| {
-        let score = if ty == TOKEN_NORMAL {
+        let score = if ty == token_type::NORMAL {
             -(v.tokens.len() as f32)
         } else {
             0.0
@@ -187,10 +176,10 @@ pub fn synthetic_vocab(size: usize) -> Result<Vocab> {
         v.types.push(ty);
     };
     for (t, ty) in [
-        ("<pad>", TOKEN_CONTROL),
-        ("<eos>", TOKEN_CONTROL),
-        ("<bos>", TOKEN_CONTROL),
-        ("<unk>", TOKEN_UNKNOWN),
+        ("<pad>", token_type::CONTROL),
+        ("<eos>", token_type::CONTROL),
+        ("<bos>", token_type::CONTROL),
+        ("<unk>", token_type::UNKNOWN),
     ] {
         push(&mut v, t.to_string(), ty);
     }
@@ -200,7 +189,7 @@ pub fn synthetic_vocab(size: usize) -> Result<Vocab> {
         )));
     }
     for b in 0..=255u8 {
-        push(&mut v, format!("<0x{b:02X}>"), TOKEN_BYTE);
+        push(&mut v, format!("<0x{b:02X}>"), token_type::BYTE);
     }
     let letters: Vec<char> = ('a'..='z').chain('A'..='Z').collect();
     let mut normal: Vec<String> = Vec::new();
@@ -233,7 +222,7 @@ pub fn synthetic_vocab(size: usize) -> Result<Vocab> {
         )));
     }
     for t in normal.into_iter().take(size - 260) {
-        push(&mut v, t, TOKEN_NORMAL);
+        push(&mut v, t, token_type::NORMAL);
     }
     Ok(v)
 }
@@ -290,7 +279,10 @@ mod tests {
         let v = parse_sentencepiece(&m).unwrap();
         assert_eq!(v.tokens, vec!["<unk>", "\u{2581}the", "<0x0A>"]);
         assert_eq!(v.scores, vec![0.0, -1.5, 0.0]);
-        assert_eq!(v.types, vec![TOKEN_UNKNOWN, TOKEN_NORMAL, TOKEN_BYTE]);
+        assert_eq!(
+            v.types,
+            vec![token_type::UNKNOWN, token_type::NORMAL, token_type::BYTE]
+        );
     }
 
     #[test]
@@ -324,12 +316,17 @@ mod tests {
             assert_eq!(&v.tokens[..4], &["<pad>", "<eos>", "<bos>", "<unk>"]);
             assert_eq!(
                 &v.types[..4],
-                &[TOKEN_CONTROL, TOKEN_CONTROL, TOKEN_CONTROL, TOKEN_UNKNOWN]
+                &[
+                    token_type::CONTROL,
+                    token_type::CONTROL,
+                    token_type::CONTROL,
+                    token_type::UNKNOWN
+                ]
             );
             assert_eq!(v.tokens[4], "<0x00>");
             assert_eq!(v.tokens[4 + 255], "<0xFF>");
-            assert!(v.types[4..260].iter().all(|&t| t == TOKEN_BYTE));
-            assert!(v.types[260..].iter().all(|&t| t == TOKEN_NORMAL));
+            assert!(v.types[4..260].iter().all(|&t| t == token_type::BYTE));
+            assert!(v.types[260..].iter().all(|&t| t == token_type::NORMAL));
             let set: std::collections::HashSet<_> = v.tokens.iter().collect();
             assert_eq!(set.len(), size);
         }
