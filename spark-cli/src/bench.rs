@@ -14,6 +14,7 @@ use crate::session::{decode, CacheType, KOverrides, ModelArgs, RuntimeArgs, Sess
 use clap::{Args, ValueEnum};
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
+use spark_gguf::schema::SPARK_ARCH;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -328,7 +329,7 @@ fn print_table(args: &BenchArgs, plan: &[(PathBuf, Mode, String)], results: &[Ve
                 .filter(|_| *mode == Mode::Sparse)
                 .map(|j| mean_sd(&results[j].iter().filter_map(get).collect::<Vec<_>>()).0);
             let ratio = dense.map_or(String::new(), |d| format!("{:.2}x", mean / d));
-            let mode_name = if arch == gguf_info::SPARK_ARCH {
+            let mode_name = if arch == SPARK_ARCH {
                 mode.name()
             } else {
                 "stock"

@@ -21,5 +21,12 @@ impl fmt::Display for CliError {
 
 impl std::error::Error for CliError {}
 
+impl From<spark_gguf::GgufError> for CliError {
+    /// spark-gguf's errors already name the file, key or tensor concerned.
+    fn from(e: spark_gguf::GgufError) -> Self {
+        Self(e.to_string())
+    }
+}
+
 /// Result alias for the CLI.
 pub type Result<T> = std::result::Result<T, CliError>;

@@ -1,12 +1,12 @@
 //! `spark eval`: logits for every position of a token sequence, saved as a `.npy` file.
 
-use crate::atomic_file::write_atomically;
 use crate::error::{CliError, Result};
 use crate::npy;
 use crate::session::{decode, ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
+use spark_gguf::atomic::{write_atomically, Existing};
 
 use std::path::PathBuf;
 
@@ -99,7 +99,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             logits.extend_from_slice(ctx.get_logits_ith(j as i32));
         }
     }
-    write_atomically(&args.logits_out, |w| {
+    write_atomically(&args.logits_out, Existing::Replace, |w| {
         npy::write_f32_2d(w, tokens.len(), n_vocab_usize, &logits)
     })?;
     if !args.quiet {

@@ -3,24 +3,23 @@
 
 use crate::error::{CliError, Result};
 use llama_cpp_sys_2 as sys;
+use spark_gguf::keys;
+use spark_gguf::schema::{arch_key, suffix, SPARK_ARCH};
 use std::ffi::{CStr, CString};
 use std::path::Path;
-
-/// The architecture name of Spark-Gemma2 files.
-pub const SPARK_ARCH: &str = "spark-gemma2";
 
 /// What the CLI needs to know about a model file before loading it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelInfo {
-    /// `general.architecture`.
+    /// [`keys::GENERAL_ARCHITECTURE`].
     pub arch: String,
-    /// `{arch}.block_count`, when present as a u32.
+    /// [`suffix::BLOCK_COUNT`] of `arch` (L), when present as a u32.
     pub n_layer: Option<u32>,
-    /// `{arch}.feed_forward_length` (F), when present as a u32.
+    /// [`suffix::FEED_FORWARD_LENGTH`] of `arch` (F), when present as a u32.
     pub n_ff: Option<u32>,
-    /// `spark-gemma2.spark.ffn_k`, when present as a u32.
+    /// [`suffix::SPARK_FFN_K`] of `arch` (k_f), when present as a u32.
     pub ffn_k: Option<u32>,
-    /// `spark-gemma2.spark.attn_k`, when present as a u32.
+    /// [`suffix::SPARK_ATTN_K`] of `arch` (k_a), when present as a u32.
     pub attn_k: Option<u32>,
 }
 
@@ -57,17 +56,19 @@ pub fn read(path: &Path) -> Result<ModelInfo> {
         )));
     }
     let guard = GgufGuard(ctx);
-    let arch = get_str(guard.0, "general.architecture").ok_or_else(|| {
+    let arch = get_str(guard.0, keys::GENERAL_ARCHITECTURE).ok_or_else(|| {
         CliError::new(format!(
-            "{}: no general.architecture string",
-            path.display()
+            "{}: no {} string",
+            path.display(),
+            keys::GENERAL_ARCHITECTURE
         ))
     })?;
+    let u32_key = |s: &str| get_u32(guard.0, &arch_key(&arch, s));
     Ok(ModelInfo {
-        n_layer: get_u32(guard.0, &format!("{arch}.block_count")),
-        n_ff: get_u32(guard.0, &format!("{arch}.feed_forward_length")),
-        ffn_k: get_u32(guard.0, &format!("{arch}.spark.ffn_k")),
-        attn_k: get_u32(guard.0, &format!("{arch}.spark.attn_k")),
+        n_layer: u32_key(suffix::BLOCK_COUNT),
+        n_ff: u32_key(suffix::FEED_FORWARD_LENGTH),
+        ffn_k: u32_key(suffix::SPARK_FFN_K),
+        attn_k: u32_key(suffix::SPARK_ATTN_K),
         arch,
     })
 }

@@ -14,10 +14,10 @@
 //! Unlike llama-perplexity's file (log-probabilities packed into 16 bits) the rows are plain
 //! f32, so the comparison carries no error of its own.
 
-use crate::atomic_file::AtomicFile;
 use crate::error::{CliError, Result};
 use crate::sample::mean_sd;
-use std::io::{BufReader, Read};
+use spark_gguf::atomic::{AtomicFile, Existing};
+use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SPARKKLD";
@@ -85,7 +85,7 @@ impl BaseWriter {
                 shape.n_ctx
             )));
         }
-        let mut file = AtomicFile::create(path)?;
+        let mut file = AtomicFile::create(path, Existing::Replace)?;
         let mut header = Vec::with_capacity(HEADER_BYTES as usize + tokens.len() * 4);
         header.extend_from_slice(MAGIC);
         for v in [VERSION, shape.n_ctx, shape.n_vocab, shape.n_chunk] {
@@ -94,7 +94,9 @@ impl BaseWriter {
         for t in tokens {
             header.extend_from_slice(&t.to_le_bytes());
         }
-        file.write_all(&header)?;
+        if let Err(e) = file.write_all(&header) {
+            return Err(file.error("write", e).into());
+        }
         Ok(Self {
             file,
             shape,
@@ -110,7 +112,9 @@ impl BaseWriter {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
         self.rows_written += 1;
-        self.file.write_all(&bytes)
+        self.file
+            .write_all(&bytes)
+            .map_err(|e| self.file.error("write", e).into())
     }
 
     /// Checks that every row was written and renames the file into place.
@@ -122,7 +126,7 @@ impl BaseWriter {
                 self.rows_written
             )));
         }
-        self.file.commit()
+        Ok(self.file.commit()?)
     }
 }
 

@@ -2,7 +2,6 @@
 //! llama.cpp, with the Spark kernels registered in-process (default), loaded from a ggml backend
 //! library (`--backend-path`), or not at all (`--dense`).
 
-mod atomic_file;
 mod bench;
 mod error;
 mod eval;

@@ -11,6 +11,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::kv_overrides::ParamOverrideValue;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
+use spark_gguf::schema::{arch_key, suffix, SPARK_ARCH};
 use std::ffi::CString;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
@@ -137,7 +138,7 @@ impl Session {
         if !info.is_spark() && (args.spark.k.ffn_k.is_some() || args.spark.k.attn_k.is_some()) {
             return Err(CliError::new(format!(
                 "--spark-ffn-k / --spark-attn-k need a {} model, {} is {}",
-                gguf_info::SPARK_ARCH,
+                SPARK_ARCH,
                 args.model.display(),
                 info.arch
             )));
@@ -149,11 +150,11 @@ impl Session {
 
         let mut params = pin!(LlamaModelParams::default().with_n_gpu_layers(args.n_gpu_layers));
         for (key, value) in [
-            ("ffn_k", args.spark.k.ffn_k),
-            ("attn_k", args.spark.k.attn_k),
+            (suffix::SPARK_FFN_K, args.spark.k.ffn_k),
+            (suffix::SPARK_ATTN_K, args.spark.k.attn_k),
         ] {
             if let Some(v) = value {
-                let key = CString::new(format!("{}.spark.{key}", gguf_info::SPARK_ARCH))
+                let key = CString::new(arch_key(SPARK_ARCH, key))
                     .map_err(|_| CliError::new("invalid override key"))?;
                 params
                     .as_mut()

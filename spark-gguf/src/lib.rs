@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod atomic;
 mod error;
 mod ggml_type;
 pub mod keys;

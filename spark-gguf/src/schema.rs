@@ -27,8 +27,14 @@ pub struct KeySpec {
 impl KeySpec {
     /// The full key name for `arch`.
     pub fn key(&self, arch: &str) -> String {
-        format!("{arch}.{}", self.suffix)
+        arch_key(arch, self.suffix)
     }
+}
+
+/// The full name of an architecture key: `"{arch}.{suffix}"`, e.g.
+/// `arch_key(SPARK_ARCH, suffix::SPARK_FFN_K)` is `"spark-gemma2.spark.ffn_k"`.
+pub fn arch_key(arch: &str, suffix: &str) -> String {
+    format!("{arch}.{suffix}")
 }
 
 /// Key suffixes, as constants so that code never spells them twice.
@@ -377,7 +383,7 @@ impl Hparams {
             ));
         }
         let u32_key = |suffix: &str| -> Result<u64, GgufError> {
-            let key = format!("{arch}.{suffix}");
+            let key = arch_key(arch, suffix);
             match get(&key) {
                 Some(Value::U32(v)) => Ok(u64::from(*v)),
                 Some(v) => Err(GgufError::metadata(
@@ -393,14 +399,14 @@ impl Hparams {
         let value_len = u32_key(suffix::VALUE_LENGTH)?;
         if value_len != head_dim {
             return Err(GgufError::metadata(
-                format!("{arch}.{}", suffix::VALUE_LENGTH),
+                arch_key(arch, suffix::VALUE_LENGTH),
                 format!(
                     "is {value_len} but {arch}.{} is {head_dim}; they must be equal",
                     suffix::KEY_LENGTH
                 ),
             ));
         }
-        let vocab_key = format!("{arch}.{}", suffix::VOCAB_SIZE);
+        let vocab_key = arch_key(arch, suffix::VOCAB_SIZE);
         let declared = match get(&vocab_key) {
             None => None,
             Some(Value::U32(v)) => Some(u64::from(*v)),
@@ -456,7 +462,7 @@ impl Hparams {
     /// r_a and H - r_a even, k_f >= 1, k_a >= 1.
     pub fn validate(&self) -> Result<(), GgufError> {
         let a = &self.arch;
-        let key = |s: &str| format!("{a}.{s}");
+        let key = |s: &str| arch_key(a, s);
         let positive = [
             (key(suffix::EMBEDDING_LENGTH), self.d_model),
             (key(suffix::BLOCK_COUNT), self.n_layers),
@@ -729,6 +735,24 @@ mod tests {
             arch_keys(GEMMA2_ARCH).unwrap().len() + 4,
             arch_keys(SPARK_ARCH).unwrap().len()
         );
+    }
+
+    #[test]
+    fn full_key_names() {
+        assert_eq!(
+            arch_key(SPARK_ARCH, suffix::SPARK_FFN_K),
+            "spark-gemma2.spark.ffn_k"
+        );
+        assert_eq!(
+            arch_key(GEMMA2_ARCH, suffix::BLOCK_COUNT),
+            "gemma2.block_count"
+        );
+        for arch in [SPARK_ARCH, GEMMA2_ARCH] {
+            for spec in arch_keys(arch).unwrap() {
+                assert_eq!(spec.key(arch), arch_key(arch, spec.suffix));
+                assert_eq!(spec.key(arch), format!("{arch}.{}", spec.suffix));
+            }
+        }
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //!
 //! The header, metadata and tensor infos (with offsets computed from the plan) are written first;
 //! tensor data then follows in plan order, whole or in chunks, so a model never needs to sit in
-//! memory. Output goes to a temporary file next to the destination which `finish` renames into
-//! place; an error or a drop before `finish` leaves nothing behind.
+//! memory. Output goes through an [`AtomicFile`](crate::atomic::AtomicFile): a uniquely named
+//! temporary file next to the destination which `finish` fsyncs and renames into place; an error
+//! or a drop before `finish` leaves nothing behind.
 
 use std::collections::HashSet;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::atomic::{AtomicFile, Existing};
 use crate::reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_DIMS};
 use crate::{keys, Array, GgmlType, GgufError, Value};
 
@@ -29,8 +31,7 @@ pub struct TensorPlan {
 /// A GGUF file being written. See the module documentation.
 pub struct GgufWriter {
     path: PathBuf,
-    overwrite: bool,
-    out: Option<BufWriter<tempfile::NamedTempFile>>,
+    out: Option<AtomicFile>,
     alignment: u64,
     names: Vec<String>,
     sizes: Vec<u64>,
@@ -168,35 +169,17 @@ impl GgufWriter {
             header.resize(header.len() + pad as usize, 0);
         }
 
-        if !overwrite && path.exists() {
-            return Err(GgufError::Exists(path.to_path_buf()));
-        }
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
+        let existing = if overwrite {
+            Existing::Replace
+        } else {
+            Existing::Refuse
         };
-        let io = |op, source| GgufError::Io {
-            path: path.to_path_buf(),
-            op,
-            source,
-        };
-        let mut builder = tempfile::Builder::new();
-        builder.prefix(".spark-gguf-").suffix(".tmp");
-        // A temporary file is private (0600) by default; the finished model should get the
-        // permissions any newly created file gets (0666 less the umask).
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            builder.permissions(std::fs::Permissions::from_mode(0o666));
+        let mut out = AtomicFile::create(path, existing)?;
+        if let Err(e) = out.write_all(&header) {
+            return Err(out.error("write", e));
         }
-        let tmp = builder
-            .tempfile_in(&dir)
-            .map_err(|e| io("create a temporary file next to", e))?;
-        let mut out = BufWriter::with_capacity(1 << 20, tmp);
-        out.write_all(&header).map_err(|e| io("write", e))?;
         Ok(GgufWriter {
             path: path.to_path_buf(),
-            overwrite,
             out: Some(out),
             alignment,
             names: tensors.iter().map(|t| t.name.clone()).collect(),
@@ -316,8 +299,9 @@ impl GgufWriter {
         self.names.get(self.current).map(String::as_str)
     }
 
-    /// Checks that every tensor was written in full, flushes, fsyncs and renames the temporary
-    /// file to the destination path.
+    /// Checks that every tensor was written in full, then commits the output (see
+    /// [`AtomicFile::commit`]): flushes, fsyncs and renames the temporary file to the destination
+    /// path (refusing an existing one unless `overwrite` was given) and fsyncs the directory.
     pub fn finish(mut self) -> Result<(), GgufError> {
         self.ready()?;
         if let Some(name) = self.names.get(self.current) {
@@ -332,35 +316,10 @@ impl GgufWriter {
                 ),
             ));
         }
-        let out = self.out.take().expect("output is present until finish");
-        let path = self.path.clone();
-        let io = |op, source| GgufError::Io {
-            path: path.clone(),
-            op,
-            source,
-        };
-        let tmp = out.into_inner().map_err(|e| io("write", e.into_error()))?;
-        tmp.as_file().sync_all().map_err(|e| io("sync", e))?;
-        if self.overwrite {
-            tmp.persist(&self.path)
-                .map_err(|e| io("rename the temporary file to", e.error))?;
-        } else {
-            tmp.persist_noclobber(&self.path).map_err(|e| {
-                if e.error.kind() == std::io::ErrorKind::AlreadyExists {
-                    GgufError::Exists(path.clone())
-                } else {
-                    io("rename the temporary file to", e.error)
-                }
-            })?;
-        }
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            // Make the rename durable; failure here does not undo a complete file, and some
-            // filesystems refuse to fsync directories, so it is not an error.
-            if let Ok(d) = std::fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
-        }
-        Ok(())
+        self.out
+            .take()
+            .expect("output is present until finish")
+            .commit()
     }
 }
 

@@ -356,3 +356,74 @@ fn gguf_py_reads_our_files_identically() {
     let path = write_tiny_model(&dir, spark_gguf::schema::SPARK_ARCH, GgmlType::Q8_0);
     cross_read(&py, &path);
 }
+
+/// Types of our table that the gguf-py the tests run against may not know yet: ggml added them
+/// after gguf 0.19. Each is still compared in full as soon as gguf-py knows it (by name or id).
+const NEWER_THAN_GGUF_PY: &[GgmlType] = &[GgmlType::Q2_0];
+
+#[test]
+fn ggml_type_table_matches_gguf_py() {
+    let Some(py) = python() else { return };
+    let dir = tmpdir();
+    let out = in_dir(&dir, "types.json");
+    run_python(&py, &["types".as_ref(), out.as_os_str()]);
+    let j: Json = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let version = j["gguf_version"].as_str().unwrap_or("?").to_string();
+    // gguf-py's facts: (name, id, block size, type size); sizes are None without an entry in
+    // GGML_QUANT_SIZES.
+    let theirs: Vec<(String, u64, Option<u64>, Option<u64>)> = j["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_string(),
+                t["id"].as_u64().unwrap(),
+                t["block_size"].as_u64(),
+                t["type_size"].as_u64(),
+            )
+        })
+        .collect();
+    assert!(
+        theirs.len() >= 30,
+        "gguf {version} lists only {} types",
+        theirs.len()
+    );
+    let ours = |t: GgmlType| {
+        (
+            format!("{t:?}"),
+            u64::from(t.id()),
+            Some(t.block_size()),
+            Some(t.type_size()),
+        )
+    };
+    let mut problems = Vec::new();
+    // Every entry of our table: same name and id, block size and type size as gguf-py.
+    for &t in GgmlType::ALL {
+        let want = ours(t);
+        let by_name = theirs.iter().find(|e| e.0 == want.0);
+        let by_id = theirs.iter().find(|e| e.1 == want.1);
+        match (by_name, by_id) {
+            (None, None) if NEWER_THAN_GGUF_PY.contains(&t) => {}
+            (None, None) => problems.push(format!("{want:?}: unknown to gguf {version}")),
+            (Some(e), _) | (None, Some(e)) if *e != want => {
+                problems.push(format!("ours {want:?} but gguf-py {e:?}"))
+            }
+            _ => {}
+        }
+    }
+    // Every type gguf-py knows is in our table (ggml's removed ids are in neither), with the
+    // same facts.
+    for e in &theirs {
+        match u32::try_from(e.1).ok().and_then(GgmlType::from_u32) {
+            Some(t) if ours(t) == *e => {}
+            Some(t) => problems.push(format!("gguf-py {e:?} but ours {:?}", ours(t))),
+            None => problems.push(format!("gguf-py {e:?} is missing from our table")),
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the ggml type table differs from gguf {version}:\n{}",
+        problems.join("\n")
+    );
+}

@@ -8,6 +8,9 @@ Run by tests/gguf_py.rs with the interpreter named by SPARK_PYTHON:
   read FILE OUT.json    read FILE with gguf.GGUFReader and dump every field (types and values,
                         floats as IEEE bit patterns) and every tensor (type, shape, raw bytes
                         as hex, dequantized values as f32 bit patterns) as JSON
+  types OUT.json        dump every gguf.GGMLQuantizationType (name, id) with its
+                        gguf.constants.GGML_QUANT_SIZES entry (block size, type size; null if
+                        gguf-py has none) as JSON
 """
 import json
 import sys
@@ -79,10 +82,39 @@ def read(path, out):
         json.dump({"alignment": int(r.alignment), "fields": fields, "tensors": tensors}, fh)
 
 
+def types(out):
+    from gguf.constants import GGML_QUANT_SIZES
+
+    entries = []
+    for t in gguf.GGMLQuantizationType:
+        sizes = GGML_QUANT_SIZES.get(t)
+        entries.append(
+            {
+                "name": t.name,
+                "id": int(t),
+                "block_size": None if sizes is None else int(sizes[0]),
+                "type_size": None if sizes is None else int(sizes[1]),
+            }
+        )
+    with open(out, "w") as fh:
+        json.dump({"gguf_version": gguf_version(), "types": entries}, fh)
+
+
+def gguf_version():
+    try:
+        from importlib.metadata import version
+
+        return version("gguf")
+    except Exception:  # not installed as a distribution (e.g. a source checkout on PYTHONPATH)
+        return "unknown"
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "quant":
         quant(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "read":
         read(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "types":
+        types(sys.argv[2])
     else:
         sys.exit(f"unknown mode {sys.argv[1]!r}")
