@@ -6,7 +6,10 @@
 //! end of the context (causal mask).
 //!
 //! Methods:
-//! - `spark`: the custom op; V cache in the plain (flash-attention) layout.
+//! - `spark`: the custom op; V cache in the plain (flash-attention) layout, which spark-gemma2
+//!   keeps since patch 0004.
+//! - `spark_vtrans`: the same op over the transposed V cache (llama.cpp's layout without flash
+//!   attention, what the spark-gemma2 graph passed before patch 0004).
 //! - `dense_mul_mat`: what llama.cpp's `build_attn_mha` does without flash attention:
 //!   `mul_mat(K, q)`, soft-cap as `scale(tanh(scale(kq, 1/c)), c)`, `soft_max_ext` with the mask,
 //!   `mul_mat(V^T, kq)` over the transposed V cache llama.cpp keeps in that mode, permute + cont.
@@ -71,7 +74,7 @@ struct Setup {
     _params: Box<AttnParams>,
 }
 
-const METHODS: [&str; 3] = ["spark", "dense_mul_mat", "dense_flash"];
+const METHODS: [&str; 4] = ["spark", "spark_vtrans", "dense_mul_mat", "dense_flash"];
 
 impl Setup {
     fn new(n_kv: i64, n_tokens: i64) -> Setup {
@@ -96,7 +99,7 @@ impl Setup {
             softcap: SOFTCAP,
         });
         let ud: *mut c_void = (&mut *params as *mut AttnParams).cast();
-        let mut graphs = vec![Vec::new(), Vec::new(), Vec::new()];
+        let mut graphs = vec![Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         // SAFETY: all tensors come from `ctx` (host memory) and are filled before use.
         unsafe {
             // Query (roped and scaled by 1/sqrt(H) already): shared by all layers.
@@ -155,6 +158,25 @@ impl Setup {
                 );
                 graphs[0].push(graph(ctx, out));
 
+                // spark over the transposed V cache (llama.cpp's layout without flash attention,
+                // which spark-gemma2 used before patch 0004): V rows read at a stride of n_kv.
+                let vt_view = sys::ggml_permute(ctx, vt, 2, 0, 1, 3); // [H, KV, n_kv]
+                let mut args = [q, k, vt_view, mask32];
+                let out = sys::ggml_custom_4d(
+                    ctx,
+                    F32,
+                    H,
+                    N_HEAD,
+                    n_tokens,
+                    1,
+                    args.as_mut_ptr(),
+                    4,
+                    Some(spark_attn),
+                    -1,
+                    ud,
+                );
+                graphs[1].push(graph(ctx, out));
+
                 // dense, mul_mat path (llama.cpp without flash attention)
                 let qp = sys::ggml_permute(ctx, q, 0, 2, 1, 3); // [H, T, N]
                 let kp = sys::ggml_permute(ctx, k, 0, 2, 1, 3); // [H, n_kv, KV]
@@ -165,13 +187,13 @@ impl Setup {
                 let kq = sys::ggml_soft_max_ext(ctx, kq, mask32, 1.0, 0.0);
                 let kqv = sys::ggml_mul_mat(ctx, vt, kq); // [H, T, N]
                 let o = sys::ggml_cont(ctx, sys::ggml_permute(ctx, kqv, 0, 2, 1, 3)); // [H, N, T]
-                graphs[1].push(graph(ctx, o));
+                graphs[2].push(graph(ctx, o));
 
                 // dense, flash attention
                 let vp = sys::ggml_permute(ctx, v, 0, 2, 1, 3);
                 let fa = sys::ggml_flash_attn_ext(ctx, qp, kp, vp, mask16, 1.0, 0.0, SOFTCAP);
                 sys::ggml_flash_attn_ext_set_prec(fa, sys::GGML_PREC_F32);
-                graphs[2].push(graph(ctx, fa));
+                graphs[3].push(graph(ctx, fa));
             }
         }
         Setup {
