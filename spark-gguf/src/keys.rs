@@ -2,6 +2,8 @@
 
 /// Architecture name, a string (`spark-gemma2`, `gemma2`).
 pub const GENERAL_ARCHITECTURE: &str = "general.architecture";
+/// `general.size_label` (e.g. "2B"; optional, written by llama.cpp's converters).
+pub const GENERAL_SIZE_LABEL: &str = "general.size_label";
 /// Model name, a string.
 pub const GENERAL_NAME: &str = "general.name";
 /// Data alignment, a u32 power of two (default 32).

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -304,18 +305,41 @@ def test_bad_token_and_quantize_type(tiny, tmp_path):
     assert not (tmp_path / "q.gguf").exists()
 
 
+def bench_table(stdout: str) -> list[dict]:
+    """The rows of `spark bench`'s markdown table, keyed by the header's column names."""
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
 def test_spark_bench_compares_sparse_and_dense(tiny):
     proc = spark("bench", "-m", tiny.gguf, "-p", "32", "-n", "4", "-r", "2", "-t", "1")
-    rows = [r.split("|")[1:-1] for r in proc.stdout.splitlines() if r.startswith("| ") and "GiB" in r]
-    got = {(r[3].strip(), r[4].strip()): r for r in rows}
+    got = {(r["mode"], r["test"]): r for r in bench_table(proc.stdout)}
     assert set(got) == {("sparse", "pp32"), ("sparse", "tg4"), ("dense", "pp32"), ("dense", "tg4")}, proc.stdout
     for (mode, test), r in got.items():
-        assert float(r[5].split("+/-")[0]) > 0, r
+        assert float(r["t/s"].split()[0]) > 0, r
         # the ratio column is filled on sparse rows only
-        assert (r[6].strip().endswith("x")) == (mode == "sparse"), r
+        assert r["sparse / dense"].endswith("x") == (mode == "sparse"), r
+        # llama-bench's columns; the kernels are registered in the sparse runs only
+        assert r["backend"] == ("Spark" if mode == "sparse" else "CPU"), r
+        assert (r["threads"], r["n_ubatch"]) == ("1", "512"), r
     assert proc.stderr.count("spark bench: [") == 4
     quiet = spark("bench", "-m", tiny.gguf, "-p", "8", "-n", "0", "-r", "1", "--modes", "sparse", "-q")
     assert quiet.stderr == "" and "pp8" in quiet.stdout and "tg" not in quiet.stdout
+
+
+def test_spark_bench_json_at_depth(tiny):
+    # llama-bench's settings: -d (context filled first, not timed), -ub, -o json on stdout only
+    proc = spark("bench", "-m", tiny.gguf, "-p", "8", "-n", "4", "-d", "0,16", "-ub", "8", "-r", "1", "-t", "1",
+                 "-o", "json")
+    rows = json.loads(proc.stdout)
+    got = {(r["spark_mode"], r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows}
+    assert got == {(m, p, n, d) for m in ("sparse", "dense") for (p, n) in ((8, 0), (0, 4)) for d in (0, 16)}
+    for r in rows:
+        assert r["n_ubatch"] == 8 and r["n_batch"] == 2048 and r["avg_ts"] > 0, r
+        assert len(r["samples_ns"]) == 1 and r["model_filename"] == str(tiny.gguf), r
+        assert ("spark_ratio_vs_dense" in r) == (r["spark_mode"] == "sparse"), r
+    assert proc.stderr.count("spark bench: [") == 2
 
 
 def test_spark_bench_reports_a_bad_model(tmp_path):
