@@ -155,16 +155,18 @@ impl Scratch {
         Self::default()
     }
 
-    /// For a single token (threshold `thetas[0]`): its active neurons among `neurons` into
-    /// `active`, in increasing order, each with `(0, activation)` at the same index of `tokens`.
-    fn list_active_one_token(&mut self, scores: &[f32], neurons: Range<usize>) {
-        let theta = self.thetas[0];
+    /// For token `t` of a batch (scores `scores[t * f ..]`, threshold `thetas[t]`): its active
+    /// neurons among `neurons` into `active`, in increasing order, each with `(t, activation)`
+    /// at the same index of `tokens`.
+    fn list_active_token(&mut self, scores: &[f32], f: usize, t: usize, neurons: Range<usize>) {
+        let theta = self.thetas[t];
+        let row = &scores[t * f..(t + 1) * f];
         self.active.clear();
         self.tokens.clear();
         for j in neurons {
-            if let Some(a) = activation(scores[j], theta) {
+            if let Some(a) = activation(row[j], theta) {
                 self.active.push(j as u32);
-                self.tokens.push((0, a));
+                self.tokens.push((t as u32, a));
             }
         }
     }
@@ -192,7 +194,7 @@ pub fn up_range(
     let mut kept = 0u64;
     if n_tokens == 1 {
         // One token: list the active neurons first so the next rows can be prefetched.
-        scratch.list_active_one_token(scores, neurons.clone());
+        scratch.list_active_token(scores, f, 0, neurons.clone());
         for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
             if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
                 prefetch_row(k2, next as usize);

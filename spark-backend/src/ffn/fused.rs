@@ -9,15 +9,17 @@
 //! straight into the chunk's own partial output (`n_tokens x D`). [`sum_partials`] then adds
 //! the partials in chunk order. The chunking does not depend on the thread count, and each
 //! partial is computed by one thread in neuron order, so results are bit-identical for any
-//! split of the chunks over threads. Within a batch each token's output is what it gets alone
-//! (each row is loaded once for the union of the tokens' masks).
+//! split of the chunks over threads. Within a batch each chunk is walked token by token, so each
+//! token's output is exactly what it gets alone (rows a token shares with an earlier one come
+//! from cache: at 64-token prefill ubatches this reads and writes the output rows a quarter as
+//! often as one update per (neuron, token), docs/PERF.md).
 //!
 //! The summation order differs from [`super::down_range`] (one pass over all neurons), so the
 //! fused and two-stage paths agree to rounding, not bit for bit.
 
 use super::{
-    activation, check_batch_width, check_len, prefetch_row, prepare_tokens, Batch, FfnWeights,
-    PendingAxpy, Scratch, UpInputs, PREFETCH_AHEAD,
+    check_batch_width, check_len, prefetch_row, prepare_tokens, Batch, FfnWeights, PendingAxpy,
+    Scratch, UpInputs, PREFETCH_AHEAD,
 };
 use crate::rows::{self, RowMatrix};
 use crate::KernelError;
@@ -96,25 +98,28 @@ pub fn chunk_partials<'p>(
         let partial = &mut partial[..n_tokens * d];
         partial.fill(0.0);
         let neurons = chunk_neurons(f, n_chunks, c);
-        kept += if n_tokens == 1 {
-            one_token_chunk(inputs, neurons, partial, scratch)
-        } else {
-            batch_chunk(inputs, neurons, partial, scratch)
-        };
+        for (t, out) in partial.chunks_exact_mut(d).enumerate() {
+            kept += token_chunk(inputs, t, neurons.clone(), out, scratch);
+        }
     }
     Ok(kept)
 }
 
-/// One token: list the chunk's active neurons first so that their K2 and V rows can be
-/// prefetched ahead of use.
-fn one_token_chunk(
+/// Token `t`: list the chunk's active neurons first so that their K2 and V rows can be
+/// prefetched ahead of use, then add their V rows to the token's output four at a time
+/// (one pass over the output per four rows, [`PendingAxpy`]). A batch runs this for each of
+/// its tokens: the output rows are read and written a quarter as often as one update per
+/// (neuron, token) would, and each token gets exactly what it gets alone. A neuron active for
+/// several tokens has its K2 and V rows read once per token (from cache after the first).
+fn token_chunk(
     inputs: &FusedInputs<'_>,
+    t: usize,
     neurons: Range<usize>,
     out: &mut [f32],
     scratch: &mut Scratch,
 ) -> u64 {
     let k2 = inputs.up.k2;
-    scratch.list_active_one_token(inputs.up.scores, neurons);
+    scratch.list_active_token(inputs.up.scores, inputs.v.n_rows(), t, neurons);
     let mut pending = PendingAxpy::default();
     for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
         if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
@@ -122,59 +127,13 @@ fn one_token_chunk(
             prefetch_row(inputs.v, next as usize);
         }
         let j = j as usize;
-        let u = a * rows::dot(k2.row(j), &scratch.acts[0]);
+        let u = a * rows::dot(k2.row(j), &scratch.acts[t]);
         if u != 0.0 {
             pending.push(inputs.v.row(j), u, out);
         }
     }
     pending.flush(out);
     scratch.active.len() as u64
-}
-
-/// Several tokens: each neuron active for any token has its K2 and V rows read once and
-/// applied to every token that has it active.
-fn batch_chunk(
-    inputs: &FusedInputs<'_>,
-    neurons: Range<usize>,
-    out: &mut [f32],
-    scratch: &mut Scratch,
-) -> u64 {
-    let (d, f) = (inputs.v.n_cols(), inputs.v.n_rows());
-    let UpInputs { scores, k2, .. } = inputs.up;
-    let mut kept = 0;
-    for j in neurons {
-        scratch.tokens.clear();
-        let mut k2_row = None;
-        for t in 0..inputs.up.batch.n_tokens {
-            if let Some(a) = activation(scores[t * f + j], scratch.thetas[t]) {
-                let row = *k2_row.get_or_insert_with(|| k2.row(j));
-                kept += 1;
-                let u = a * rows::dot(row, &scratch.acts[t]);
-                if u != 0.0 {
-                    scratch.tokens.push((t as u32, u));
-                }
-            }
-        }
-        match *scratch.tokens.as_slice() {
-            [] => {}
-            [(t, u)] => {
-                let t = t as usize;
-                rows::axpy(inputs.v.row(j), u, &mut out[t * d..(t + 1) * d]);
-            }
-            _ => {
-                // Convert the V row once, then one axpy per token (the same arithmetic as
-                // `rows::axpy` on the row itself, so a token's result does not depend on
-                // whether others share the neuron).
-                scratch.row.resize(d, 0.0);
-                rows::to_f32(inputs.v.row(j), &mut scratch.row);
-                for &(t, u) in &scratch.tokens {
-                    let t = t as usize;
-                    rows::axpy_f32(&scratch.row, u, &mut out[t * d..(t + 1) * d]);
-                }
-            }
-        }
-    }
-    kept
 }
 
 /// `out[e] = partials[0][range][e] + partials[1][range][e] + ...` in chunk order, where the
