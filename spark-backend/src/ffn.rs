@@ -13,7 +13,7 @@
 //! union of the tokens' masks and applied to every token that has it active.
 //!
 //! [`fused`] does stages 2 and 3 in one pass over fixed neuron chunks instead (the graph's path
-//! for batches up to 64 tokens: one node and one walk over the active list fewer).
+//! for ubatches up to 512 tokens: one node and one walk over the active list fewer).
 
 use crate::rows::{self, Activation, RowMatrix};
 use crate::topk;

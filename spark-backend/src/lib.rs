@@ -3,7 +3,7 @@
 //!
 //! Data flow: the patched llama.cpp graph (`src/models/spark-gemma2.cpp`) finds the "Spark"
 //! registry entry, resolves the FFN ops (`spark_ffn_fused` + `spark_ffn_sum` for ubatches of up
-//! to 64 tokens, `spark_ffn_up` + `spark_ffn_down` above) and `spark_attn` by name and runs them
+//! to 512 tokens, `spark_ffn_up` + `spark_ffn_down` above) and `spark_attn` by name and runs them
 //! as ggml custom ops (`ggml_custom_4d`) from ggml's own worker threads. See
 //! `docs/INTERFACES.md`.
 

@@ -1,7 +1,7 @@
 //! Stages 2 and 3 of the sparse FFN fused over fixed neuron chunks: the graph's path for
-//! ubatches of up to 64 tokens (every decode step). It saves the two-stage path's second walk
-//! over the active neurons and one graph node (docs/PERF.md: 3-11 % at batch 1, 1.3-1.6x at
-//! batches 4-16).
+//! ubatches of up to 512 tokens (every decode step and llama.cpp's default prefill ubatch). It
+//! saves the two-stage path's second walk over the active neurons and one graph node
+//! (docs/PERF.md: 3-11 % at batch 1, 1.3-1.6x at batches 4-16, 1.3x at a 512-token prefill).
 //!
 //! The graph cuts F neurons into P contiguous chunks (P from the output's shape;
 //! [`default_chunks`] is what the spark-gemma2 graph uses). For each chunk, [`chunk_partials`]
