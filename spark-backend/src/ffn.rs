@@ -315,8 +315,9 @@ impl<'a> PendingAxpy<'a> {
         self.rows[self.len] = Some((row, alpha));
         self.len += 1;
         if self.len == 4 {
-            let [a, b, c, d] = self.rows.map(|x| x.expect("four queued rows"));
-            rows::axpy4([a.0, b.0, c.0, d.0], [a.1, b.1, c.1, d.1], y);
+            if let [Some(a), Some(b), Some(c), Some(d)] = self.rows {
+                rows::axpy4([a.0, b.0, c.0, d.0], [a.1, b.1, c.1, d.1], y);
+            }
             self.len = 0;
         }
     }
