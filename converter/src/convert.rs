@@ -279,12 +279,13 @@ fn tokenizer_metadata(
             "none given: pass --tokenizer FILE.model (SentencePiece), add a 'tokenizer' entry (1-d uint8) to the checkpoint, or pass --vocab-from MODEL.gguf".into(),
         ));
     };
-    let vocab =
-        parse_sentencepiece(&bytes).map_err(|e| Error::Tokenizer(format!("{from}: {e}")))?;
-    model::vocab_metadata(&vocab, cfg).map_err(|e| match e {
+    // Tokenizer errors name where the model came from (once: "tokenizer: FROM: reason").
+    let with_source = |e: Error| match e {
         Error::Tokenizer(m) => Error::Tokenizer(format!("{from}: {m}")),
         other => other,
-    })
+    };
+    let vocab = parse_sentencepiece(&bytes).map_err(&with_source)?;
+    model::vocab_metadata(&vocab, cfg).map_err(&with_source)
 }
 
 /// One tensor ready to write: where from, as what.

@@ -141,41 +141,29 @@ impl Setup {
                     }
                 }
 
+                // The spark_attn node over V view `v` (same q, K and mask).
+                let spark_node = |v: *mut sys::ggml_tensor| {
+                    let mut args = [q, k, v, mask32];
+                    let out = sys::ggml_custom_4d(
+                        ctx,
+                        F32,
+                        H,
+                        N_HEAD,
+                        n_tokens,
+                        1,
+                        args.as_mut_ptr(),
+                        4,
+                        Some(spark_attn),
+                        -1,
+                        ud,
+                    );
+                    graph(ctx, out)
+                };
                 // spark
-                let mut args = [q, k, v, mask32];
-                let out = sys::ggml_custom_4d(
-                    ctx,
-                    F32,
-                    H,
-                    N_HEAD,
-                    n_tokens,
-                    1,
-                    args.as_mut_ptr(),
-                    4,
-                    Some(spark_attn),
-                    -1,
-                    ud,
-                );
-                graphs[0].push(graph(ctx, out));
-
+                graphs[0].push(spark_node(v));
                 // spark over the transposed V cache (llama.cpp's layout without flash attention,
                 // which spark-gemma2 used before patch 0004): V rows read at a stride of n_kv.
-                let vt_view = sys::ggml_permute(ctx, vt, 2, 0, 1, 3); // [H, KV, n_kv]
-                let mut args = [q, k, vt_view, mask32];
-                let out = sys::ggml_custom_4d(
-                    ctx,
-                    F32,
-                    H,
-                    N_HEAD,
-                    n_tokens,
-                    1,
-                    args.as_mut_ptr(),
-                    4,
-                    Some(spark_attn),
-                    -1,
-                    ud,
-                );
-                graphs[1].push(graph(ctx, out));
+                graphs[1].push(spark_node(sys::ggml_permute(ctx, vt, 2, 0, 1, 3))); // [H, KV, n_kv]
 
                 // dense, mul_mat path (llama.cpp without flash attention)
                 let qp = sys::ggml_permute(ctx, q, 0, 2, 1, 3); // [H, T, N]

@@ -5,8 +5,9 @@
 //! each kernel (docs/INTERFACES.md). Two ways to put it into ggml's registry:
 //! - in-process: [`register`] (the `spark` CLI does this before loading a model);
 //! - as a plugin: the cdylib `libspark_backend.so` exports `ggml_backend_init` (see [`crate`]), so
-//!   `GGML_BACKEND_PATH=/path/libspark_backend.so` or `ggml_backend_load(path)` loads it into any
-//!   llama.cpp built from the patched sources.
+//!   `ggml_backend_load(path)` (`spark --backend-path`) loads it into a process whose ggml is
+//!   built from the same sources. It links its own static ggml, so it is not yet a plugin for
+//!   other llama.cpp builds (patches/README.md, "Using the series with upstream llama.cpp").
 //!
 //! The structs mirror `struct ggml_backend_reg` and `struct ggml_backend_reg_i` of ggml's internal
 //! `ggml-backend-impl.h` (API version [`GGML_BACKEND_API_VERSION`]); `tests/registry.rs` pins

@@ -221,7 +221,6 @@ mod avx2 {
     /// One block of `R` rows by `Q` queries. `rows_p[r]` points at dim 0 of the block's row r
     /// (already offset by `dim0`).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn block<const R: usize, const Q: usize>(
         ty: ElemType,
         esz: usize,
