@@ -530,7 +530,8 @@ fn parse_child_output(stdout: &str) -> Option<ChildReport> {
 }
 
 /// llama-bench's `model_type` without its file-type part: the architecture and the size
-/// label (`general.size_label`, else the parameter count), e.g. "spark-gemma2 2.6B".
+/// label (`general.size_label`, else the params column's count without its space, e.g.
+/// "spark-gemma2 2.61B").
 /// llama-bench calls `llama_model_desc`, which llama-cpp-2 does not expose; this reads the
 /// same facts through its public metadata API instead of reaching into `LlamaModel`.
 fn model_desc(model: &LlamaModel) -> String {
@@ -539,20 +540,8 @@ fn model_desc(model: &LlamaModel) -> String {
         .unwrap_or_else(|_| "unknown".into());
     let size = model
         .meta_val_str(keys::GENERAL_SIZE_LABEL)
-        .unwrap_or_else(|_| params_label(model.n_params()));
+        .unwrap_or_else(|_| params_text(model.n_params()).replace(' ', ""));
     format!("{arch} {size}")
-}
-
-/// A parameter count as llama.cpp's size labels write it ("2.6B", "430K").
-fn params_label(n: u64) -> String {
-    let n = n as f64;
-    if n >= 1e9 {
-        format!("{:.1}B", n / 1e9)
-    } else if n >= 1e6 {
-        format!("{:.1}M", n / 1e6)
-    } else {
-        format!("{:.0}K", n / 1e3)
-    }
 }
 
 /// llama-bench's `backends`: the registered ggml backends other than CPU, or "CPU".
