@@ -1,12 +1,19 @@
 //! Compiles `probe/reg_layout.c` against the patched ggml headers (staged by `spark-llama-prep`)
 //! and links the object into the integration tests only, where `tests/registry.rs` compares the
-//! C layout of `struct ggml_backend_reg` with the Rust mirror in `src/registry.rs`.
+//! C layout of `struct ggml_backend_reg` with the Rust mirror in `src/registry.rs`. Also records
+//! the series tag of the ggml it links and puts that ggml's directory in the run path.
 
 use std::path::Path;
 
 fn main() {
     println!("cargo:rerun-if-changed=probe/reg_layout.c");
     println!("cargo:rerun-if-changed=build.rs");
+    // The tag of the patched sources this crate is built against (`ggml_commit()` of that
+    // ggml): the plugin refuses to register in a process whose ggml reports another.
+    let tag = std::env::var("DEP_LLAMA_SERIES_TAG").expect("llama-cpp-sys-2 (patched) sets it");
+    println!("cargo:rustc-env=SPARK_SERIES_TAG={tag}");
+    let lib_dir = std::env::var("DEP_LLAMA_LIB_DIR").expect("llama-cpp-sys-2 (patched) sets it");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib_dir}");
     let ggml = Path::new(spark_llama_prep::PATCHED_SYS_DIR)
         .join("llama.cpp")
         .join("ggml");

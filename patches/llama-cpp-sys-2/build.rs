@@ -28,15 +28,88 @@ extern "C" {
 
 const STDOUT_FD: i32 = 1;
 
+/// How llama.cpp is built for the whole project (see patches/README.md, "One llama.cpp"):
+/// shared libraries (the `dynamic-link` feature) whose run path finds their siblings both in
+/// the install tree (`OUT_DIR/lib`, `target/upstream/lib`) and in the build tree (`build/bin`,
+/// where the upstream tools are built by tools/upstream.sh), and ggml's RPC backend for
+/// `rpc-server` / `--rpc`.
+const CMAKE_SETTINGS: [(&str, &str); 3] = [
+    ("CMAKE_BUILD_WITH_INSTALL_RPATH", "ON"),
+    ("CMAKE_INSTALL_RPATH", "$ORIGIN:$ORIGIN/../lib"),
+    ("GGML_RPC", "ON"),
+];
+
+/// The upstream script hard-links each `lib*.so` of `OUT_DIR/lib` into the target directory
+/// (and `deps/`, `examples/`) unless a file of that name exists. On Linux those are symlinks
+/// (`libllama.so -> libllama.so.0`): the link made is a symlink dangling outside `lib/`, which
+/// `exists()` does not see, so the next run (or another feature set's build) fails with "File
+/// exists". Nothing uses these links (binaries find the libraries through their run path), and
+/// cargo itself puts no symlinks there: remove every `lib*.so` symlink before the script runs.
+fn remove_linked_symlinks(out_dir: &Path) {
+    let Some(target_dir) = out_dir.ancestors().nth(3) else {
+        return;
+    };
+    for dir in [
+        target_dir.to_path_buf(),
+        target_dir.join("deps"),
+        target_dir.join("examples"),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let is_symlink = entry.file_type().is_ok_and(|t| t.is_symlink());
+            if is_symlink && name.starts_with("lib") && name.ends_with(".so") {
+                let link = entry.path();
+                if let Err(e) = std::fs::remove_file(&link) {
+                    panic!(
+                        "llama-cpp-sys-2 (patched): cannot remove {}: {e}",
+                        link.display()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// cmake configures a build directory once (the upstream script never reconfigures), so a
+/// changed series would leave the old tag in ggml_commit(): drop the cache to configure again
+/// (an incremental rebuild; only what the new configuration changes is compiled).
+fn reconfigure_if_series_changed(out_dir: &Path) {
+    let build = out_dir.join("build");
+    let version_h = build.join("ggml").join("src").join("ggml-version.h");
+    let Ok(text) = std::fs::read_to_string(&version_h) else {
+        return;
+    };
+    if !text.contains(&format!("\"{}\"", spark_llama_prep::SERIES_TAG)) {
+        let cache = build.join("CMakeCache.txt");
+        if let Err(e) = std::fs::remove_file(&cache) {
+            panic!(
+                "llama-cpp-sys-2 (patched): cannot remove {}: {e}",
+                cache.display()
+            );
+        }
+    }
+}
+
 fn main() {
     let dir = spark_llama_prep::PATCHED_SYS_DIR;
     if let Err(e) = std::env::set_current_dir(dir) {
         panic!("llama-cpp-sys-2 (patched): cannot enter {dir}: {e}");
     }
-    // Build scripts are single-threaded; the upstream script reads this variable.
+    // Build scripts are single-threaded; the upstream script reads these variables (it
+    // forwards every GGML_* and CMAKE_* variable to cmake as a cache entry).
     std::env::set_var("CARGO_MANIFEST_DIR", dir);
+    for (key, value) in CMAKE_SETTINGS {
+        std::env::set_var(key, value);
+    }
+    std::env::set_var("GGML_BUILD_COMMIT_OVERRIDE", spark_llama_prep::SERIES_TAG);
 
     let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    reconfigure_if_series_changed(Path::new(&out_dir));
+    remove_linked_symlinks(Path::new(&out_dir));
     let capture_path = Path::new(&out_dir).join("upstream-build-stdout.txt");
     let mut capture = File::options()
         .read(true)
@@ -53,7 +126,10 @@ fn main() {
     let saved = unsafe { dup(STDOUT_FD) };
     assert!(saved >= 0, "dup(stdout) failed");
     // SAFETY: as above.
-    assert!(unsafe { dup2(capture.as_raw_fd(), STDOUT_FD) } >= 0, "dup2 failed");
+    assert!(
+        unsafe { dup2(capture.as_raw_fd(), STDOUT_FD) } >= 0,
+        "dup2 failed"
+    );
 
     let result = std::panic::catch_unwind(upstream::run);
 
@@ -76,7 +152,25 @@ fn main() {
             }
             _ => line.to_string(),
         };
+        // With shared libraries llama-common is installed beside libllama (and linked from
+        // there with the others); the upstream script looks for it only in build/common.
+        if line.contains("common feature was enabled, but no common library was found")
+            && Path::new(&out_dir)
+                .join("lib")
+                .join("libllama-common.so")
+                .exists()
+        {
+            continue;
+        }
         writeln!(stdout, "{line}").expect("write stdout");
+    }
+    if result.is_ok() {
+        // Packages that link llama.cpp put this directory in their binaries' run path
+        // (DEP_LLAMA_LIB_DIR in their build scripts), so they run without LD_LIBRARY_PATH.
+        let lib = Path::new(&out_dir).join("lib");
+        writeln!(stdout, "cargo:lib_dir={}", lib.display()).expect("write stdout");
+        writeln!(stdout, "cargo:series_tag={}", spark_llama_prep::SERIES_TAG)
+            .expect("write stdout");
     }
     drop(stdout);
     if let Err(panic) = result {

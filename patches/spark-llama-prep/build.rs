@@ -53,9 +53,14 @@ fn run() -> Result<(), String> {
     sync_tree(&stage, &dst).map_err(|e| format!("sync patched sources: {e}"))?;
     fs::remove_dir_all(&stage).map_err(|e| format!("{}: {e}", stage.display()))?;
 
+    let tag = series_tag(&patches, &out)?;
     let generated = format!(
         "/// Directory holding the patched copy of the llama-cpp-sys-2 {SYS_VERSION} crate.\n\
          pub const PATCHED_SYS_DIR: &str = {dir:?};\n\
+         /// Names the patched sources: `spark-` and the git blob hash (12 digits) of the pinned\n\
+         /// version and every patch. The ggml build reports it as `ggml_commit()`\n\
+         /// (GGML_BUILD_COMMIT_OVERRIDE, patch 0005) and the plugin checks it when loaded.\n\
+         pub const SERIES_TAG: &str = {tag:?};\n\
          /// Expands to the items of the upstream build script (its `fn main` included).\n\
          #[macro_export]\n\
          macro_rules! upstream_build_rs {{ () => {{ include!({bs:?}); }}; }}\n",
@@ -143,6 +148,34 @@ fn json_string_values(text: &str, key: &str) -> Vec<String> {
         rest = &rest[end..];
     }
     values
+}
+
+/// `spark-<hash>`: the first 12 digits of the git blob hash of the pinned crate version and
+/// each patch's file name and bytes, in series order. Same series, same tag, on any machine.
+fn series_tag(patches: &[PathBuf], out: &Path) -> Result<String, String> {
+    let mut text = format!("llama-cpp-sys-2 {SYS_VERSION}\n").into_bytes();
+    for p in patches {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        text.extend_from_slice(format!("{name}\n").as_bytes());
+        text.extend(fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?);
+    }
+    let input = out.join("series.txt");
+    fs::write(&input, &text).map_err(|e| format!("{}: {e}", input.display()))?;
+    let o = Command::new("git")
+        .env("GIT_CEILING_DIRECTORIES", out)
+        .current_dir(out)
+        .args(["hash-object", "--no-filters"])
+        .arg(&input)
+        .output()
+        .map_err(|e| format!("run git hash-object: {e}"))?;
+    let hash = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    if !o.status.success() || hash.len() < 12 {
+        return Err(format!(
+            "git hash-object failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    Ok(format!("spark-{}", &hash[..12]))
 }
 
 fn patch_list(dir: &Path) -> Result<Vec<PathBuf>, String> {

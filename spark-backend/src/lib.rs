@@ -15,6 +15,7 @@ pub mod ffn;
 pub mod ffn_op;
 pub mod op;
 pub mod params;
+pub mod plugin;
 pub mod registry;
 pub mod rows;
 pub mod stats;

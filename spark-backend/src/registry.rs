@@ -4,10 +4,10 @@
 //! `ggml_backend_reg_by_name("Spark")` and `ggml_backend_reg_get_proc_address(reg, NAME)` for
 //! each kernel (docs/INTERFACES.md). Two ways to put it into ggml's registry:
 //! - in-process: [`register`] (the `spark` CLI does this before loading a model);
-//! - as a plugin: the cdylib `libspark_backend.so` exports `ggml_backend_init` (see [`crate`]), so
-//!   `ggml_backend_load(path)` (`spark --backend-path`) loads it into a process whose ggml is
-//!   built from the same sources. It links its own static ggml, so it is not yet a plugin for
-//!   other llama.cpp builds (patches/README.md, "Using the series with upstream llama.cpp").
+//! - as a plugin: the cdylib `libspark_backend.so` (installed by tools/upstream.sh as
+//!   `libggml-spark.so`) exports `ggml_backend_init` ([`crate::plugin`]), so `ggml_backend_load`
+//!   (`GGML_BACKEND_PATH`, `spark --backend-path`) loads it into a process that runs the shared
+//!   ggml it was built against.
 //!
 //! The structs mirror `struct ggml_backend_reg` and `struct ggml_backend_reg_i` of ggml's internal
 //! `ggml-backend-impl.h` (API version [`GGML_BACKEND_API_VERSION`]); `tests/registry.rs` pins
@@ -188,11 +188,4 @@ pub fn register() {
 /// `ggml_backend_load` is a separate entry and does not count).
 pub fn is_registered() -> bool {
     REGISTERED.load(Ordering::Acquire)
-}
-
-/// Plugin entry point looked up by ggml's `ggml_backend_load` (and so by `GGML_BACKEND_PATH`):
-/// returns the "Spark" entry. `ggml_backend_score` is optional for ggml and not exported.
-#[no_mangle]
-pub extern "C" fn ggml_backend_init() -> sys::ggml_backend_reg_t {
-    reg()
 }

@@ -104,3 +104,64 @@ pub fn snapshot(layer: i32) -> Option<LayerStats> {
         attn_queries: c.attn_queries.load(Ordering::Relaxed),
     })
 }
+
+/// The header of the per-layer table (`spark --spark-stats` and `SPARK_STATS=1`); every line of
+/// the table starts with `spark-stats: `.
+pub const TABLE_HEADER: &str =
+    "spark-stats: layer  ffn_keep_rate  ffn_tokens  attn_mean_positions  attn_queries";
+
+/// One row of the table: layer, then FFN keep rate, FFN tokens, mean attended positions and
+/// (query, head) pairs.
+pub fn table_row(layer: u32, s: &LayerStats) -> String {
+    format!(
+        "spark-stats: {layer:5}  {:13.4}  {:10}  {:19.2}  {:12}",
+        s.ffn_keep_rate(),
+        s.ffn_tokens,
+        s.attn_mean_positions(),
+        s.attn_queries
+    )
+}
+
+/// The table of this copy's counters for a process that does not know its layer count (the
+/// plugin in an upstream tool): the header and layers 0 to the last one any kernel ran in, or
+/// one line saying that none ran.
+pub fn process_table() -> Vec<String> {
+    let snapshots: Vec<LayerStats> = (0..MAX_LAYERS as i32).filter_map(snapshot).collect();
+    let active = |s: &LayerStats| s.ffn_tokens > 0 || s.attn_queries > 0;
+    let Some(last) = snapshots.iter().rposition(active) else {
+        return vec![
+            "spark-stats: no Spark kernel ran in this process (no spark-gemma2 model, or its dense graph)"
+                .to_string(),
+        ];
+    };
+    let mut lines = vec![TABLE_HEADER.to_string()];
+    lines.extend(
+        snapshots[..=last]
+            .iter()
+            .enumerate()
+            .map(|(layer, s)| table_row(layer as u32, s)),
+    );
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_rows_put_the_layer_then_the_ffn_keep_rate_first() {
+        let s = LayerStats {
+            ffn_kept: 30,
+            ffn_tokens: 3,
+            ffn_width: 100,
+            attn_kept: 50,
+            attn_queries: 4,
+        };
+        let row = table_row(7, &s);
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(fields, ["spark-stats:", "7", "0.1000", "3", "12.50", "4"]);
+        let header: Vec<&str> = TABLE_HEADER.split_whitespace().collect();
+        assert_eq!(header.len(), fields.len());
+        assert_eq!(header[1..3], ["layer", "ffn_keep_rate"]);
+    }
+}

@@ -134,15 +134,11 @@ pub fn print_stats(source: &KernelSource, n_layer: u32, targets: Targets) {
     };
     let attn_k = targets.attn_k.map_or("?".to_string(), |k| k.to_string());
     eprintln!("spark-stats: target ffn keep rate k_f/F = {target_rate}, attention k_a = {attn_k}");
-    eprintln!("spark-stats: layer  ffn_keep_rate  ffn_tokens  attn_mean_positions  attn_queries");
+    eprintln!("{}", spark_backend::stats::TABLE_HEADER);
     for layer in 0..n_layer {
-        let s = layer_stats(source, layer);
         eprintln!(
-            "spark-stats: {layer:5}  {:13.4}  {:10}  {:19.2}  {:12}",
-            s.ffn_keep_rate(),
-            s.ffn_tokens,
-            s.attn_mean_positions(),
-            s.attn_queries
+            "{}",
+            spark_backend::stats::table_row(layer, &layer_stats(source, layer))
         );
     }
 }
