@@ -15,6 +15,9 @@ use crate::layout::View;
 pub const CONFIG_ENTRY: &str = "config";
 /// Name of the optional tokenizer entry.
 pub const TOKENIZER_ENTRY: &str = "tokenizer";
+/// Name of the optional chat template entry (0-d unicode or 1-d uint8 UTF-8 text, like
+/// `config`); written as `tokenizer.chat_template`.
+pub const CHAT_TEMPLATE_ENTRY: &str = "chat_template";
 /// Embedding entry.
 pub const EMBEDDING_ENTRY: &str = "transformer/embedder/input_embedding";
 /// Final norm entry.

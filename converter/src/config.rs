@@ -239,6 +239,36 @@ pub fn config_text(bytes: &[u8], unicode: bool) -> Result<String> {
     }
 }
 
+/// Decodes a text entry other than `config` (the chat template): UTF-32LE for a 0-d unicode
+/// array, UTF-8 for a 1-d uint8 array. Only trailing NULs are dropped (numpy's padding of a
+/// unicode array), so the text reads back exactly as numpy returns it.
+pub fn entry_text(entry: &str, bytes: &[u8], unicode: bool) -> Result<String> {
+    let mut s = if unicode {
+        let mut s = String::with_capacity(bytes.len() / 4);
+        for c in bytes.chunks_exact(4) {
+            let cp = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            s.push(char::from_u32(cp).ok_or_else(|| {
+                Error::entry(entry, format!("holds an invalid code point {cp:#x}"))
+            })?);
+        }
+        s
+    } else {
+        String::from_utf8(bytes.to_vec()).map_err(|e| {
+            Error::entry(
+                entry,
+                format!(
+                    "is not valid UTF-8 (bad byte at offset {})",
+                    e.utf8_error().valid_up_to()
+                ),
+            )
+        })?
+    };
+    if unicode {
+        s.truncate(s.trim_end_matches('\0').len());
+    }
+    Ok(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,5 +361,26 @@ mod tests {
         assert_eq!(config_text(&b, true).unwrap(), "{\"a\": \"é\"}");
         assert_eq!(config_text("{}".as_bytes(), false).unwrap(), "{}");
         assert!(config_text(&[0xff, 0xfe], false).is_err());
+    }
+
+    #[test]
+    fn entry_text_keeps_interior_nuls_and_names_the_entry() {
+        let mut b = Vec::new();
+        for c in "a\0b\0\0".chars() {
+            b.extend_from_slice(&(c as u32).to_le_bytes());
+        }
+        assert_eq!(entry_text("t", &b, true).unwrap(), "a\0b");
+        assert_eq!(entry_text("t", "x\0".as_bytes(), false).unwrap(), "x\0");
+        let e = entry_text("t", &[b'a', 0xff], false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("checkpoint entry 't'") && e.contains("offset 1"),
+            "{e}"
+        );
+        let e = entry_text("t", &0xD800u32.to_le_bytes(), true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("checkpoint entry 't'"), "{e}");
     }
 }

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use spark_gguf::schema::{keys, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
 
+use crate::chat_template;
 use crate::checkpoint::{
-    self, entry, layer_entry, GatingLayout, Shapes, TensorSource, CONFIG_ENTRY, TOKENIZER_ENTRY,
+    self, entry, layer_entry, GatingLayout, Shapes, TensorSource, CHAT_TEMPLATE_ENTRY,
+    CONFIG_ENTRY, TOKENIZER_ENTRY,
 };
-use crate::config::{config_text, ModelConfig};
+use crate::config::{config_text, entry_text, ModelConfig};
 use crate::emit::{block_rows, write_pipelined, ChunkSink};
 use crate::error::{Error, Result};
 use crate::layout::SourceDtype;
@@ -105,6 +107,10 @@ pub struct ConvertOptions {
     pub tokenizer: Option<PathBuf>,
     /// A GGUF whose `tokenizer.*` keys are copied.
     pub vocab_from: Option<PathBuf>,
+    /// `tokenizer.chat_template` text (already resolved, see [`chat_template::from_arg`]). It
+    /// wins over the checkpoint's `chat_template` entry, which wins over a template copied by
+    /// `--vocab-from`.
+    pub chat_template: Option<String>,
     /// Spark parameter overrides.
     pub overrides: SparkOverrides,
     /// `general.name` (default: the input file's stem).
@@ -129,6 +135,52 @@ pub fn check_output(output: &Path, force: bool) -> Result<()> {
 impl Shapes for Npz {
     fn shape(&self, entry: &str) -> Option<Vec<usize>> {
         self.member(entry).map(|m| m.header.shape.clone())
+    }
+}
+
+/// A text entry: 0-d unicode or 1-d uint8 (UTF-8); `what` describes it in the shape error.
+fn text_entry(npz: &Npz, name: &str, what: &str) -> Result<Option<String>> {
+    let Some(m) = npz.member(name) else {
+        return Ok(None);
+    };
+    let unicode = match (m.header.dtype, m.header.shape.len()) {
+        (NpyDtype::Unicode(_), 0) => true,
+        (NpyDtype::U8, 1) => false,
+        (dt, _) => {
+            return Err(Error::entry(
+                name,
+                format!(
+                    "must be a 0-d unicode or 1-d uint8 array ({what}), not {} with shape {:?}",
+                    dt.describe(),
+                    m.header.shape
+                ),
+            ))
+        }
+    };
+    entry_text(name, &npz.data(m)?, unicode).map(Some)
+}
+
+/// The chat template to write and where it comes from: `--chat-template`, else the checkpoint's
+/// `chat_template` entry (the entry is not read when the flag is given).
+fn chat_template_source(o: &ConvertOptions, npz: &Npz) -> Result<Option<(String, String)>> {
+    if let Some(t) = &o.chat_template {
+        let t = chat_template::check(t.clone(), "--chat-template")?;
+        return Ok(Some((t, "--chat-template".into())));
+    }
+    match text_entry(npz, CHAT_TEMPLATE_ENTRY, "the chat template's UTF-8 text")? {
+        None => Ok(None),
+        Some(t) => {
+            if t.trim().is_empty() {
+                return Err(Error::entry(
+                    CHAT_TEMPLATE_ENTRY,
+                    "is empty; it must hold the chat template's Jinja text (or leave the entry out)",
+                ));
+            }
+            Ok(Some((
+                t,
+                format!("the checkpoint's '{CHAT_TEMPLATE_ENTRY}' entry"),
+            )))
+        }
     }
 }
 
@@ -339,12 +391,26 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
         }
         jobs.push(Job { source, dtype, ty });
     }
-    let tok_md = tokenizer_metadata(o, &npz, &cfg)?;
+    let mut tok_md = tokenizer_metadata(o, &npz, &cfg)?;
     if npz.member(TOKENIZER_ENTRY).is_some() && (o.tokenizer.is_some() || o.vocab_from.is_some()) {
         notes.push(format!(
             "note: the checkpoint's '{TOKENIZER_ENTRY}' entry is ignored; the vocabulary comes from {}",
             if o.tokenizer.is_some() { "--tokenizer" } else { "--vocab-from" }
         ));
+    }
+    // Precedence: --chat-template > the checkpoint's entry > a template copied by --vocab-from.
+    if let Some((template, from)) = chat_template_source(o, &npz)? {
+        if o.chat_template.is_some() && npz.member(CHAT_TEMPLATE_ENTRY).is_some() {
+            notes.push(format!(
+                "note: the checkpoint's '{CHAT_TEMPLATE_ENTRY}' entry is ignored; the chat template comes from --chat-template"
+            ));
+        }
+        if chat_template::set(&mut tok_md, template) {
+            notes.push(format!(
+                "note: the {} of --vocab-from is replaced by {from}",
+                keys::TOKENIZER_CHAT_TEMPLATE
+            ));
+        }
     }
     let name = o.name.clone().unwrap_or_else(|| {
         o.input
@@ -401,7 +467,8 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
 
 fn check_extra_entries(npz: &Npz, used: &BTreeSet<String>, arch: &str) -> Result<()> {
     for m in npz.members() {
-        if m.name != CONFIG_ENTRY && m.name != TOKENIZER_ENTRY && !used.contains(&m.name) {
+        let non_tensor = [CONFIG_ENTRY, TOKENIZER_ENTRY, CHAT_TEMPLATE_ENTRY];
+        if !non_tensor.contains(&m.name.as_str()) && !used.contains(&m.name) {
             return Err(Error::entry(
                 &m.name,
                 format!("is not part of a {arch} checkpoint with this config (unexpected entry)"),

@@ -35,6 +35,9 @@ pub enum Error {
     /// The tokenizer is missing or malformed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// The chat template is empty or unreadable (`--chat-template`).
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
     /// The command line is inconsistent.
     #[error("{0}")]
     Usage(String),

@@ -1,6 +1,7 @@
 //! `spark-convert`: Spark (and dense Gemma-2) `.npz` checkpoints and synthetic random models to
 //! GGUF, following SPEC.md sections 2, 3, 5 and 6.
 
+pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
 pub mod convert;

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use spark_convert::chat_template;
 use spark_convert::convert::{convert, ConvertOptions, InputDtype, SparkOverrides};
 use spark_convert::error::{Error, Result};
 use spark_convert::model::OutType;
-use spark_convert::synthetic::{generate, SyntheticOptions};
+use spark_convert::synthetic::{generate_with_chat_template, SyntheticOptions};
 
 /// Convert a Spark-Gemma2 (or dense Gemma-2) .npz checkpoint to GGUF.
 ///
@@ -40,6 +41,11 @@ struct Cli {
     /// Copy the tokenizer.* keys of this GGUF instead.
     #[arg(long, value_name = "MODEL.gguf")]
     vocab_from: Option<PathBuf>,
+    /// Write this tokenizer.chat_template: the Jinja text itself, or @FILE to read it from a
+    /// UTF-8 file. Wins over the checkpoint's 'chat_template' entry, which wins over a template
+    /// copied by --vocab-from. An empty template is an error.
+    #[arg(long, value_name = "TEMPLATE")]
+    chat_template: Option<String>,
     /// Override k_f (FFN neurons kept per token).
     #[arg(long)]
     ffn_k: Option<u32>,
@@ -65,6 +71,11 @@ struct Cli {
 
 fn run(cli: Cli) -> Result<()> {
     let outtype = OutType::parse(&cli.outtype)?;
+    let chat_template = cli
+        .chat_template
+        .as_deref()
+        .map(chat_template::from_arg)
+        .transpose()?;
     let overrides = SparkOverrides {
         ffn_k: cli.ffn_k,
         ffn_r: cli.ffn_r,
@@ -79,16 +90,19 @@ fn run(cli: Cli) -> Result<()> {
                 "--tokenizer, --vocab-from and --input-dtype do not apply to --synthetic".into(),
             ));
         }
-        return generate(&SyntheticOptions {
-            preset,
-            output,
-            seed: cli.seed,
-            outtype,
-            overrides,
-            name: cli.name,
-            force: cli.force,
-            quiet: cli.quiet,
-        });
+        return generate_with_chat_template(
+            &SyntheticOptions {
+                preset,
+                output,
+                seed: cli.seed,
+                outtype,
+                overrides,
+                name: cli.name,
+                force: cli.force,
+                quiet: cli.quiet,
+            },
+            chat_template.as_deref(),
+        );
     }
     let [input, output] = <[PathBuf; 2]>::try_from(cli.paths).map_err(|_| {
         Error::Usage("give the checkpoint and the output: spark-convert IN.npz OUT.gguf".into())
@@ -108,6 +122,7 @@ fn run(cli: Cli) -> Result<()> {
         input_dtype,
         tokenizer: cli.tokenizer,
         vocab_from: cli.vocab_from,
+        chat_template,
         overrides,
         name: cli.name,
         force: cli.force,

@@ -152,7 +152,19 @@ pub fn fill_chunk(seed: u64, tensor: u64, chunk: u64, init: Init, out: &mut [f32
 
 /// Writes a random model of preset `o.preset`.
 pub fn generate(o: &SyntheticOptions) -> Result<()> {
+    generate_with_chat_template(o, None)
+}
+
+/// [`generate`], also writing `tokenizer.chat_template` when `chat_template` is given (it must
+/// not be empty).
+pub fn generate_with_chat_template(
+    o: &SyntheticOptions,
+    chat_template: Option<&str>,
+) -> Result<()> {
     check_output(&o.output, o.force)?;
+    let chat_template = chat_template
+        .map(|t| crate::chat_template::check(t.to_string(), "--chat-template"))
+        .transpose()?;
     let (arch, mut cfg) = preset(&o.preset)?;
     if arch == GEMMA2_ARCH && o.overrides.any() {
         return Err(Error::Usage(format!(
@@ -189,6 +201,9 @@ pub fn generate(o: &SyntheticOptions) -> Result<()> {
         &synthetic_vocab(cfg.vocab_size as usize)?,
         &cfg,
     )?);
+    if let Some(t) = chat_template {
+        crate::chat_template::set(&mut md, t);
+    }
     let total: u64 = plans
         .iter()
         .map(|p| p.ty.tensor_bytes(&p.ne).unwrap_or(0))

@@ -5,8 +5,14 @@
 //! never panics; after an error the output directory is empty (no output, no temporary file);
 //! after a success it holds exactly the output, a GGUF the reader opens and the validator accepts.
 
+mod common;
+
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+
+use common::{
+    config_json, sentencepiece, Weights, D, FF, FFN_R, HEADS, HEAD_DIM, KV_HEADS, LAYERS, VOCAB,
+};
 
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -15,71 +21,12 @@ use spark_convert::convert::{convert, ConvertOptions, SparkOverrides};
 use spark_convert::error::Error;
 use spark_convert::model::OutType;
 use spark_convert::npy;
-use spark_convert::tokenizer::{synthetic_vocab, Vocab};
+use spark_convert::tokenizer::synthetic_vocab;
 use spark_gguf::schema::{Hparams, SPARK_ARCH};
 use spark_gguf::validate::validate;
 use spark_gguf::GgufFile;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipArchive, ZipWriter};
-
-const VOCAB: usize = 260;
-const D: usize = 16;
-const LAYERS: u64 = 2;
-const HEADS: usize = 2;
-const KV_HEADS: usize = 1;
-const HEAD_DIM: usize = 8;
-const FF: usize = 32;
-const FFN_R: usize = 8;
-
-fn config_json(dtype: Option<&str>) -> String {
-    let dtype = dtype.map_or(String::new(), |d| format!(", \"dtype\": \"{d}\""));
-    format!(
-        "{{\"vocab_size\": {VOCAB}, \"d_model\": {D}, \"n_layers\": {LAYERS}, \"n_heads\": {HEADS}, \
-         \"n_kv_heads\": {KV_HEADS}, \"head_dim\": {HEAD_DIM}, \"d_ff\": {FF}, \"ffn_k\": 4, \
-         \"ffn_r\": {FFN_R}, \"attn_k\": 2, \"attn_r\": 4, \"rms_norm_eps\": 1e-6, \
-         \"rope_theta\": 10000.0, \"query_pre_attn_scalar\": 8, \"attn_logit_softcap\": 50.0, \
-         \"final_logit_softcap\": 30.0, \"sliding_window\": 4, \"max_position_embeddings\": 64, \
-         \"bos_id\": 2, \"eos_id\": 1, \"pad_id\": 0, \"unk_id\": 3{dtype}}}"
-    )
-}
-
-/// A SentencePiece `ModelProto` holding `vocab`'s pieces (field 1: piece, score, type).
-fn sentencepiece(vocab: &Vocab) -> Vec<u8> {
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    }
-    let mut m = Vec::new();
-    for i in 0..vocab.len() {
-        let mut p = Vec::new();
-        varint(1 << 3 | 2, &mut p);
-        varint(vocab.tokens[i].len() as u64, &mut p);
-        p.extend_from_slice(vocab.tokens[i].as_bytes());
-        varint(2 << 3 | 5, &mut p);
-        p.extend_from_slice(&vocab.scores[i].to_le_bytes());
-        varint(3 << 3, &mut p);
-        varint(vocab.types[i] as u64, &mut p);
-        varint(1 << 3 | 2, &mut m);
-        varint(p.len() as u64, &mut m);
-        m.extend_from_slice(&p);
-    }
-    m
-}
-
-/// Deterministic weights in [-0.5, 0.5).
-struct Weights(u64);
-
-impl Weights {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    }
-}
 
 /// How a base checkpoint is written.
 struct Flavour {
@@ -273,6 +220,7 @@ fn check_conversion(bytes: &[u8], outtype: OutType) -> Result<bool, TestCaseErro
         input_dtype: None,
         tokenizer: None,
         vocab_from: None,
+        chat_template: None,
         overrides: SparkOverrides::default(),
         name: None,
         force: false,

@@ -464,6 +464,84 @@ def test_bad_command_lines(tmp_path, outdir, tiny_arrays, sp_model):
     assert_fails(outdir, [good, out, "--tokenizer", sp_model, "--vocab-from", good], "not both")
 
 
+# ---------------------------------------------------------------- chat template
+
+# Gemma's chat template (as in its tokenizer_config.json) plus non-ASCII text and trailing
+# whitespace, so that any trimming or re-encoding shows.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n'"
+    " + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{'<start_of_turn>model\n'}}{% endif %}\u2581caf\u00e9 \t\n"
+)
+
+
+def chat_template(path):
+    r = gguf.GGUFReader(path)
+    if "tokenizer.chat_template" not in r.fields:
+        return None
+    types, text = field(r, "tokenizer.chat_template")
+    assert types == [VT.STRING]
+    return text
+
+
+def test_chat_template_reads_back_exactly_via_gguf_py(tmp_path, outdir, tiny_arrays):
+    plain = tmp_path / "plain.npz"
+    save_raw(plain, tiny_arrays)
+    jinja = tmp_path / "gemma.jinja"
+    jinja.write_bytes(CHAT_TEMPLATE.encode("utf-8"))
+    # np.savez(chat_template=text) writes a 0-d unicode array; a 1-d uint8 (UTF-8) one also works.
+    uni = tmp_path / "uni.npz"
+    save_raw(uni, dict(tiny_arrays, chat_template=np.array(CHAT_TEMPLATE)))
+    u8 = tmp_path / "u8.npz"
+    save_raw(u8, dict(tiny_arrays, chat_template=np.frombuffer(CHAT_TEMPLATE.encode(), dtype=np.uint8)))
+    run_convert(plain, outdir / "text.gguf", "--chat-template", CHAT_TEMPLATE)
+    run_convert(plain, outdir / "file.gguf", "--chat-template", f"@{jinja}")
+    run_convert(uni, outdir / "uni.gguf")
+    run_convert(u8, outdir / "u8.gguf")
+    run_convert("--synthetic", "tiny", outdir / "syn.gguf", "--chat-template", f"@{jinja}")
+    for n in ["text", "file", "uni", "u8", "syn"]:
+        assert chat_template(outdir / f"{n}.gguf") == CHAT_TEMPLATE, n
+        validate(outdir / f"{n}.gguf")
+    run_convert(plain, outdir / "none.gguf")
+    assert chat_template(outdir / "none.gguf") is None
+
+
+def test_chat_template_precedence_flag_checkpoint_vocab_from(tmp_path, outdir, tiny_arrays):
+    plain, entry = tmp_path / "plain.npz", tmp_path / "entry.npz"
+    save_raw(plain, tiny_arrays)
+    save_raw(entry, dict(tiny_arrays, chat_template=np.array("from the checkpoint")))
+    vocab = tmp_path / "vocab.gguf"
+    run_convert(plain, vocab, "--chat-template", "from vocab-from")
+    run_convert(plain, outdir / "a.gguf", "--vocab-from", vocab)
+    assert chat_template(outdir / "a.gguf") == "from vocab-from"
+    p = run_convert(entry, outdir / "b.gguf", "--vocab-from", vocab)
+    assert chat_template(outdir / "b.gguf") == "from the checkpoint"
+    assert "replaced by the checkpoint's 'chat_template' entry" in p.stderr
+    run_convert(entry, outdir / "c.gguf", "--vocab-from", vocab, "--chat-template", "from the flag")
+    assert chat_template(outdir / "c.gguf") == "from the flag"
+    p = run_convert(entry, outdir / "d.gguf", "--chat-template", "from the flag")
+    assert chat_template(outdir / "d.gguf") == "from the flag"
+    assert "'chat_template' entry is ignored" in p.stderr
+
+
+def test_chat_template_errors(tmp_path, outdir, tiny_arrays):
+    out = outdir / "m.gguf"
+    plain = tmp_path / "plain.npz"
+    save_raw(plain, tiny_arrays)
+    missing = tmp_path / "missing.jinja"
+    assert_fails(outdir, [plain, out, "--chat-template", f"@{missing}"], str(missing), "cannot read")
+    latin1 = tmp_path / "latin1.jinja"
+    latin1.write_bytes("caf\u00e9".encode("latin-1"))
+    assert_fails(outdir, [plain, out, "--chat-template", f"@{latin1}"], str(latin1), "UTF-8")
+    assert_fails(outdir, [plain, out, "--chat-template", ""], "--chat-template is empty")
+    for name, value in [("empty", np.frombuffer(b"", dtype=np.uint8)), ("blank", np.array("  \n")),
+                        ("float", np.zeros(3, np.float32))]:
+        save_raw(tmp_path / f"{name}.npz", dict(tiny_arrays, chat_template=value))
+        assert_fails(outdir, [tmp_path / f"{name}.npz", out], "checkpoint entry 'chat_template'")
+
+
 def test_bad_tokenizer_and_dtype(tmp_path, outdir, tiny_arrays, sp_model):
     out = outdir / "m.gguf"
     no_tok = tmp_path / "notok.npz"
