@@ -79,6 +79,9 @@ extern "C" fn report_at_exit() {
     crate::ffi::guard("SPARK_STATS report", (), || {
         if REPORT_AT_EXIT.swap(false, Ordering::AcqRel) {
             let mut err = std::io::stderr().lock();
+            // a tool may have left a progress line open (llama-perplexity's "ETA ..."): start
+            // the table on a line of its own
+            let _ = writeln!(err);
             for line in stats::process_table() {
                 let _ = writeln!(err, "{line}");
             }

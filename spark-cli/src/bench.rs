@@ -544,7 +544,9 @@ fn model_desc(model: &LlamaModel) -> String {
     format!("{arch} {size}")
 }
 
-/// llama-bench's `backends`: the registered ggml backends other than CPU, or "CPU".
+/// llama-bench's `backends`: the registered ggml backends other than CPU, or "CPU"; as there,
+/// the RPC entry (always registered: the build has ggml's RPC backend) counts only once it has
+/// servers (devices).
 fn backends() -> String {
     let mut names = Vec::new();
     // SAFETY: plain getters of ggml's backend registry; the index is below the count and the
@@ -560,7 +562,8 @@ fn backends() -> String {
                 continue;
             }
             let name = CStr::from_ptr(name).to_string_lossy().into_owned();
-            if name != "CPU" {
+            let unused_rpc = name.starts_with("RPC") && sys::ggml_backend_reg_dev_count(reg) == 0;
+            if name != "CPU" && !unused_rpc {
                 names.push(name);
             }
         }
