@@ -116,7 +116,7 @@ impl AtomicFile {
         }
         let tmp = builder
             .tempfile_in(&dir)
-            .map_err(|e| io("create a temporary file next to", e))?;
+            .map_err(|e| io("create a temporary file beside it", e))?;
         Ok(AtomicFile {
             path: path.to_path_buf(),
             dir,
@@ -250,6 +250,19 @@ mod tests {
         f.commit().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         assert!(!tmp_name.exists());
+    }
+
+    #[test]
+    fn a_missing_directory_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("no-such-dir").join("out.gguf");
+        let err = AtomicFile::create(&path, Existing::Replace).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("out.gguf") && text.contains("cannot create a temporary file beside it"),
+            "{text}"
+        );
+        assert!(text.contains("No such file or directory"), "{text}");
     }
 
     #[test]
