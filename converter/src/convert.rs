@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::layout::SourceDtype;
 use crate::model::{self, OutType};
 use crate::npy::NpyDtype;
-use crate::npz::{ArrayBytes, Npz};
+use crate::npz::{ArrayBytes, Member, Npz};
 use crate::progress::Progress;
 use crate::tokenizer::parse_sentencepiece;
 
@@ -143,21 +143,25 @@ fn text_entry(npz: &Npz, name: &str, what: &str) -> Result<Option<String>> {
     let Some(m) = npz.member(name) else {
         return Ok(None);
     };
-    let unicode = match (m.header.dtype, m.header.shape.len()) {
-        (NpyDtype::Unicode(_), 0) => true,
-        (NpyDtype::U8, 1) => false,
-        (dt, _) => {
-            return Err(Error::entry(
-                name,
-                format!(
-                    "must be a 0-d unicode or 1-d uint8 array ({what}), not {} with shape {:?}",
-                    dt.describe(),
-                    m.header.shape
-                ),
-            ))
-        }
-    };
+    let unicode = text_kind(name, m, &format!(" ({what})"))?;
     entry_text(name, &npz.data(m)?, unicode).map(Some)
+}
+
+/// Whether a text entry is 0-d unicode (true) or 1-d uint8 (false); anything else is an error
+/// naming the entry (`detail` is put after "array" in the message).
+fn text_kind(name: &str, m: &Member, detail: &str) -> Result<bool> {
+    match (m.header.dtype, m.header.shape.len()) {
+        (NpyDtype::Unicode(_), 0) => Ok(true),
+        (NpyDtype::U8, 1) => Ok(false),
+        (dt, _) => Err(Error::entry(
+            name,
+            format!(
+                "must be a 0-d unicode or 1-d uint8 array{detail}, not {} with shape {:?}",
+                dt.describe(),
+                m.header.shape
+            ),
+        )),
+    }
 }
 
 /// The chat template to write and where it comes from: `--chat-template`, else the checkpoint's
@@ -191,20 +195,7 @@ fn read_config(npz: &Npz) -> Result<ModelConfig> {
             "is missing (a 0-d unicode or 1-d uint8 array holding the config JSON)",
         )
     })?;
-    let unicode = match (m.header.dtype, m.header.shape.len()) {
-        (NpyDtype::Unicode(_), 0) => true,
-        (NpyDtype::U8, 1) => false,
-        (dt, _) => {
-            return Err(Error::entry(
-                CONFIG_ENTRY,
-                format!(
-                    "must be a 0-d unicode or 1-d uint8 array, not {} with shape {:?}",
-                    dt.describe(),
-                    m.header.shape
-                ),
-            ))
-        }
-    };
+    let unicode = text_kind(CONFIG_ENTRY, m, "")?;
     let bytes = npz.data(m)?;
     ModelConfig::parse(&config_text(&bytes, unicode)?)
 }
