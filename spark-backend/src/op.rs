@@ -168,7 +168,8 @@ fn panicked(ith: usize, nth: usize, payload: &(dyn std::any::Any + Send)) -> Str
 }
 
 /// Prints one failure line (rate-limited for the whole process); a failed write is ignored.
-fn report(op: &str, layer: Option<i32>, reason: &str) {
+/// The CPU entry protocol and the CUDA launchers (`crate::cuda`) report through this one function.
+pub(crate) fn report(op: &str, layer: Option<i32>, reason: &str) {
     static PRINTED: AtomicUsize = AtomicUsize::new(0);
     let layer = layer.map_or_else(|| "?".to_owned(), |l| l.to_string());
     let line = format!("spark-backend: {op}: layer {layer}: {reason}; output set to NaN");
