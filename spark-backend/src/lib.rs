@@ -6,9 +6,13 @@
 //! to 512 tokens, `spark_ffn_up` + `spark_ffn_down` above) and `spark_attn` by name and runs them
 //! as ggml custom ops (`ggml_custom_4d`) from ggml's own worker threads. See
 //! `docs/INTERFACES.md`.
+//!
+//! With the `cuda` feature and a ggml-cuda carrying the custom-op hook (patch 0008), the same
+//! ops also run on the GPU through CUDA launchers ([`cuda`]).
 
 pub mod attention;
 pub mod attn_op;
+pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod ffn;

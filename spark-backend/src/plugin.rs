@@ -68,7 +68,10 @@ pub extern "C" fn ggml_backend_init() -> sys::ggml_backend_reg_t {
         if stats_requested() {
             REPORT_AT_EXIT.store(true, Ordering::Release);
         }
-        registry::reg()
+        let reg = registry::reg();
+        // GPU launchers for the Spark ops when the host has ggml-cuda with the hook.
+        crate::cuda::register_launchers();
+        reg
     })
 }
 

@@ -181,6 +181,8 @@ pub fn register() {
         // program; ggml_backend_register only stores the pointer and queries the entry.
         unsafe { sys::ggml_backend_register(reg()) };
         REGISTERED.store(true, Ordering::Release);
+        // GPU launchers for the Spark ops when this process has ggml-cuda with the hook.
+        crate::cuda::register_launchers();
     });
 }
 

@@ -1,0 +1,257 @@
+// Spark FFN kernels (SPEC.md section 4, docs/INTERFACES.md "CUDA launchers"), launched by
+// spark-backend/src/cuda/ffn.rs on ggml-cuda's stream. Deterministic: every output value is
+// computed by one thread in a fixed order; reductions use fixed trees; no float atomics.
+#include "common.cuh"
+
+#define SPARK_THRESHOLD_THREADS 256
+
+// Per token t (one block each): the statistical top-k threshold of s[t*F .. t*F + F) (SPEC 1:
+// mean and unbiased std over the finite scores, in f64, shifted by the first finite score as
+// spark-backend's topk::mean_std), rounded down to f32 like topk::threshold, and the number of
+// kept neurons (nonzero activation, as ffn::activation). `q` = Q(1 - k/F) from the host.
+// dense != 0 (k >= F): theta is not used; kept counts gelu(s) != 0.
+extern "C" __global__ void __launch_bounds__(SPARK_THRESHOLD_THREADS)
+spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, u32 * kept) {
+    __shared__ double red1[SPARK_THRESHOLD_THREADS / 32];
+    __shared__ double red2[SPARK_THRESHOLD_THREADS / 32];
+    __shared__ int redi[SPARK_THRESHOLD_THREADS / 32];
+    __shared__ float th;
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int nw = SPARK_THRESHOLD_THREADS / 32;
+    const float * x = s + (i64)t * F;
+
+    if (!dense) {
+        // 1. the first finite score (the shift)
+        int first = F;
+        for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) {
+            if (isfinite(x[j])) { first = j; break; }
+        }
+        for (int m = 16; m > 0; m >>= 1) first = min(first, __shfl_xor_sync(SPARK_FULL_MASK, first, m));
+        if (lane == 0) redi[warp] = first;
+        __syncthreads();
+        first = F;
+        for (int w = 0; w < nw; ++w) first = min(first, redi[w]);
+        if (first == F) {
+            if (tid == 0) { theta[t] = __int_as_float(0x7f800000); kept[t] = 0; }
+            return; // no finite score: nothing kept (uniform across the block)
+        }
+        const double shift = (double)x[first];
+        // 2. shifted sums and count over the finite scores, fixed order: thread-strided, warp
+        //    butterfly, then the warps in order (thread 0)
+        double s1 = 0.0, s2 = 0.0;
+        int cnt = 0;
+        for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) {
+            const float v = x[j];
+            if (isfinite(v)) {
+                const double d = (double)v - shift;
+                s1 += d;
+                s2 += d * d;
+                cnt += 1;
+            }
+        }
+        s1 = spark_warp_sum_f64(s1);
+        s2 = spark_warp_sum_f64(s2);
+        for (int m = 16; m > 0; m >>= 1) cnt += __shfl_xor_sync(SPARK_FULL_MASK, cnt, m);
+        __syncthreads(); // redi (step 1) is read by every thread before it is reused
+        if (lane == 0) { red1[warp] = s1; red2[warp] = s2; redi[warp] = cnt; }
+        __syncthreads();
+        if (tid == 0) {
+            double t1 = 0.0, t2 = 0.0;
+            int total = 0;
+            for (int w = 0; w < nw; ++w) { t1 += red1[w]; t2 += red2[w]; total += redi[w]; }
+            const double nf = (double)total;
+            const double mean_shifted = t1 / nf;
+            double var = 0.0;
+            if (total >= 2) var = fmax((t2 - t1 * mean_shifted) / (nf - 1.0), 0.0);
+            const double sd = sqrt(var);
+            const double mean = shift + mean_shifted;
+            // theta rounded down to f32: v > theta_f32 exactly when v > theta (topk::threshold)
+            th = __double2float_rd(sd == 0.0 ? mean : mean + sd * q);
+            theta[t] = th;
+        }
+        __syncthreads();
+    }
+    // 3. kept neurons
+    const float thv = dense ? 0.0f : th;
+    u32 c = 0;
+    for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) {
+        const float v = x[j];
+        float a;
+        if (dense) a = spark_gelu_tanh(v);
+        else a = v > thv ? spark_gelu_tanh(v - thv) : 0.0f;
+        c += a != 0.0f ? 1u : 0u;
+    }
+    for (int m = 16; m > 0; m >>= 1) c += __shfl_xor_sync(SPARK_FULL_MASK, c, m);
+    __syncthreads(); // thread 0 has read redi above
+    if (lane == 0) redi[warp] = (int)c;
+    __syncthreads();
+    if (tid == 0) {
+        u32 total = 0;
+        for (int w = 0; w < nw; ++w) total += (u32)redi[w];
+        kept[t] = total;
+        if (dense) theta[t] = -__int_as_float(0x7f800000);
+    }
+}
+
+#define SPARK_UP_WARPS 8
+
+// u[j*T + t] = gelu(s_tj - theta_t) * (K2_j . h_t[r_f:]) for active (j, t), else exactly 0
+// (dense: gelu(s_tj) * dot for every j; zero activations give 0). One warp per neuron j: the
+// lanes test 32 tokens' scores at once and the warp computes the dots of the active ones, so
+// K2_j is read once per ubatch (from L1/L2 after the first token). grid: ceil(F / 8), block 256.
+extern "C" __global__ void __launch_bounds__(SPARK_UP_WARPS * 32)
+spark_ffn_up(const float * s, int F, int T, const float * theta, int dense,
+             const u8 * h, i64 h_stride, int r_f, const u8 * k2, i64 k2_stride, int k2_type, int d2,
+             float * u) {
+    const int lane = threadIdx.x % 32;
+    const int j = blockIdx.x * SPARK_UP_WARPS + threadIdx.x / 32;
+    if (j >= F) return; // warp-uniform
+    const u8 * row = k2 + (i64)j * k2_stride;
+    for (int t0 = 0; t0 < T; t0 += 32) {
+        const int t = t0 + lane;
+        float a = 0.0f;
+        if (t < T) {
+            const float v = s[(i64)t * F + j];
+            if (dense) a = spark_gelu_tanh(v);
+            else {
+                const float th = theta[t];
+                a = v > th ? spark_gelu_tanh(v - th) : 0.0f;
+            }
+        }
+        u32 active = __ballot_sync(SPARK_FULL_MASK, a != 0.0f);
+        float val = 0.0f;
+        while (active) {
+            const int b = __ffs(active) - 1;
+            active &= active - 1;
+            const float * x = (const float *)(h + (i64)(t0 + b) * h_stride) + r_f;
+            const float dot = spark_row_dot(row, k2_type, x, d2, lane);
+            if (lane == b) val = a * dot;
+        }
+        if (t < T) u[(i64)j * T + t] = val;
+    }
+}
+
+#define SPARK_COMPACT_THREADS 256
+
+// For token t (blockIdx.y) and chunk c (blockIdx.x) = neurons [c*F/P, (c+1)*F/P): the neurons
+// with u[j*T + t] != 0 in increasing order, at idx[t*F + c*F/P ..], their number at
+// count[t*P + c]. Each thread scans a contiguous range; offsets by an exclusive scan in shared
+// memory (deterministic). block 256.
+extern "C" __global__ void __launch_bounds__(SPARK_COMPACT_THREADS)
+spark_ffn_compact(const float * u, int F, int T, int P, u32 * idx, u32 * count) {
+    __shared__ u32 scan[SPARK_COMPACT_THREADS];
+    const int c = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const int lo = (int)((i64)c * F / P), hi = (int)((i64)(c + 1) * F / P);
+    const int len = hi - lo;
+    const int per = (len + SPARK_COMPACT_THREADS - 1) / SPARK_COMPACT_THREADS;
+    const int a = min(lo + tid * per, hi), b = min(a + per, hi);
+    u32 mine = 0;
+    for (int j = a; j < b; ++j) mine += u[(i64)j * T + t] != 0.0f ? 1u : 0u;
+    scan[tid] = mine;
+    __syncthreads();
+    for (int off = 1; off < SPARK_COMPACT_THREADS; off <<= 1) {
+        const u32 add = tid >= off ? scan[tid - off] : 0u;
+        __syncthreads();
+        scan[tid] += add;
+        __syncthreads();
+    }
+    u32 pos = scan[tid] - mine; // exclusive
+    u32 * out = idx + (i64)t * F + lo;
+    for (int j = a; j < b; ++j) {
+        if (u[(i64)j * T + t] != 0.0f) out[pos++] = (u32)j;
+    }
+    if (tid == SPARK_COMPACT_THREADS - 1) count[(i64)t * P + c] = scan[tid];
+}
+
+#define SPARK_SPARSE_THREADS 256
+
+// Fused path, few tokens: partial[(c*T + t)*D + d] = sum over the compacted neurons j of chunk c
+// for token t, in increasing order, of u[j*T + t] * V_j[d] (one thread per output value).
+// grid: (ceil(D / 256), T, P), block 256.
+extern "C" __global__ void __launch_bounds__(SPARK_SPARSE_THREADS)
+spark_ffn_v_sparse(const float * u, int F, int T, int P, const u32 * idx, const u32 * count,
+                   const u8 * v, i64 v_stride, int v_type, int D, float * out) {
+    const int d = blockIdx.x * SPARK_SPARSE_THREADS + threadIdx.x;
+    const int t = blockIdx.y, c = blockIdx.z;
+    if (d >= D) return;
+    const int lo = (int)((i64)c * F / P);
+    const u32 n = count[(i64)t * P + c];
+    const u32 * list = idx + (i64)t * F + lo;
+    float acc = 0.0f;
+    for (u32 e = 0; e < n; ++e) {
+        const int j = (int)list[e];
+        acc = fmaf(u[(i64)j * T + t], spark_load(v + (i64)j * v_stride, v_type, d), acc);
+    }
+    out[((i64)c * T + t) * D + d] = acc;
+}
+
+#define SPARK_TILE_T 32
+#define SPARK_TILE_D 64
+#define SPARK_TILE_J 32
+
+// Many tokens: out[c*plane + t*out_row + d] = sum over neurons j of chunk c ([c*F/P, (c+1)*F/P);
+// P = 1 for spark_ffn_down) in increasing order with u[j*T + t] != 0 of u * V_j[d]. A block
+// computes 32 tokens x 64 columns; it stages 32 neurons' u (32 x 32) and V values (32 x 64,
+// dequantized once) in shared memory per step and skips V rows that no token of the tile uses.
+// Same products in the same order as spark_ffn_v_sparse, so a token's result does not depend
+// on the path or on the other tokens. grid: (ceil(D / 64), ceil(T / 32), P), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+spark_ffn_v_tiled(const float * u, int F, int T, int P, const u8 * v, i64 v_stride, int v_type,
+                  int D, float * out, i64 out_row, i64 plane) {
+    __shared__ float us[SPARK_TILE_J][SPARK_TILE_T + 1];
+    __shared__ float vs[SPARK_TILE_J][SPARK_TILE_D];
+    __shared__ int used[SPARK_TILE_J];
+    const int tid = threadIdx.x, tt = tid % 32, cg = tid / 32;
+    const int d0 = blockIdx.x * SPARK_TILE_D, t0 = blockIdx.y * SPARK_TILE_T, c = blockIdx.z;
+    const int lo = (int)((i64)c * F / P), hi = (int)((i64)(c + 1) * F / P);
+    float acc[8];
+    for (int q = 0; q < 8; ++q) acc[q] = 0.0f;
+    for (int jb = lo; jb < hi; jb += SPARK_TILE_J) {
+        // u tile: thread (tt, cg) loads neurons cg*4 .. cg*4+3 of token t0 + tt
+        int any = 0;
+        for (int r = 0; r < 4; ++r) {
+            const int n = cg * 4 + r, j = jb + n, t = t0 + tt;
+            const float val = (j < hi && t < T) ? u[(i64)j * T + t] : 0.0f;
+            us[n][tt] = val;
+            any |= val != 0.0f;
+        }
+        if (!__syncthreads_or(any)) continue;
+        if (tid < SPARK_TILE_J) {
+            int w = 0;
+            for (int k = 0; k < SPARK_TILE_T; ++k) w |= us[tid][k] != 0.0f;
+            used[tid] = w;
+        }
+        __syncthreads();
+        for (int e = tid; e < SPARK_TILE_J * SPARK_TILE_D; e += 256) {
+            const int n = e / SPARK_TILE_D, col = e % SPARK_TILE_D, d = d0 + col;
+            vs[n][col] = (used[n] && d < D) ? spark_load(v + (i64)(jb + n) * v_stride, v_type, d) : 0.0f;
+        }
+        __syncthreads();
+        for (int n = 0; n < SPARK_TILE_J; ++n) {
+            const float uv = us[n][tt];
+            if (uv != 0.0f) {
+                for (int q = 0; q < 8; ++q) acc[q] = fmaf(uv, vs[n][cg * 8 + q], acc[q]);
+            }
+        }
+        __syncthreads();
+    }
+    const int t = t0 + tt;
+    if (t >= T) return;
+    float * o = out + (i64)c * plane + (i64)t * out_row;
+    for (int q = 0; q < 8; ++q) {
+        const int d = d0 + cg * 8 + q;
+        if (d < D) o[d] = acc[q];
+    }
+}
+
+// out[t*out_row + d] = partial[0][t][d] + partial[1][t][d] + ... in chunk order.
+// grid: ceil(D*T / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+spark_ffn_sum(const float * partial, int D, int T, int P, float * out, i64 out_row) {
+    const i64 i = (i64)blockIdx.x * 256 + threadIdx.x;
+    const i64 len = (i64)D * T;
+    if (i >= len) return;
+    float acc = partial[i];
+    for (int c = 1; c < P; ++c) acc += partial[(i64)c * len + i];
+    out[(i / D) * out_row + i % D] = acc;
+}
