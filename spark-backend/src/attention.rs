@@ -73,6 +73,29 @@ impl SparseAttention {
         tally
     }
 
+    /// Computes the output rows of every work unit `units` yields (indices below
+    /// [`n_units`](Self::n_units); others are skipped), each as [`run`](Self::run) computes it,
+    /// and adds the counts to `crate::stats`. The `spark_attn` op runs this over the units a
+    /// thread claims.
+    ///
+    /// # Safety
+    /// As for [`run`](Self::run), and no other thread computes the same units meanwhile.
+    pub unsafe fn run_units(&self, units: &mut dyn Iterator<Item = usize>) -> Tally {
+        // SAFETY: forwarded contract.
+        let tally = unsafe { kernel::run_units(&self.layout, units, None) };
+        crate::stats::record_attn(self.layout.layer, tally.kept, tally.queries);
+        tally
+    }
+
+    /// Writes `value` into the dst rows of work unit `u` (used to make a failed unit visible).
+    ///
+    /// # Safety
+    /// As for [`run_units`](Self::run_units), for unit `u`.
+    pub unsafe fn fill_unit(&self, u: usize, value: f32) {
+        // SAFETY: forwarded contract.
+        unsafe { kernel::fill_unit(&self.layout, u, value) }
+    }
+
     /// Writes `value` into the dst rows that thread `ith` of `nth` computes in [`run`](Self::run)
     /// (used to make a failed share visible).
     ///

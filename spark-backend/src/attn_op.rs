@@ -6,11 +6,13 @@
 //! outlives the graph. ggml's worker threads each call it with their `ith` of `nth`.
 //!
 //! It enters through [`crate::op::enter`] like every Spark op (one message format, NaN on
-//! failure). Thread `ith` owns the output rows of work units `ith, ith + nth, ...`
-//! ([`SparseAttention::fill_owned_rows`]).
+//! failure). Its chunks are the kernel's work units ([`SparseAttention::n_units`]: (stream,
+//! token block, KV group or single query head)), which the threads of a call take from a shared
+//! counter; a thread owns the output rows of the units it claimed
+//! ([`SparseAttention::fill_unit`]).
 
 use crate::attention::SparseAttention;
-use crate::op::SparkOp;
+use crate::op::{Claims, SparkOp};
 use crate::params::AttnParams;
 use crate::tensor::TensorView;
 use crate::KernelError;
@@ -39,16 +41,20 @@ impl SparkOp for SparseAttention {
         unsafe { prepare(dst, userdata) }
     }
 
-    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
-        // SAFETY: the op was validated against dst's sources; ggml gives each thread its own
-        // ith and runs no other node on dst concurrently.
-        unsafe { SparseAttention::run(self, ith, nth) };
+    fn n_chunks(&self) -> usize {
+        self.n_units()
+    }
+
+    unsafe fn run(&self, _ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
+        // SAFETY: the op was validated against dst's sources; the counter gives each unit to
+        // one thread, and ggml runs no other node on dst concurrently.
+        unsafe { self.run_units(claims) };
         Ok(())
     }
 
-    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
-        // SAFETY: as for run; the rows written are those this thread owns.
-        unsafe { self.fill_owned_rows(ith, nth, value) };
+    unsafe fn fill_chunk(&self, c: usize, value: f32) {
+        // SAFETY: as for run; unit c was claimed by this thread.
+        unsafe { self.fill_unit(c, value) };
     }
 }
 

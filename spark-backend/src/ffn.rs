@@ -147,6 +147,8 @@ pub struct Scratch {
     tokens: Vec<(u32, f32)>,
     spans: Vec<u32>,
     row: Vec<f32>,
+    /// The token count `active`/`tokens`/`spans` were listed for by [`down_prepare`].
+    down_tokens: Option<usize>,
 }
 
 impl Scratch {
@@ -159,6 +161,7 @@ impl Scratch {
     /// neurons among `neurons` into `active`, in increasing order, each with `(t, activation)`
     /// at the same index of `tokens`.
     fn list_active_token(&mut self, scores: &[f32], f: usize, t: usize, neurons: Range<usize>) {
+        self.down_tokens = None;
         let theta = self.thetas[t];
         let row = &scores[t * f..(t + 1) * f];
         self.active.clear();
@@ -173,8 +176,30 @@ impl Scratch {
 }
 
 /// Stage 2 for neurons `neurons` of every token: writes `u[(j - neurons.start) * n_tokens + t]`
-/// and returns how many (neuron, token) pairs are active in the range.
+/// and returns how many (neuron, token) pairs are active in the range
+/// ([`up_prepare`], then [`up_block`]).
 pub fn up_range(
+    inputs: &UpInputs<'_>,
+    neurons: Range<usize>,
+    u: &mut [f32],
+    scratch: &mut Scratch,
+) -> Result<u64, KernelError> {
+    up_prepare(inputs, scratch)?;
+    up_block(inputs, neurons, u, scratch)
+}
+
+/// The per-call part of stage 2, shared by every neuron block a thread computes: each token's
+/// threshold and `h[r_f..D]` prepared for K2's row type, into `scratch`.
+pub fn up_prepare(inputs: &UpInputs<'_>, scratch: &mut Scratch) -> Result<(), KernelError> {
+    let (f, n_tokens) = (inputs.k2.n_rows(), inputs.batch.n_tokens);
+    check_len("scores", inputs.scores.len(), n_tokens * f)?;
+    prepare_tokens(inputs, scratch)
+}
+
+/// Stage 2 for neurons `neurons`, after [`up_prepare`] with the same `inputs` and `scratch`:
+/// as [`up_range`]. Each value depends on its neuron and token only, so any cut of `0..F` into
+/// blocks gives the same `u` bit for bit.
+pub fn up_block(
     inputs: &UpInputs<'_>,
     neurons: Range<usize>,
     u: &mut [f32],
@@ -189,7 +214,12 @@ pub fn up_range(
             "neuron range {neurons:?} beyond F = {f}"
         )));
     }
-    prepare_tokens(inputs, scratch)?;
+    if scratch.thetas.len() != n_tokens || scratch.acts.len() < n_tokens {
+        return Err(KernelError::Shape(
+            "stage 2 block before its per-call preparation".into(),
+        ));
+    }
+    let u = &mut u[..neurons.len() * n_tokens];
     u.fill(0.0);
     let mut kept = 0u64;
     if n_tokens == 1 {
@@ -236,7 +266,8 @@ fn prepare_tokens(inputs: &UpInputs<'_>, scratch: &mut Scratch) -> Result<(), Ke
 
 /// Stage 3 for output dimensions `dims` (block-aligned for V's type): for every token `t`,
 /// `out[t] = sum_j u[j * n_tokens + t] * V_j[dims]` over neurons in increasing order, skipping
-/// exact zeros. `out` holds one slice of `dims.len()` values per token.
+/// exact zeros. `out` holds one slice of `dims.len()` values per token ([`down_prepare`], then
+/// [`down_cols`]).
 pub fn down_range(
     u: &[f32],
     v: &RowMatrix<'_>,
@@ -244,32 +275,30 @@ pub fn down_range(
     out: &mut [&mut [f32]],
     scratch: &mut Scratch,
 ) -> Result<(), KernelError> {
-    let n_tokens = out.len();
-    let f = v.n_rows();
-    let w = dims.len();
+    down_prepare(u, v.n_rows(), out.len(), scratch)?;
+    down_cols(v, dims, out, scratch)
+}
+
+/// The per-call part of stage 3, shared by every column block a thread computes: the union of
+/// the batch's active neurons (`u`: F rows of `n_tokens`) with their tokens, into `scratch`.
+pub fn down_prepare(
+    u: &[f32],
+    f: usize,
+    n_tokens: usize,
+    scratch: &mut Scratch,
+) -> Result<(), KernelError> {
     check_len("u", u.len(), f * n_tokens)?;
-    let be = v.ty().block_elems();
-    if !dims.start.is_multiple_of(be) || !dims.end.is_multiple_of(be) || dims.end > v.n_cols() {
-        return Err(KernelError::Shape(format!(
-            "output range {dims:?} not {}-aligned within D = {}",
-            v.ty().name(),
-            v.n_cols()
-        )));
-    }
-    for o in out.iter_mut() {
-        check_len("output row", o.len(), w)?;
-        o[..w].fill(0.0);
-    }
-    if w == 0 {
-        return Ok(());
-    }
     // The union of the batch's active neurons in increasing order, each with its tokens:
     // neuron active[i] applies to tokens[spans[i]..spans[i + 1]].
     scratch.active.clear();
     scratch.tokens.clear();
     scratch.spans.clear();
     scratch.spans.push(0);
-    for (j, uj) in u.chunks_exact(n_tokens.max(1)).enumerate().take(f) {
+    scratch.down_tokens = Some(n_tokens);
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    for (j, uj) in u.chunks_exact(n_tokens).enumerate().take(f) {
         let before = scratch.tokens.len();
         scratch.tokens.extend(
             uj.iter()
@@ -281,6 +310,45 @@ pub fn down_range(
             scratch.active.push(j as u32);
             scratch.spans.push(scratch.tokens.len() as u32);
         }
+    }
+    Ok(())
+}
+
+/// Stage 3 for output dimensions `dims`, after [`down_prepare`] with the same `u` and
+/// `scratch`: as [`down_range`]. Every element is summed over the neurons in increasing order
+/// whatever the column block, so any cut of `0..D` gives the same output bit for bit.
+pub fn down_cols(
+    v: &RowMatrix<'_>,
+    dims: Range<usize>,
+    out: &mut [&mut [f32]],
+    scratch: &mut Scratch,
+) -> Result<(), KernelError> {
+    let n_tokens = out.len();
+    let w = dims.len();
+    let be = v.ty().block_elems();
+    if !dims.start.is_multiple_of(be) || !dims.end.is_multiple_of(be) || dims.end > v.n_cols() {
+        return Err(KernelError::Shape(format!(
+            "output range {dims:?} not {}-aligned within D = {}",
+            v.ty().name(),
+            v.n_cols()
+        )));
+    }
+    if scratch.down_tokens != Some(n_tokens)
+        || scratch
+            .active
+            .last()
+            .is_some_and(|&j| j as usize >= v.n_rows())
+    {
+        return Err(KernelError::Shape(
+            "stage 3 columns before their per-call preparation".into(),
+        ));
+    }
+    for o in out.iter_mut() {
+        check_len("output row", o.len(), w)?;
+        o[..w].fill(0.0);
+    }
+    if w == 0 {
+        return Ok(());
     }
     // Sub-tiles of the output columns keep a batch's output rows cache-resident; every element
     // is still summed by this thread alone in neuron order, so tiling never changes a result.

@@ -3,14 +3,16 @@
 //! the fused path `spark_ffn_fused` + `spark_ffn_sum` the graph takes for small batches.
 //!
 //! Every op enters through [`crate::op::enter`] (one protocol for all Spark ops: checks, one
-//! message format, NaN on failure). Each op's share of the output is a fixed function of
-//! `(ith, nth)` and the shapes, defined once below and used both to compute and to NaN-fill:
-//! up: a neuron range (rows of `u`); down: a column range of every token row; fused: chunks
-//! `ith, ith + nth, ...` (whole partial planes); sum: an element range. Results do not depend on
-//! `nth`.
+//! message format, NaN on failure). Each op cuts its output into fixed work chunks (a function
+//! of the shapes only, defined once below and used both to compute and to NaN-fill), and the
+//! threads of a call take them from a shared counter (`crate::op::Claims`): up, blocks of
+//! [`UP_BLOCK`] neurons (rows of `u`); down, blocks of about [`DOWN_COLS`] columns of every
+//! token row; fused, one chunk's partial for up to `ffn::fused::UNIT_TOKENS` tokens; sum,
+//! blocks of elements ([`sum_block`]). Each element is computed by one thread in an order that
+//! does not depend on the block, so results do not depend on `nth` or on the schedule.
 
 use crate::ffn::{self, fused::FusedInputs, Batch, Scratch, UpInputs};
-use crate::op::SparkOp;
+use crate::op::{Claims, SparkOp};
 use crate::params::FfnParams;
 use crate::rows::{RowMatrix, RowType};
 use crate::stats;
@@ -24,6 +26,20 @@ use std::ops::Range;
 /// Output-dimension ranges of `spark_ffn_down` and `spark_ffn_sum` are multiples of this many
 /// elements (and, for down, of the weight type's block size), so SIMD loops run on whole vectors.
 const DIM_ALIGN: usize = 16;
+
+/// Neurons per work chunk of `spark_ffn_up` (108 chunks at F = 13824; the op runs for ubatches
+/// of more than 512 tokens, so a chunk is at least ~60 K gated dot products).
+pub const UP_BLOCK: usize = 128;
+
+/// Columns per work chunk of `spark_ffn_down`, before rounding up to the alignment (9 chunks
+/// at D = 2304; the op runs for ubatches of more than 512 tokens).
+pub const DOWN_COLS: usize = 256;
+
+/// Elements per work chunk of `spark_ffn_sum` for `len` output elements: 256 at a decode step
+/// (9 chunks at D = 2304), more for a batch (at most ~64 chunks), a multiple of 16.
+pub fn sum_block(len: usize) -> usize {
+    len.div_ceil(64).next_multiple_of(DIM_ALIGN).max(256)
+}
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
@@ -268,16 +284,17 @@ impl<'a> StageInputs<'a> {
     }
 }
 
-/// `spark_ffn_up`, checked. Thread `ith` owns the rows of `u` (one per neuron, `n_tokens`
-/// values each) of neuron range `split_range(F, nth, ith, 1)`.
+/// `spark_ffn_up`, checked. Chunk `c` is the rows of `u` (one per neuron, `n_tokens` values
+/// each) of neurons `c * UP_BLOCK .. (c + 1) * UP_BLOCK` (the last one shorter).
 pub(crate) struct Up<'a> {
     inputs: StageInputs<'a>,
     u: *mut f32,
 }
 
 impl Up<'_> {
-    fn share(&self, ith: usize, nth: usize) -> Range<usize> {
-        ffn::split_range(self.inputs.f(), nth, ith, 1)
+    fn block(&self, c: usize) -> Range<usize> {
+        let f = self.inputs.f();
+        (c * UP_BLOCK).min(f)..((c + 1) * UP_BLOCK).min(f)
     }
 
     /// Rows `neurons` of `u`. The slice points into ggml's dst, not into `self`.
@@ -319,24 +336,39 @@ impl SparkOp for Up<'_> {
         })
     }
 
-    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
-        let neurons = self.share(ith, nth);
-        // SAFETY: this thread's share (SparkOp contract).
-        let u = unsafe { self.rows(&neurons) };
-        let kept = SCRATCH
-            .with(|sc| ffn::up_range(&self.inputs.up(), neurons, u, &mut sc.borrow_mut()))?;
+    fn n_chunks(&self) -> usize {
+        self.inputs.f().div_ceil(UP_BLOCK)
+    }
+
+    unsafe fn run(&self, ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
+        let up = self.inputs.up();
+        let kept = SCRATCH.with(|sc| {
+            let sc = &mut sc.borrow_mut();
+            let mut kept = 0;
+            for (i, c) in claims.enumerate() {
+                if i == 0 {
+                    ffn::up_prepare(&up, sc)?;
+                }
+                let neurons = self.block(c);
+                // SAFETY: chunk c was claimed by this thread (SparkOp contract).
+                let u = unsafe { self.rows(&neurons) };
+                kept += ffn::up_block(&up, neurons, u, sc)?;
+            }
+            Ok::<_, KernelError>(kept)
+        })?;
         self.inputs.record(ith, kept);
         Ok(())
     }
 
-    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
-        // SAFETY: this thread's share (SparkOp contract).
-        unsafe { self.rows(&self.share(ith, nth)) }.fill(value);
+    unsafe fn fill_chunk(&self, c: usize, value: f32) {
+        // SAFETY: the caller claimed chunk c (SparkOp contract).
+        unsafe { self.rows(&self.block(c)) }.fill(value);
     }
 }
 
-/// `spark_ffn_down`, checked. Thread `ith` owns columns `split_range(D, nth, ith, align)` of
-/// every token row of dst (`align` = lcm of 16 and V's block size).
+/// `spark_ffn_down`, checked. Chunk `c` is columns `c * w .. (c + 1) * w` of every token row of
+/// dst, `w` = [`DOWN_COLS`] rounded up to a multiple of lcm(16, V's block size) (the last one
+/// shorter).
 pub(crate) struct Down<'a> {
     u: &'a [f32],
     v: RowMatrix<'a>,
@@ -346,9 +378,13 @@ pub(crate) struct Down<'a> {
 }
 
 impl Down<'_> {
-    fn share(&self, ith: usize, nth: usize) -> Range<usize> {
-        let align = lcm(DIM_ALIGN, self.v.ty().block_elems());
-        ffn::split_range(self.v.n_cols(), nth, ith, align)
+    fn width(&self) -> usize {
+        DOWN_COLS.next_multiple_of(lcm(DIM_ALIGN, self.v.ty().block_elems()))
+    }
+
+    fn block(&self, c: usize) -> Range<usize> {
+        let (d, w) = (self.v.n_cols(), self.width());
+        (c * w).min(d)..((c + 1) * w).min(d)
     }
 
     /// Columns `dims` of every token row of dst (slices into ggml's dst, not into `self`).
@@ -400,44 +436,59 @@ impl SparkOp for Down<'_> {
         })
     }
 
-    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
-        let dims = self.share(ith, nth);
-        // SAFETY: this thread's share (SparkOp contract).
-        let mut rows = unsafe { self.rows(&dims) };
-        SCRATCH.with(|sc| ffn::down_range(self.u, &self.v, dims, &mut rows, &mut sc.borrow_mut()))
+    fn n_chunks(&self) -> usize {
+        self.v.n_cols().div_ceil(self.width())
     }
 
-    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
-        // SAFETY: this thread's share (SparkOp contract).
-        for row in unsafe { self.rows(&self.share(ith, nth)) } {
+    unsafe fn run(&self, _ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
+        SCRATCH.with(|sc| {
+            let sc = &mut sc.borrow_mut();
+            for (i, c) in claims.enumerate() {
+                if i == 0 {
+                    ffn::down_prepare(self.u, self.v.n_rows(), self.n_tokens, sc)?;
+                }
+                let dims = self.block(c);
+                // SAFETY: chunk c was claimed by this thread (SparkOp contract).
+                let mut rows = unsafe { self.rows(&dims) };
+                ffn::down_cols(&self.v, dims, &mut rows, sc)?;
+            }
+            Ok(())
+        })
+    }
+
+    unsafe fn fill_chunk(&self, c: usize, value: f32) {
+        // SAFETY: the caller claimed chunk c (SparkOp contract).
+        for row in unsafe { self.rows(&self.block(c)) } {
             row.fill(value);
         }
     }
 }
 
-/// `spark_ffn_fused`, checked. Thread `ith` owns the partial planes (`D x n_tokens` values
-/// each) of chunks `ith, ith + nth, ...`.
+/// `spark_ffn_fused`, checked. Work chunk `u` (of `ffn::fused::n_units`) is the rows of neuron
+/// chunk `c`'s partial plane for tokens `t0..t1`, `(c, t0..t1) = ffn::fused::unit_bounds(u)`.
 pub(crate) struct Fused<'a> {
     inputs: StageInputs<'a>,
     v: RowMatrix<'a>,
-    n_chunks: usize,
+    /// P, the neuron chunks (partial planes).
+    p: usize,
     out: *mut f32,
 }
 
 impl Fused<'_> {
-    fn share(&self, ith: usize, nth: usize) -> impl Iterator<Item = usize> {
-        (ith..self.n_chunks).step_by(nth)
-    }
-
-    /// Partial plane `c` (a slice into ggml's dst, not into `self`).
+    /// Work unit `u`'s neuron chunk, its tokens and its rows of the chunk's partial plane (a
+    /// slice into ggml's dst, not into `self`).
     ///
     /// # Safety
-    /// The caller owns chunk `c` and drops the slice before the op call returns.
-    unsafe fn partial<'s>(&self, c: usize) -> &'s mut [f32] {
-        let len = self.v.n_cols() * self.inputs.batch.n_tokens;
-        // SAFETY: plane c (len contiguous f32) lies inside dst (shape and strides checked in
-        // prepare); the caller owns it.
-        unsafe { std::slice::from_raw_parts_mut(self.out.add(c * len), len) }
+    /// The caller owns unit `u` and drops the slice before the op call returns.
+    unsafe fn unit<'s>(&self, u: usize) -> (usize, Range<usize>, &'s mut [f32]) {
+        let (d, n_tokens) = (self.v.n_cols(), self.inputs.batch.n_tokens);
+        let (c, tokens) = ffn::fused::unit_bounds(n_tokens, u);
+        let start = (c * n_tokens + tokens.start) * d;
+        // SAFETY: rows `tokens` of plane c (contiguous f32) lie inside dst (shape and strides
+        // checked in prepare; c < P and tokens within n_tokens for u < n_units); the caller owns
+        // them.
+        let rows = unsafe { std::slice::from_raw_parts_mut(self.out.add(start), tokens.len() * d) };
+        (c, tokens, rows)
     }
 }
 
@@ -470,37 +521,45 @@ impl SparkOp for Fused<'_> {
         Ok(Self {
             inputs,
             v: vm,
-            n_chunks: p,
+            p,
             out: out.data.cast(),
         })
     }
 
-    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
+    fn n_chunks(&self) -> usize {
+        ffn::fused::n_units(self.p, self.inputs.batch.n_tokens)
+    }
+
+    unsafe fn run(&self, ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
         let inputs = FusedInputs {
             up: self.inputs.up(),
             v: &self.v,
         };
-        // SAFETY: chunks of this thread's share (SparkOp contract).
-        let chunks = self
-            .share(ith, nth)
-            .map(|c| (c, unsafe { self.partial(c) }));
         let kept = SCRATCH.with(|sc| {
-            ffn::fused::chunk_partials(&inputs, self.n_chunks, chunks, &mut sc.borrow_mut())
+            let sc = &mut sc.borrow_mut();
+            let mut kept = 0;
+            for (i, u) in claims.enumerate() {
+                if i == 0 {
+                    ffn::fused::prepare(&inputs, self.p, sc)?;
+                }
+                // SAFETY: unit u was claimed by this thread (SparkOp contract).
+                let (c, tokens, rows) = unsafe { self.unit(u) };
+                kept += ffn::fused::unit_partial(&inputs, self.p, c, tokens, rows, sc)?;
+            }
+            Ok::<_, KernelError>(kept)
         })?;
         self.inputs.record(ith, kept);
         Ok(())
     }
 
-    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
-        for c in self.share(ith, nth) {
-            // SAFETY: chunk c is in this thread's share (SparkOp contract).
-            unsafe { self.partial(c) }.fill(value);
-        }
+    unsafe fn fill_chunk(&self, u: usize, value: f32) {
+        // SAFETY: the caller claimed unit u (SparkOp contract).
+        unsafe { self.unit(u) }.2.fill(value);
     }
 }
 
-/// `spark_ffn_sum`, checked. Thread `ith` owns elements `split_range(D * n_tokens, nth, ith,
-/// 16)` of dst (contiguous).
+/// `spark_ffn_sum`, checked. Chunk `c` is elements `c * b .. (c + 1) * b` of dst (contiguous;
+/// `b` = [`sum_block`] of `D * n_tokens`, the last one shorter).
 pub(crate) struct Sum<'a> {
     partials: &'a [f32],
     len: usize,
@@ -508,8 +567,9 @@ pub(crate) struct Sum<'a> {
 }
 
 impl Sum<'_> {
-    fn share(&self, ith: usize, nth: usize) -> Range<usize> {
-        ffn::split_range(self.len, nth, ith, DIM_ALIGN)
+    fn block(&self, c: usize) -> Range<usize> {
+        let b = sum_block(self.len);
+        (c * b).min(self.len)..((c + 1) * b).min(self.len)
     }
 
     /// Elements `range` of dst (a slice into ggml's dst, not into `self`).
@@ -557,16 +617,23 @@ impl SparkOp for Sum<'_> {
         })
     }
 
-    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError> {
-        let range = self.share(ith, nth);
-        // SAFETY: this thread's share (SparkOp contract).
-        let mine = unsafe { self.elements(&range) };
-        ffn::fused::sum_partials(self.partials, self.len, range, mine)
+    fn n_chunks(&self) -> usize {
+        self.len.div_ceil(sum_block(self.len))
     }
 
-    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32) {
-        // SAFETY: this thread's share (SparkOp contract).
-        unsafe { self.elements(&self.share(ith, nth)) }.fill(value);
+    unsafe fn run(&self, _ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
+        for c in claims {
+            let range = self.block(c);
+            // SAFETY: chunk c was claimed by this thread (SparkOp contract).
+            let mine = unsafe { self.elements(&range) };
+            ffn::fused::sum_partials(self.partials, self.len, range, mine)?;
+        }
+        Ok(())
+    }
+
+    unsafe fn fill_chunk(&self, c: usize, value: f32) {
+        // SAFETY: the caller claimed chunk c (SparkOp contract).
+        unsafe { self.elements(&self.block(c)) }.fill(value);
     }
 }
 

@@ -1,19 +1,38 @@
 //! The one entry protocol of every Spark custom op (`spark_ffn_*`, `spark_attn`).
 //!
-//! ggml calls a custom op on all `nth` threads of a graph node at once, with no barrier inside
-//! the node. Each op therefore has a fixed partition of its output over the threads (its
-//! *share*, defined once by the op and used both to compute and to fill), and every call goes
-//! through [`enter`]:
+//! ggml calls a custom op once on each of the `nth` threads of a graph node (ggml-cpu's
+//! `ggml_graph_compute_thread` runs every node on every thread, `ggml_compute_forward_custom`
+//! passes `ith`, `nth` through), with no barrier inside the node and a barrier between nodes.
+//! Each op cuts its output into a fixed list of *chunks* ([`SparkOp::n_chunks`], a function of
+//! the shapes only, never of `nth`), and the threads of one call take chunks from a shared
+//! counter ([`Claims`]): a thread that runs takes what is left, so a node no longer waits for a
+//! thread the OS has descheduled before it did its static share. Every chunk is computed by one
+//! thread with arithmetic that does not depend on which thread or how many threads there are,
+//! so results are bit-identical for any `nth` and any schedule. Every call goes through
+//! [`enter`]:
 //!
 //! 1. The thread index is checked. A bad one (`ith < 0`, `nth < 1`, `ith >= nth`) means ggml's
-//!    contract is broken and no share is known: the thread fills the whole output with NaN.
-//! 2. [`SparkOp::prepare`] reads and checks `dst`, its sources and the userdata. It is a pure
+//!    contract is broken and no share is known: the thread fills the whole output with NaN (and
+//!    takes no part in the chunk counter).
+//! 2. The thread joins the call's shared state ([`Call`], keyed by `dst`'s address and `nth`),
+//!    held by a drop guard until it returns, whatever the path.
+//! 3. [`SparkOp::prepare`] reads and checks `dst`, its sources and the userdata. It is a pure
 //!    function of the tensors, so every thread of the call gets the same result; on an error
 //!    each thread fills its contiguous block of output rows ([`tensor::fill_nan_rows`]), which
 //!    together cover the output exactly once.
-//! 3. [`SparkOp::run`] computes the thread's share. An error or a panic there makes the thread
-//!    fill exactly the share it owns ([`SparkOp::fill_owned`]) and nothing else: other threads
-//!    may still be writing theirs.
+//! 4. [`SparkOp::run`] computes the chunks it claims until none are left. An error or a panic
+//!    there makes the thread claim every chunk still unclaimed (so no chunk is left unwritten
+//!    when every thread fails) and fill exactly the chunks it claimed ([`SparkOp::fill_chunk`])
+//!    and nothing else: other threads may still be writing theirs.
+//!
+//! The shared state of a call is `{next chunk, threads done}` in a small lock-protected table:
+//! the first thread of a call inserts it, each thread counts itself done when it leaves
+//! [`enter`] (drop guard: errors and caught panics included), and the thread that brings the
+//! count to `nth` removes it. All claims of the call are over by then, and ggml starts the next
+//! evaluation of the node only after its barrier, so that one finds a fresh state. Two graphs
+//! computed at once (two llama contexts) have distinct live `dst` tensors, hence distinct
+//! entries. The scheme relies on ggml's contract that each of `0..nth` calls exactly once per
+//! evaluation; a call with a bad index is not counted.
 //!
 //! Failures print one line `spark-backend: <op>: layer <L>: <reason>; output set to NaN`
 //! (at most [`MAX_ERROR_LINES`] per process, then one line saying the rest are not printed).
@@ -30,6 +49,7 @@ use std::ffi::{c_int, c_void};
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How many failure lines are printed per process before going quiet.
 pub const MAX_ERROR_LINES: usize = 8;
@@ -38,8 +58,11 @@ pub const MAX_ERROR_LINES: usize = 8;
 ///
 /// # Safety (for implementors)
 /// `prepare` must reject every `dst`/source/userdata combination for which `run` could read or
-/// write out of bounds; `run(ith, nth)` must write only the elements `fill_owned(ith, nth, _)`
-/// writes, and the shares of `0..nth` must be disjoint.
+/// write out of bounds. The chunks `0..n_chunks()` must be disjoint parts of the output, fixed
+/// by the shapes alone. `run` must write only the elements of the chunks its [`Claims`]
+/// yielded to it, each exactly as `fill_chunk` of that chunk covers it, and compute a chunk's
+/// values with arithmetic that does not depend on the thread, on `nth` or on the other chunks
+/// the thread claimed (bit-identical results for any schedule).
 pub(crate) trait SparkOp: Sized {
     /// The name ggml resolves through the registry (`spark_ffn_up`, ...), used in messages.
     const NAME: &'static str;
@@ -54,21 +77,27 @@ pub(crate) trait SparkOp: Sized {
         userdata: *mut c_void,
     ) -> Result<Self, KernelError>;
 
-    /// Computes thread `ith`'s share of the output (`ith < nth`).
-    ///
-    /// # Safety
-    /// The tensors checked by `prepare` are still live and nothing else writes this share.
-    unsafe fn run(&self, ith: usize, nth: usize) -> Result<(), KernelError>;
+    /// How many chunks the output is cut into (a function of the checked shapes only).
+    fn n_chunks(&self) -> usize;
 
-    /// Writes `value` into every output element thread `ith` of `nth` owns.
+    /// Computes every chunk `claims` yields, until it yields `None` (thread `ith` of the call,
+    /// for per-thread bookkeeping such as statistics only). Per-thread set-up belongs after the
+    /// first claim, so that a thread arriving when nothing is left returns at once.
     ///
     /// # Safety
-    /// As for [`run`](Self::run).
-    unsafe fn fill_owned(&self, ith: usize, nth: usize, value: f32);
+    /// The tensors checked by `prepare` are still live and nothing else writes the claimed
+    /// chunks.
+    unsafe fn run(&self, ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError>;
+
+    /// Writes `value` into every output element of chunk `c` (`c < n_chunks()`).
+    ///
+    /// # Safety
+    /// As for [`run`](Self::run): the caller claimed chunk `c`.
+    unsafe fn fill_chunk(&self, c: usize, value: f32);
 }
 
 /// Runs one call of `Op` for ggml: checks, computes, and turns every failure into one message
-/// and a NaN-filled share (module docs).
+/// and NaN in the chunks the thread claimed (module docs).
 ///
 /// # Safety
 /// As ggml calls a `ggml_custom_op_t`: `dst` is null or a live custom-op tensor whose sources
@@ -87,6 +116,8 @@ pub(crate) unsafe fn enter<Op: SparkOp>(
         unsafe { crate::tensor::fill_nan_rows(dst, 0, 1) };
         return;
     };
+    // Counted done when this function returns, on every path below (drop guard).
+    let call = Call::join(dst as usize, nth);
     // SAFETY: forwarded contract.
     let prepared = catch_unwind(AssertUnwindSafe(|| unsafe { Op::prepare(dst, userdata) }));
     let op = match prepared {
@@ -104,9 +135,10 @@ pub(crate) unsafe fn enter<Op: SparkOp>(
             return;
         }
     };
+    let mut claims = call.claims(dst as usize, ith, op.n_chunks());
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: prepare checked the tensors; this thread writes its own share only.
-        let result = unsafe { op.run(ith, nth) };
+        // SAFETY: prepare checked the tensors; the counter gives each chunk to one thread.
+        let result = unsafe { op.run(ith, &mut claims) };
         fault::inject(dst, ith);
         result
     }));
@@ -116,8 +148,122 @@ pub(crate) unsafe fn enter<Op: SparkOp>(
         Err(p) => panicked(ith, nth, p.as_ref()),
     };
     report(Op::NAME, layer, &message);
-    // SAFETY: as for run; exactly this thread's share.
-    unsafe { op.fill_owned(ith, nth, f32::NAN) };
+    // What no thread has claimed yet becomes this thread's: if every thread fails, every chunk
+    // is still filled by the thread that claimed it.
+    claims.drain();
+    for &c in claims.claimed() {
+        // SAFETY: as for run; exactly the chunks this thread claimed.
+        unsafe { op.fill_chunk(c, f32::NAN) };
+    }
+}
+
+/// The state one evaluation of one node shares between its threads.
+#[derive(Debug, Default)]
+struct CallState {
+    /// The next chunk to hand out (may run past the chunk count: one failed claim per thread).
+    next: AtomicUsize,
+    /// Threads that have left [`enter`].
+    done: AtomicUsize,
+}
+
+/// In-flight calls: (dst address, nth, state). Holds one entry per node being evaluated right
+/// now in this process (one per concurrently computing graph), so a scan is cheap.
+static CALLS: Mutex<Vec<(usize, usize, Arc<CallState>)>> = Mutex::new(Vec::new());
+
+fn calls() -> MutexGuard<'static, Vec<(usize, usize, Arc<CallState>)>> {
+    // No code panics under this lock; a poisoned lock still holds consistent entries.
+    CALLS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One thread's membership in a call (module docs): joining finds or creates the call's state;
+/// dropping counts the thread done, and the last of `nth` removes the state.
+pub(crate) struct Call {
+    dst: usize,
+    nth: usize,
+    state: Arc<CallState>,
+}
+
+impl Call {
+    fn join(dst: usize, nth: usize) -> Self {
+        let mut table = calls();
+        let state = match table.iter().find(|(d, n, _)| *d == dst && *n == nth) {
+            Some((_, _, s)) => Arc::clone(s),
+            None => {
+                let s = Arc::new(CallState::default());
+                table.push((dst, nth, Arc::clone(&s)));
+                s
+            }
+        };
+        Self { dst, nth, state }
+    }
+
+    fn claims(&self, dst: usize, ith: usize, n_chunks: usize) -> Claims<'_> {
+        Claims {
+            state: &self.state,
+            n_chunks,
+            ith,
+            dst,
+            claimed: Vec::new(),
+            exhausted: false,
+        }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        // AcqRel: the thread that removes the state has seen every other thread's last claim.
+        if self.state.done.fetch_add(1, Ordering::AcqRel) + 1 == self.nth {
+            calls().retain(|(d, n, s)| {
+                !(*d == self.dst && *n == self.nth && Arc::ptr_eq(s, &self.state))
+            });
+        }
+    }
+}
+
+/// The chunks one thread takes from its call's counter, in increasing order, until none are
+/// left; it remembers them (what the thread owns, for the failure path).
+pub(crate) struct Claims<'a> {
+    state: &'a CallState,
+    n_chunks: usize,
+    ith: usize,
+    dst: usize,
+    claimed: Vec<usize>,
+    exhausted: bool,
+}
+
+impl Claims<'_> {
+    /// Every chunk this thread has claimed so far, in order.
+    pub(crate) fn claimed(&self) -> &[usize] {
+        &self.claimed
+    }
+
+    /// Claims every chunk still unclaimed.
+    fn drain(&mut self) {
+        while self.next().is_some() {}
+    }
+}
+
+impl Iterator for Claims<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.exhausted {
+            return None;
+        }
+        fault::before_claim(self.dst, self.ith);
+        // Relaxed: uniqueness comes from the read-modify-write order alone; the data a chunk
+        // reads was written before ggml's barrier, its output is read after the next one.
+        let c = self.state.next.fetch_add(1, Ordering::Relaxed);
+        let got = if c < self.n_chunks {
+            self.claimed.push(c);
+            Some(c)
+        } else {
+            self.exhausted = true;
+            None
+        };
+        fault::after_claim(self.dst, self.ith, got);
+        got
+    }
 }
 
 /// Defines the exported `ggml_custom_op_t` entry point `$name` of the [`SparkOp`] `$op`: the
@@ -187,17 +333,68 @@ pub(crate) fn report(op: &str, layer: Option<i32>, reason: &str) {
 }
 
 /// A test-only fault switch: with the `fault-injection` feature, [`arm`](fault::arm) makes the
-/// op computing one tensor panic in one thread (after it computed its share), so tests can
-/// check that the failure path NaN-fills exactly that share; [`reports`](fault::reports) returns
-/// every failure line (printed or not). Without the feature nothing is compiled in.
+/// op computing one tensor panic in one thread (after it computed the chunks it claimed), so
+/// tests can check that the failure path NaN-fills exactly those chunks;
+/// [`reports`](fault::reports) returns every failure line (printed or not);
+/// [`set_claim_hook`](fault::set_claim_hook) runs a test's function around every chunk claim
+/// on one tensor, so tests can force a schedule (a thread that stalls holding a chunk, one that
+/// must claim first). Without the feature nothing is compiled in.
 #[cfg(feature = "fault-injection")]
 pub mod fault {
     use llama_cpp_sys_2 as sys;
-    use std::sync::{Mutex, MutexGuard};
+    use std::sync::{Arc, Mutex, MutexGuard};
 
     /// Armed faults: (dst address, thread index).
     static ARMED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
     static REPORTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static HOOKS: Mutex<Vec<(usize, ClaimHook)>> = Mutex::new(Vec::new());
+
+    /// What a claim hook is told: thread `ith` is about to claim a chunk, or has claimed
+    /// `chunk` (`None`: nothing was left).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum ClaimEvent {
+        /// Before the claim.
+        Before { ith: usize },
+        /// After the claim.
+        After { ith: usize, chunk: Option<usize> },
+    }
+
+    /// A test's function run by the claiming thread around each claim on one tensor; it may
+    /// block (to stall the thread) but must not call the op.
+    pub type ClaimHook = Arc<dyn Fn(ClaimEvent) + Send + Sync>;
+
+    /// Runs `hook` around every chunk claim of every call computing `dst`, until
+    /// [`clear_claim_hook`].
+    pub fn set_claim_hook(dst: *const sys::ggml_tensor, hook: ClaimHook) {
+        let mut hooks = lock(&HOOKS);
+        hooks.retain(|(d, _)| *d != dst as usize);
+        hooks.push((dst as usize, hook));
+    }
+
+    /// Removes the claim hook of `dst`.
+    pub fn clear_claim_hook(dst: *const sys::ggml_tensor) {
+        lock(&HOOKS).retain(|(d, _)| *d != dst as usize);
+    }
+
+    fn hook(dst: usize) -> Option<ClaimHook> {
+        let hooks = lock(&HOOKS);
+        hooks
+            .iter()
+            .find(|(d, _)| *d == dst)
+            .map(|(_, h)| Arc::clone(h))
+    }
+
+    pub(crate) fn before_claim(dst: usize, ith: usize) {
+        if let Some(h) = hook(dst) {
+            h(ClaimEvent::Before { ith });
+        }
+    }
+
+    pub(crate) fn after_claim(dst: usize, ith: usize, chunk: Option<usize>) {
+        if let Some(h) = hook(dst) {
+            h(ClaimEvent::After { ith, chunk });
+        }
+    }
 
     fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         m.lock().unwrap_or_else(|e| e.into_inner())
@@ -238,6 +435,12 @@ mod fault {
 
     #[inline(always)]
     pub(crate) fn record(_line: &str) {}
+
+    #[inline(always)]
+    pub(crate) fn before_claim(_dst: usize, _ith: usize) {}
+
+    #[inline(always)]
+    pub(crate) fn after_claim(_dst: usize, _ith: usize, _chunk: Option<usize>) {}
 }
 
 #[cfg(test)]

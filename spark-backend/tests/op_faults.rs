@@ -20,6 +20,7 @@ use spark_backend::op::fault;
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// A value no op writes: what is still there after a run was not written.
 const SENTINEL: f32 = 1234.5;
@@ -231,7 +232,9 @@ fn a_failing_attention_thread_nans_exactly_its_share() {
 }
 
 /// Through ggml's own worker threads: a fault in any thread of the first FFN op makes the whole
-/// FFN output NaN (every output element reads every partial / every neuron's u).
+/// FFN output NaN (every output element reads every partial / every neuron's u). Threads take
+/// work chunks from a shared counter, so a thread may find none left; a claim hook makes the
+/// other threads wait until the faulty one has claimed, so it owns at least one chunk.
 #[test]
 fn a_failing_thread_makes_the_whole_ffn_output_nan_in_a_ggml_graph() {
     quiet_injected_panics();
@@ -247,7 +250,9 @@ fn a_failing_thread_makes_the_whole_ffn_output_nan_in_a_ggml_graph() {
                 };
                 let graph = c.ggml.graph(out);
                 fault::arm(first, bad as usize);
+                fault::set_claim_hook(first, bad_claims_first(bad as usize));
                 Runner::new(n_threads).compute(graph);
+                fault::clear_claim_hook(first);
                 fault::disarm(first);
                 let got = c.ggml.read(out);
                 assert!(
@@ -260,6 +265,24 @@ fn a_failing_thread_makes_the_whole_ffn_output_nan_in_a_ggml_graph() {
             }
         }
     }
+}
+
+/// A claim hook under which thread `bad` makes the first claim of a call: the others wait
+/// before claiming until it has (for concurrently running threads only).
+fn bad_claims_first(bad: usize) -> fault::ClaimHook {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let claimed = Arc::new(AtomicBool::new(false));
+    Arc::new(move |event| match event {
+        fault::ClaimEvent::Before { ith } if ith != bad => {
+            while !claimed.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+        }
+        fault::ClaimEvent::After { ith, .. } if ith == bad => {
+            claimed.store(true, Ordering::Release)
+        }
+        _ => {}
+    })
 }
 
 /// Bad parameters (null userdata, k < 1) fail the checks on every thread: the whole output is

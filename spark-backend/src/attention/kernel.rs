@@ -1,20 +1,26 @@
-//! The sparse attention computation of SPEC 4 over work units of (stream, token block, KV head).
+//! The sparse attention computation of SPEC 4 over work units of (stream, token block, KV head,
+//! query heads of the group).
 //!
-//! Per unit, the queries of every head of the KV group for a few tokens are scored together
+//! Per unit, the queries of its heads of one KV group for a few tokens are scored together
 //! against the first `r` dims of each needed key row (one read of K1 serves all of them); then
 //! each query alone selects its positions with the statistical top-k, and only the kept
-//! positions get the second-part dot product and the value accumulation.
+//! positions get the second-part dot product and the value accumulation. A unit covers every
+//! head of its group, unless that leaves fewer than [`MIN_UNITS`] units (a decode step: one
+//! per KV head), in which case each query head is a unit of its own.
 //!
 //! Work units are a fixed partition of the (token, head) pairs that depends only on the shapes;
-//! thread `ith` of `nth` takes units `ith, ith + nth, ...`. Each output row is computed by one
-//! thread with arithmetic that does not depend on the unit's other rows, so the output is
-//! bit-identical for every thread count (and for any batch composition).
+//! the `spark_attn` op hands them out from a shared counter ([`run_units`]), [`run`] takes units
+//! `ith, ith + nth, ...`. Each output row is computed by one thread with arithmetic that does
+//! not depend on the unit's other rows (the dot products give the same bits whatever queries
+//! they are blocked with), so the output is bit-identical for every thread count and schedule
+//! (and for any batch composition).
 
 use super::dot::{self, Isa, Queries, Rows, Scores};
 use super::layout::{AttnLayout, ElemType, Strided};
 use super::math;
 use crate::topk;
 use std::cell::RefCell;
+use std::ops::Range;
 
 /// What one (token, head) query kept, reported to an observer of [`run`].
 #[derive(Debug)]
@@ -82,57 +88,91 @@ fn tokens_per_unit(group: usize, n_tokens: usize) -> usize {
     (8 / group).clamp(1, n_tokens.max(1))
 }
 
-/// Number of work units of `l` (the most threads that can be busy).
-pub fn n_units(l: &AttnLayout) -> usize {
-    let tb = tokens_per_unit(l.group_size(), l.n_tokens);
-    l.n_stream * l.n_tokens.div_ceil(tb) * l.n_head_kv
+/// Units covering whole KV groups below this count are split into one query head each (a
+/// decode step of Gemma-2 2B: 4 group units become 8 head units), so that more threads find
+/// work and a thread that runs can take over a stalled one's heads.
+pub const MIN_UNITS: usize = 16;
+
+/// How `l`'s (token, head) pairs are cut into units: tokens per unit, query heads per unit,
+/// token blocks per stream.
+fn tiling(l: &AttnLayout) -> (usize, usize, usize) {
+    let gs = l.group_size();
+    let tb = tokens_per_unit(gs, l.n_tokens);
+    let n_tb = l.n_tokens.div_ceil(tb);
+    let heads = if l.n_stream * n_tb * l.n_head_kv < MIN_UNITS {
+        1
+    } else {
+        gs
+    };
+    (tb, heads, n_tb)
 }
 
-/// One work unit: tokens `tokens` of stream `stream`, every query head of KV head `kv_head`.
+/// Number of work units of `l` (the most threads that can be busy).
+pub fn n_units(l: &AttnLayout) -> usize {
+    let (_, heads, n_tb) = tiling(l);
+    l.n_stream * n_tb * l.n_head_kv * (l.group_size() / heads)
+}
+
+/// One work unit: tokens `tokens` of stream `stream`, query heads `heads` (all of KV head
+/// `kv_head`'s group, or one of them).
 #[derive(Clone, Debug)]
 struct Unit {
     stream: usize,
-    tokens: std::ops::Range<usize>,
+    tokens: Range<usize>,
     kv_head: usize,
+    heads: Range<usize>,
 }
 
-/// Unit `u` of `l`.
+/// Unit `u` of `l` (`u < n_units(l)`).
 fn unit_bounds(l: &AttnLayout, u: usize) -> Unit {
-    let tb = tokens_per_unit(l.group_size(), l.n_tokens);
-    let n_tb = l.n_tokens.div_ceil(tb);
-    let b = (u / l.n_head_kv) % n_tb;
-    let t0 = b * tb;
+    let (tb, heads, n_tb) = tiling(l);
+    let gs = l.group_size();
+    let parts = gs / heads;
+    let (part, rest) = (u % parts, u / parts);
+    let g = rest % l.n_head_kv;
+    let t0 = (rest / l.n_head_kv) % n_tb.max(1) * tb;
+    let h0 = g * gs + part * heads;
     Unit {
-        stream: u / (l.n_head_kv * n_tb),
+        stream: rest / (l.n_head_kv * n_tb.max(1)),
         tokens: t0..(t0 + tb).min(l.n_tokens),
-        kv_head: u % l.n_head_kv,
+        kv_head: g,
+        heads: h0..h0 + heads,
     }
 }
 
-/// The units thread `ith` of `nth` owns: `ith, ith + nth, ...`.
-fn owned_units(l: &AttnLayout, ith: usize, nth: usize) -> impl Iterator<Item = Unit> + '_ {
-    (ith..n_units(l))
-        .step_by(nth.max(1))
-        .map(move |u| unit_bounds(l, u))
-}
-
-/// Computes the output rows of the units that thread `ith` of `nth` owns and returns its tally.
+/// Computes the output rows of units `ith, ith + nth, ...` and returns the tally.
 ///
 /// # Safety
 /// Every tensor of `l` must be readable (dst writable) over its shape and strides, and no other
-/// code may access dst rows of this thread's units while it runs.
+/// code may access dst rows of these units while it runs.
 pub unsafe fn run(
     l: &AttnLayout,
     ith: usize,
     nth: usize,
+    observer: Option<&mut dyn FnMut(&RowSelection)>,
+) -> Tally {
+    let mut units = (ith..n_units(l)).step_by(nth.max(1));
+    // SAFETY: forwarded contract.
+    unsafe { run_units(l, &mut units, observer) }
+}
+
+/// Computes the output rows of every unit `units` yields (each `< n_units(l)`), in that order,
+/// and returns the tally.
+///
+/// # Safety
+/// As for [`run`], for the units yielded.
+pub unsafe fn run_units(
+    l: &AttnLayout,
+    units: &mut dyn Iterator<Item = usize>,
     mut observer: Option<&mut dyn FnMut(&RowSelection)>,
 ) -> Tally {
     let isa = Isa::detect();
+    let n = n_units(l);
     let mut tally = Tally::default();
     let mut work = |sc: &mut Scratch| {
-        for u in owned_units(l, ith, nth) {
+        for u in (&mut *units).filter(|&u| u < n) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { unit(l, isa, u, sc, &mut observer, &mut tally) };
+            unsafe { unit(l, isa, unit_bounds(l, u), sc, &mut observer, &mut tally) };
         }
     };
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
@@ -142,24 +182,38 @@ pub unsafe fn run(
     tally
 }
 
-/// Writes `value` into every element of the dst rows of the units thread `ith` of `nth` owns.
+/// Writes `value` into every element of the dst rows of the units thread `ith` of `nth` takes
+/// in [`run`].
 ///
 /// # Safety
 /// As for [`run`] (only dst is touched).
 pub unsafe fn fill_owned_rows(l: &AttnLayout, ith: usize, nth: usize, value: f32) {
-    for Unit {
+    for u in (ith..n_units(l)).step_by(nth.max(1)) {
+        // SAFETY: forwarded contract.
+        unsafe { fill_unit(l, u, value) };
+    }
+}
+
+/// Writes `value` into every element of unit `u`'s dst rows (nothing when `u >= n_units(l)`).
+///
+/// # Safety
+/// As for [`run`] (only dst is touched), for unit `u`.
+pub unsafe fn fill_unit(l: &AttnLayout, u: usize, value: f32) {
+    if u >= n_units(l) {
+        return;
+    }
+    let Unit {
         stream: s,
         tokens,
-        kv_head: g,
-    } in owned_units(l, ith, nth)
-    {
-        for t in tokens {
-            for n in g * l.group_size()..(g + 1) * l.group_size() {
-                let row = l.dst.data.wrapping_add(l.dst.offset([0, n, t, s]));
-                for i in 0..l.head_dim {
-                    // SAFETY: element (i, n, t, s) lies inside dst (contract); f32 adjacent.
-                    unsafe { row.wrapping_add(i * 4).cast::<f32>().write_unaligned(value) };
-                }
+        heads,
+        ..
+    } = unit_bounds(l, u);
+    for t in tokens {
+        for n in heads.clone() {
+            let row = l.dst.data.wrapping_add(l.dst.offset([0, n, t, s]));
+            for i in 0..l.head_dim {
+                // SAFETY: element (i, n, t, s) lies inside dst (contract); f32 adjacent.
+                unsafe { row.wrapping_add(i * 4).cast::<f32>().write_unaligned(value) };
             }
         }
     }
@@ -204,9 +258,9 @@ unsafe fn unit(
 ) {
     let (s, g, t0, t1) = (u.stream, u.kv_head, u.tokens.start, u.tokens.end);
     let h = l.head_dim;
-    let gs = l.group_size();
-    let n_q = (t1 - t0) * gs;
-    let query = |m: usize| (t0 + m / gs, g * gs + m % gs);
+    let (h0, hp) = (u.heads.start, u.heads.len());
+    let n_q = (t1 - t0) * hp;
+    let query = |m: usize| (t0 + m / hp, h0 + m % hp);
 
     // Queries, copied contiguous.
     sc.q.resize(n_q * h, 0.0);

@@ -8,8 +8,9 @@
 //! walks the chunk's active neurons once: the K2 row dot, the gate, and the V row accumulated
 //! straight into the chunk's own partial output (`n_tokens x D`). [`sum_partials`] then adds
 //! the partials in chunk order. The chunking does not depend on the thread count, and each
-//! partial is computed by one thread in neuron order, so results are bit-identical for any
-//! split of the chunks over threads. Within a batch each chunk is walked token by token, so each
+//! token's row of a partial is computed by one thread in neuron order, so results are
+//! bit-identical for any split of the work units (chunk, group of [`UNIT_TOKENS`] tokens) over
+//! threads. Within a batch each chunk is walked token by token, so each
 //! token's output is exactly what it gets alone (rows a token shares with an earlier one come
 //! from cache: at 64-token prefill ubatches this reads and writes the output rows a quarter as
 //! often as one update per (neuron, token), docs/PERF.md).
@@ -81,26 +82,78 @@ pub fn chunk_partials<'p>(
     chunks: impl IntoIterator<Item = (usize, &'p mut [f32])>,
     scratch: &mut Scratch,
 ) -> Result<u64, KernelError> {
-    let (d, f) = inputs.check()?;
+    prepare(inputs, n_chunks, scratch)?;
+    let n_tokens = inputs.up.batch.n_tokens;
+    let mut kept = 0;
+    for (c, partial) in chunks {
+        kept += unit_partial(inputs, n_chunks, c, 0..n_tokens, partial, scratch)?;
+    }
+    Ok(kept)
+}
+
+/// Tokens per work unit of `spark_ffn_fused`: a unit is one chunk's partial for up to this
+/// many consecutive tokens of the batch ([`unit_bounds`]).
+pub const UNIT_TOKENS: usize = 64;
+
+/// Work units of a call with `n_chunks` chunks and `n_tokens` tokens: every chunk times every
+/// group of [`UNIT_TOKENS`] tokens (a function of the shapes only).
+pub fn n_units(n_chunks: usize, n_tokens: usize) -> usize {
+    n_chunks * n_tokens.div_ceil(UNIT_TOKENS)
+}
+
+/// Unit `u` of [`n_units`]: its chunk and its tokens (chunk-major order).
+pub fn unit_bounds(n_tokens: usize, u: usize) -> (usize, Range<usize>) {
+    let groups = n_tokens.div_ceil(UNIT_TOKENS).max(1);
+    let t0 = u % groups * UNIT_TOKENS;
+    (u / groups, t0..(t0 + UNIT_TOKENS).min(n_tokens))
+}
+
+/// The per-call part every unit of a thread shares (checks, each token's threshold and
+/// prepared activations, into `scratch`).
+pub fn prepare(
+    inputs: &FusedInputs<'_>,
+    n_chunks: usize,
+    scratch: &mut Scratch,
+) -> Result<(), KernelError> {
+    let (_, f) = inputs.check()?;
     if n_chunks == 0 || n_chunks > f.max(1) {
         return Err(KernelError::Shape(format!(
             "{n_chunks} chunks of F = {f} neurons (1 <= P <= F)"
         )));
     }
+    prepare_tokens(&inputs.up, scratch)
+}
+
+/// Chunk `c`'s partial for tokens `tokens`, after [`prepare`] with the same inputs and
+/// `scratch`: `out` holds `tokens.len()` rows of D (as [`chunk_partials`] writes them for these
+/// tokens; each token's row depends on that token only). Returns the active pairs.
+pub fn unit_partial(
+    inputs: &FusedInputs<'_>,
+    n_chunks: usize,
+    c: usize,
+    tokens: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) -> Result<u64, KernelError> {
+    let (d, f) = (inputs.v.n_cols(), inputs.v.n_rows());
     let n_tokens = inputs.up.batch.n_tokens;
-    prepare_tokens(&inputs.up, scratch)?;
+    if c >= n_chunks || tokens.end > n_tokens {
+        return Err(KernelError::Shape(format!(
+            "chunk {c} of {n_chunks}, tokens {tokens:?} of {n_tokens}"
+        )));
+    }
+    if scratch.thetas.len() != n_tokens || scratch.acts.len() < n_tokens {
+        return Err(KernelError::Shape(
+            "fused unit before its per-call preparation".into(),
+        ));
+    }
+    check_len("partial", out.len(), tokens.len() * d)?;
+    let out = &mut out[..tokens.len() * d];
+    out.fill(0.0);
+    let neurons = chunk_neurons(f, n_chunks, c);
     let mut kept = 0;
-    for (c, partial) in chunks {
-        if c >= n_chunks {
-            return Err(KernelError::Shape(format!("chunk {c} of {n_chunks}")));
-        }
-        check_len("partial", partial.len(), n_tokens * d)?;
-        let partial = &mut partial[..n_tokens * d];
-        partial.fill(0.0);
-        let neurons = chunk_neurons(f, n_chunks, c);
-        for (t, out) in partial.chunks_exact_mut(d).enumerate() {
-            kept += token_chunk(inputs, t, neurons.clone(), out, scratch);
-        }
+    for (t, row) in tokens.zip(out.chunks_exact_mut(d.max(1))) {
+        kept += token_chunk(inputs, t, neurons.clone(), row, scratch);
     }
     Ok(kept)
 }

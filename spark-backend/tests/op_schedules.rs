@@ -1,0 +1,414 @@
+//! Work stealing in every Spark op (`spark_backend::op`): the threads of a call take fixed work
+//! chunks from a shared counter, so results must be bit-identical for any thread count and any
+//! schedule, and the counter must start fresh for the next call of the same node on every path
+//! (success, kernel panic, bad parameters, bad thread index).
+//!
+//! Schedules are forced through real threads and the test-only claim hook (`op::fault`): threads
+//! called one after another in either order (as ggml's would run if all but one were
+//! descheduled), all at once, and one thread stalled while holding a chunk until every other
+//! thread has returned. No timing is asserted.
+
+mod attention_support;
+mod ffn_common;
+
+use attention_support::{build_op, Case, Ctx, Spec};
+use ffn_common::{op_case, OpCase, Rng};
+use llama_cpp_sys_2 as sys;
+use spark_backend::attn_op::spark_attn;
+use spark_backend::ffn::{self, Batch};
+use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+use spark_backend::op::fault::{self, ClaimEvent};
+use spark_backend::params::{AttnParams, FfnParams};
+use spark_backend::rows::RowType;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A value no op writes: what is still there after a run was not written.
+const SENTINEL: f32 = 1234.5;
+const THREAD_COUNTS: [i32; 4] = [1, 2, 3, 7];
+
+type OpFn = unsafe extern "C" fn(*mut sys::ggml_tensor, i32, i32, *mut c_void);
+
+/// One custom-op node called by hand (shareable with the threads that call it).
+#[derive(Clone, Copy)]
+struct Node {
+    name: &'static str,
+    dst: *mut sys::ggml_tensor,
+    op: OpFn,
+    userdata: *mut c_void,
+}
+
+// SAFETY: the tensors and params a Node points to outlive every thread the tests start (scoped
+// threads), and ggml custom ops are made to be called from several threads at once.
+unsafe impl Send for Node {}
+// SAFETY: as above; a Node is only read.
+unsafe impl Sync for Node {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Schedule {
+    /// Threads 0, 1, ... one after another: thread 0 takes every chunk.
+    InOrder,
+    /// Threads nth - 1, ..., 0 one after another.
+    Reversed,
+    /// All threads at once.
+    Together,
+    /// Thread 0 claims one chunk and stalls on it until every other thread has returned.
+    FirstStalls,
+}
+
+const SCHEDULES: [Schedule; 4] = [
+    Schedule::InOrder,
+    Schedule::Reversed,
+    Schedule::Together,
+    Schedule::FirstStalls,
+];
+
+impl Node {
+    fn call(&self, ith: i32, nth: i32) {
+        self.call_with(ith, nth, self.userdata);
+    }
+
+    fn call_with(&self, ith: i32, nth: i32, userdata: *mut c_void) {
+        // SAFETY: dst is a live custom-op tensor of a live context, built with its sources and
+        // userdata as the op's contract requires (or with userdata the op rejects).
+        unsafe { (self.op)(self.dst, ith, nth, userdata) };
+    }
+
+    fn len(&self) -> usize {
+        // SAFETY: dst is a live tensor.
+        unsafe { sys::ggml_nelements(self.dst) as usize }
+    }
+
+    fn read(&self) -> Vec<f32> {
+        // SAFETY: dst is a live, contiguous f32 tensor; no op runs meanwhile.
+        unsafe { std::slice::from_raw_parts((*self.dst).data.cast::<f32>(), self.len()).to_vec() }
+    }
+
+    fn set(&self, v: f32) {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut((*self.dst).data.cast::<f32>(), self.len()) }
+            .fill(v);
+    }
+
+    /// One call of the node by `nth` threads under `schedule`.
+    fn run(&self, nth: i32, schedule: Schedule) {
+        match schedule {
+            Schedule::InOrder => (0..nth).for_each(|i| self.call(i, nth)),
+            Schedule::Reversed => (0..nth).rev().for_each(|i| self.call(i, nth)),
+            Schedule::Together => std::thread::scope(|s| {
+                for i in 0..nth {
+                    s.spawn(move || self.call(i, nth));
+                }
+            }),
+            Schedule::FirstStalls if nth == 1 => self.call(0, 1),
+            Schedule::FirstStalls => {
+                let holding = Arc::new(AtomicBool::new(false));
+                let release = Arc::new(AtomicBool::new(false));
+                let (h, r) = (Arc::clone(&holding), Arc::clone(&release));
+                let stalled = AtomicBool::new(false);
+                fault::set_claim_hook(
+                    self.dst,
+                    Arc::new(move |event| {
+                        if let ClaimEvent::After {
+                            ith: 0,
+                            chunk: Some(_),
+                        } = event
+                        {
+                            if !stalled.swap(true, Ordering::Relaxed) {
+                                h.store(true, Ordering::Release);
+                                while !r.load(Ordering::Acquire) {
+                                    std::thread::yield_now();
+                                }
+                            }
+                        }
+                    }),
+                );
+                std::thread::scope(|s| {
+                    let first = s.spawn(move || self.call(0, nth));
+                    while !holding.load(Ordering::Acquire) && !first.is_finished() {
+                        std::thread::yield_now();
+                    }
+                    let others: Vec<_> = (1..nth)
+                        .map(|i| s.spawn(move || self.call(i, nth)))
+                        .collect();
+                    for o in others {
+                        o.join().unwrap();
+                    }
+                    release.store(true, Ordering::Release);
+                    first.join().unwrap();
+                });
+                fault::clear_claim_hook(self.dst);
+            }
+        }
+    }
+
+    /// Runs the node over the sentinel and returns dst.
+    fn output(&self, nth: i32, schedule: Schedule) -> Vec<f32> {
+        self.set(SENTINEL);
+        self.run(nth, schedule);
+        self.read()
+    }
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Keeps the default panic message (and backtrace) for real panics, not for injected ones.
+fn quiet_injected_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() != Some(&"injected fault") {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// The FFN case: its four nodes (fused and sum read each other's output; up feeds down). The
+/// context and params live in `OpCase`.
+struct FfnNodes {
+    _case: OpCase,
+    up: Node,
+    down: Node,
+    fused: Node,
+    sum: Node,
+}
+
+/// D 1024, r_f 256, F 600, `n` tokens, k_f 60: several chunks per op (fused 16 x token groups,
+/// sum up to 64 element blocks, up 5 neuron blocks, down 4 column blocks).
+fn ffn_nodes(n: usize, seed: u64) -> FfnNodes {
+    let (d, r, f) = (1024, 256, 600);
+    let mut rng = Rng::new(seed);
+    let (c, [k1, _, _], h) = op_case(&mut rng, RowType::Q8_0, d, r, f, n, 60, 9);
+    let mut scores = vec![0f32; n * f];
+    let batch = Batch {
+        h: &h,
+        stride: d,
+        width: d,
+        n_tokens: n,
+    };
+    ffn::predictor_scores(&k1.matrix(), &batch, &mut scores).unwrap();
+    let params = &*c.params as *const FfnParams;
+    let userdata = params.cast_mut().cast::<c_void>();
+    let st = c.ggml.f32_tensor(f, n, &scores);
+    let p = ffn::fused::default_chunks(f);
+    let u = c
+        .ggml
+        .custom(&[n, f], &mut [st, c.h, c.k2], spark_ffn_up, params);
+    let down = c
+        .ggml
+        .custom(&[d, n], &mut [u, c.v], spark_ffn_down, params);
+    let partials = c.ggml.custom(
+        &[d, n, p],
+        &mut [st, c.h, c.k2, c.v],
+        spark_ffn_fused,
+        params,
+    );
+    let sum = c
+        .ggml
+        .custom(&[d, n], &mut [partials], spark_ffn_sum, params);
+    let node = |name, dst, op| Node {
+        name,
+        dst,
+        op,
+        userdata,
+    };
+    FfnNodes {
+        up: node("spark_ffn_up", u, spark_ffn_up),
+        down: node("spark_ffn_down", down, spark_ffn_down),
+        fused: node("spark_ffn_fused", partials, spark_ffn_fused),
+        sum: node("spark_ffn_sum", sum, spark_ffn_sum),
+        _case: c,
+    }
+}
+
+/// An attention case (context, params, case data) and its node.
+struct AttnNode {
+    _ctx: Ctx,
+    _case: Case,
+    _params: Box<AttnParams>,
+    node: Node,
+}
+
+/// H 64, r 32, 8 query heads on 4 KV heads, `n_tokens` tokens over 200 positions: at 1 token
+/// every query head is a unit (8), at 20 tokens units are (4-token block, KV group) pairs (20).
+fn attn_node(n_tokens: usize) -> AttnNode {
+    let mut spec = Spec::new(64, 32, 8, 4, n_tokens, 200);
+    spec.k_keep = 16;
+    let case = Case::build(spec);
+    let mut params = Box::new(spec.params());
+    let ctx = Ctx::new(64 << 20);
+    let ud: *mut c_void = (&mut *params as *mut AttnParams).cast();
+    let dst = build_op(&ctx, &case, ud, |_| {});
+    AttnNode {
+        _ctx: ctx,
+        _case: case,
+        _params: params,
+        node: Node {
+            name: "spark_attn",
+            dst,
+            op: spark_attn,
+            userdata: ud,
+        },
+    }
+}
+
+/// Every schedule of every thread count gives the one-thread output bit for bit.
+fn check_schedules(node: &Node) {
+    let want = node.output(1, Schedule::InOrder);
+    assert!(
+        want.iter().all(|x| x.is_finite() && *x != SENTINEL),
+        "{}: one thread writes every element",
+        node.name
+    );
+    for nth in THREAD_COUNTS {
+        for schedule in SCHEDULES {
+            for _ in 0..if schedule == Schedule::Together { 3 } else { 1 } {
+                let got = node.output(nth, schedule);
+                assert!(
+                    same_bits(&got, &want),
+                    "{}: nth {nth} {schedule:?} differs from one thread",
+                    node.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn ffn_ops_are_bit_identical_for_any_thread_count_and_schedule() {
+    for (n, seed) in [(1, 11), (70, 12)] {
+        let f = ffn_nodes(n, seed);
+        f.fused.run(1, Schedule::InOrder); // sum's input
+        f.up.run(1, Schedule::InOrder); // down's input
+        for node in [&f.fused, &f.sum, &f.up, &f.down] {
+            check_schedules(node);
+        }
+    }
+}
+
+#[test]
+fn attention_is_bit_identical_for_any_thread_count_and_schedule() {
+    for n_tokens in [1, 20] {
+        check_schedules(&attn_node(n_tokens).node);
+    }
+}
+
+/// After a call with a failing thread (under each schedule), the next call of the same node
+/// computes every element again, bit-identical to a clean run: the chunk counter was reset on
+/// the failure path too. The faulty thread's chunks are NaN; everything else is untouched.
+fn check_reset_after_panic(node: &Node) {
+    quiet_injected_panics();
+    let want = node.output(1, Schedule::InOrder);
+    for nth in [1, 2, 3] {
+        for schedule in SCHEDULES {
+            for bad in 0..nth {
+                node.set(SENTINEL);
+                fault::arm(node.dst, bad as usize);
+                node.run(nth, schedule);
+                fault::disarm(node.dst);
+                let got = node.read();
+                for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g.is_nan() || g.to_bits() == w.to_bits(),
+                        "{}: nth {nth} {schedule:?} bad {bad}: element {e} = {g}, not NaN or \
+                         the clean value",
+                        node.name
+                    );
+                }
+                if schedule == Schedule::FirstStalls && bad == 0 {
+                    // Thread 0 held a chunk when it failed.
+                    assert!(got.iter().any(|x| x.is_nan()), "{}", node.name);
+                }
+                let again = node.output(nth, schedule);
+                assert!(
+                    same_bits(&again, &want),
+                    "{}: nth {nth} {schedule:?}: the call after a fault in thread {bad} differs",
+                    node.name
+                );
+            }
+            // Every thread fails: the chunks left by the first failure are claimed and filled
+            // by it, so the whole output is NaN, and the next call is complete again.
+            for bad in 0..nth {
+                fault::arm(node.dst, bad as usize);
+            }
+            let got = node.output(nth, schedule);
+            fault::disarm(node.dst);
+            assert!(
+                got.iter().all(|x| x.is_nan()),
+                "{}: nth {nth} {schedule:?}: every thread failed",
+                node.name
+            );
+            let again = node.output(nth, schedule);
+            assert!(same_bits(&again, &want), "{}: after all failed", node.name);
+        }
+    }
+}
+
+#[test]
+fn the_counter_is_reset_after_a_panic() {
+    let f = ffn_nodes(3, 21);
+    f.fused.run(1, Schedule::InOrder);
+    f.up.run(1, Schedule::InOrder);
+    for node in [&f.fused, &f.sum, &f.up, &f.down] {
+        check_reset_after_panic(node);
+    }
+    check_reset_after_panic(&attn_node(1).node);
+}
+
+/// Bad parameters (every thread fails its checks) and calls with a bad thread index leave no
+/// state behind: the next good call is complete.
+#[test]
+fn the_counter_is_reset_after_bad_parameters_and_bad_thread_indices() {
+    let f = ffn_nodes(2, 31);
+    let node = f.fused;
+    let want = node.output(1, Schedule::InOrder);
+    let bad_k = Box::new(FfnParams { layer: 9, k: 0 });
+    for nth in THREAD_COUNTS {
+        for userdata in [
+            std::ptr::null_mut(),
+            (&*bad_k as *const FfnParams).cast_mut().cast::<c_void>(),
+        ] {
+            node.set(SENTINEL);
+            let bad = Node { userdata, ..node };
+            bad.run(nth, Schedule::Together);
+            assert!(node.read().iter().all(|x| x.is_nan()));
+            assert!(same_bits(&node.output(nth, Schedule::Together), &want));
+        }
+        for (ith, n) in [(nth, nth), (-1, nth), (0, 0), (0, -1)] {
+            node.set(SENTINEL);
+            node.call(ith, n);
+            assert!(node.read().iter().all(|x| x.is_nan()));
+            assert!(same_bits(&node.output(nth, Schedule::InOrder), &want));
+        }
+    }
+}
+
+/// Two nodes computed at the same time by their own threads (two graphs, two llama contexts)
+/// never share a counter: both outputs are complete and exact.
+#[test]
+fn concurrent_calls_of_different_nodes_do_not_share_chunks() {
+    let a = ffn_nodes(5, 41);
+    let b = ffn_nodes(5, 42);
+    let (wa, wb) = (
+        a.fused.output(1, Schedule::InOrder),
+        b.fused.output(1, Schedule::InOrder),
+    );
+    for nth in [2, 3, 7] {
+        for _ in 0..3 {
+            a.fused.set(SENTINEL);
+            b.fused.set(SENTINEL);
+            std::thread::scope(|s| {
+                let (na, nb) = (a.fused, b.fused);
+                s.spawn(move || na.run(nth, Schedule::Together));
+                s.spawn(move || nb.run(nth, Schedule::Together));
+            });
+            assert!(same_bits(&a.fused.read(), &wa), "nth {nth}: a");
+            assert!(same_bits(&b.fused.read(), &wb), "nth {nth}: b");
+        }
+    }
+}
