@@ -7,6 +7,7 @@ use std::path::Path;
 
 fn main() {
     println!("cargo:rerun-if-changed=probe/reg_layout.c");
+    println!("cargo:rerun-if-changed=probe/cuda_hook.c");
     println!("cargo:rerun-if-changed=build.rs");
     // The tag of the patched sources this crate is built against (`ggml_commit()` of that
     // ggml): the plugin refuses to register in a process whose ggml reports another.
@@ -17,13 +18,23 @@ fn main() {
     let ggml = Path::new(spark_llama_prep::PATCHED_SYS_DIR)
         .join("llama.cpp")
         .join("ggml");
-    let objects = cc::Build::new()
+    // The hook's typedefs exist once patch 0008 is in the series; before, the probe is empty.
+    let cuda_h =
+        std::fs::read_to_string(ggml.join("include").join("ggml-cuda.h")).unwrap_or_default();
+    let hook = cuda_h.contains("ggml_backend_cuda_custom_launch_t");
+    println!("cargo:rustc-env=SPARK_CUDA_HOOK_PROBED={}", u8::from(hook));
+    let mut build = cc::Build::new();
+    build
         .file("probe/reg_layout.c")
+        .file("probe/cuda_hook.c")
         .include(ggml.join("include"))
         .include(ggml.join("src"))
         .cargo_metadata(false)
-        .warnings(false)
-        .compile_intermediates();
+        .warnings(false);
+    if hook {
+        build.define("SPARK_HAVE_CUDA_HOOK", None);
+    }
+    let objects = build.compile_intermediates();
     for obj in objects {
         println!("cargo:rustc-link-arg-tests={}", obj.display());
     }

@@ -52,7 +52,7 @@ pub mod driver;
 #[cfg(feature = "cuda")]
 mod ffn;
 #[cfg(feature = "cuda")]
-pub(crate) mod launch;
+pub mod launch;
 
 use llama_cpp_sys_2 as sys;
 use std::io::Write;

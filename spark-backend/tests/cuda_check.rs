@@ -1,0 +1,219 @@
+//! The CUDA launchers' validation (`spark_backend::cuda::check`): a pure function of tensor
+//! metadata, run here on host tensors. It accepts what the CPU ops accept for the weight types
+//! the kernels read and rejects the rest with the CPU ops' wording; with the `cuda` feature, a
+//! launcher called with bad inputs reports the op's one line and returns non-zero without a
+//! CUDA call (no driver here) and without touching the tensors.
+
+mod ffn_common;
+
+use ffn_common::{op_case, OpCase, Rng, Weights};
+use llama_cpp_sys_2 as sys;
+use spark_backend::cuda::check;
+use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+use spark_backend::params::FfnParams;
+use spark_backend::rows::RowType;
+use spark_backend::KernelError;
+use std::ffi::c_void;
+
+const D: usize = 768;
+const R: usize = 256;
+const F: usize = 96;
+const T: usize = 3;
+
+fn case(ty: RowType) -> OpCase {
+    op_case(&mut Rng::new(7), ty, D, R, F, T, 10, 3).0
+}
+
+fn scores(c: &OpCase) -> *mut sys::ggml_tensor {
+    c.ggml.f32_tensor(F, T, &vec![0.5; F * T])
+}
+
+fn params(c: &OpCase) -> *const c_void {
+    (&*c.params as *const FfnParams).cast()
+}
+
+fn fused_dst(c: &OpCase, v: *mut sys::ggml_tensor, p: usize) -> *mut sys::ggml_tensor {
+    let s = scores(c);
+    c.ggml.custom(
+        &[D, T, p],
+        &mut [s, c.h, c.k2, v],
+        spark_ffn_fused,
+        &*c.params,
+    )
+}
+
+#[test]
+fn good_ffn_calls_give_plans_with_the_tensors_addresses_and_shapes() {
+    for ty in [
+        RowType::Q8_0,
+        RowType::F16,
+        RowType::Q4K,
+        RowType::Q6K,
+        RowType::Bf16,
+    ] {
+        let c = case(ty);
+        let dst = fused_dst(&c, c.v, 16);
+        // SAFETY: live tensors of c's context; params is a spark_ffn_params.
+        let plan =
+            unsafe { check::fused(dst, params(&c)) }.unwrap_or_else(|e| panic!("{ty:?}: {e}"));
+        assert_eq!(
+            (plan.stage.f, plan.stage.d, plan.stage.n_tokens, plan.p),
+            (F, D, T, 16)
+        );
+        assert_eq!(
+            (plan.stage.k, plan.stage.layer, plan.stage.r_f()),
+            (10, 3, R)
+        );
+        // SAFETY: live tensors.
+        unsafe {
+            assert_eq!(plan.out, (*dst).data as u64);
+            assert_eq!(plan.stage.h, (*c.h).data as u64);
+            assert_eq!(plan.v.ptr, (*c.v).data as u64);
+            assert_eq!(plan.v.row_stride, (*c.v).nb[1] as u64);
+            assert_eq!(plan.stage.k2.ptr, (*c.k2).data as u64);
+        }
+        assert_eq!((plan.v.ty, plan.v.cols, plan.v.rows), (ty.ggml(), D, F));
+        assert!(!plan.stage.dense());
+
+        let s = scores(&c);
+        let u = c
+            .ggml
+            .custom(&[T, F], &mut [s, c.h, c.k2], spark_ffn_up, &*c.params);
+        // SAFETY: as above.
+        let up = unsafe { check::up(u, params(&c)) }.unwrap();
+        assert_eq!(up.stage, plan.stage.clone_with_scores(s));
+        let out = c
+            .ggml
+            .custom(&[D, T], &mut [u, c.v], spark_ffn_down, &*c.params);
+        // SAFETY: as above.
+        let down = unsafe { check::down(out) }.unwrap();
+        assert_eq!((down.n_tokens, down.out_row, down.v), (T, D, plan.v));
+        let sum = c
+            .ggml
+            .custom(&[D, T], &mut [dst], spark_ffn_sum, std::ptr::null());
+        // SAFETY: as above.
+        let sp = unsafe { check::sum(sum) }.unwrap();
+        assert_eq!((sp.d, sp.n_tokens, sp.p, sp.out_row), (D, T, 16, D));
+    }
+}
+
+/// StagePlan equality modulo the scores tensor (each call above makes its own).
+trait WithScores {
+    fn clone_with_scores(&self, s: *mut sys::ggml_tensor) -> Self;
+}
+
+impl WithScores for check::StagePlan {
+    fn clone_with_scores(&self, s: *mut sys::ggml_tensor) -> Self {
+        // SAFETY: a live tensor.
+        let data = unsafe { (*s).data } as u64;
+        check::StagePlan { s: data, ..*self }
+    }
+}
+
+fn fused_err(dst: *mut sys::ggml_tensor, userdata: *const c_void) -> KernelError {
+    // SAFETY: live tensors; userdata null or a spark_ffn_params.
+    unsafe { check::fused(dst, userdata) }.expect_err("must be rejected")
+}
+
+#[test]
+fn bad_ffn_calls_are_rejected_from_metadata() {
+    let c = case(RowType::Q8_0);
+    let good = fused_dst(&c, c.v, 16);
+    // null userdata, k = 0
+    assert!(matches!(
+        fused_err(good, std::ptr::null()),
+        KernelError::Param(_)
+    ));
+    let zero_k = FfnParams { layer: 3, k: 0 };
+    let e = fused_err(good, (&zero_k as *const FfnParams).cast());
+    assert_eq!(e.to_string(), "invalid parameter: k = 0 (must be >= 1)");
+    // a weight type the kernels do not read (q2_K: the CPU op reads it, the GPU does not)
+    let mut rng = Rng::new(3);
+    let q2 = Weights::random(&mut rng, RowType::Q2K, D, F, 0.3);
+    let v_q2 = c.ggml.tensor(RowType::Q2K, D, F, &q2.bytes);
+    let e = fused_err(fused_dst(&c, v_q2, 16), params(&c));
+    assert_eq!(
+        e,
+        KernelError::UnsupportedType {
+            tensor: "ffn_down_t",
+            ty: RowType::Q2K.ggml()
+        }
+    );
+    // V with the wrong number of neurons, P > F, a null dst
+    let v_short = c
+        .ggml
+        .tensor(RowType::Q8_0, D, F - 1, &vec![0u8; 34 * D / 32 * (F - 1)]);
+    assert!(matches!(
+        fused_err(fused_dst(&c, v_short, 16), params(&c)),
+        KernelError::Shape(_)
+    ));
+    assert!(matches!(
+        fused_err(fused_dst(&c, c.v, F + 1), params(&c)),
+        KernelError::Shape(_)
+    ));
+    assert!(matches!(
+        fused_err(std::ptr::null_mut(), params(&c)),
+        KernelError::Shape(_)
+    ));
+    // a transposed (non-packed) V view
+    // SAFETY: a live tensor of c's context.
+    let vt = unsafe { sys::ggml_transpose(c.ggml.ctx, c.v) };
+    assert!(fused_err(fused_dst(&c, vt, 16), params(&c))
+        .to_string()
+        .contains("ffn_down_t"));
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn a_launcher_given_bad_inputs_reports_the_ops_line_and_fails_without_cuda() {
+    use spark_backend::cuda::launch::LAUNCHERS;
+    use spark_backend::op::fault;
+    let c = case(RowType::Q8_0);
+    let dst = fused_dst(&c, c.v, 16);
+    let n = D * T * 16;
+    // SAFETY: dst holds n f32 values on the host.
+    let host = |dst: *mut sys::ggml_tensor| unsafe {
+        std::slice::from_raw_parts_mut((*dst).data.cast::<f32>(), n)
+    };
+    host(dst).fill(1234.5);
+    let zero_k = FfnParams { layer: 5, k: 0 };
+    let fused = LAUNCHERS
+        .iter()
+        .find(|l| l.name == "spark_ffn_fused")
+        .unwrap();
+    let before = fault::reports().len();
+    // SAFETY: a live custom-op tensor and params in host memory; the launcher validates before
+    // any CUDA call and this machine has no driver, so nothing is enqueued or written.
+    let rc = unsafe {
+        (fused.launch)(
+            dst,
+            0,
+            std::ptr::null_mut(),
+            (&zero_k as *const FfnParams).cast_mut().cast(),
+        )
+    };
+    assert_ne!(rc, 0);
+    let lines = fault::reports();
+    assert!(
+        lines[before..].contains(
+            &"spark-backend: spark_ffn_fused: layer 5: invalid parameter: k = 0 (must be >= 1); \
+              output set to NaN"
+                .to_string()
+        ),
+        "{:?}",
+        &lines[before..]
+    );
+    if spark_backend::cuda::driver::libraries().is_err() {
+        assert!(
+            host(dst).iter().all(|&x| x == 1234.5),
+            "the host tensor was written"
+        );
+    }
+    // null userdata: `layer ?`
+    let rc = unsafe { (fused.launch)(dst, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
+    assert_ne!(rc, 0);
+    assert!(fault::reports()
+        .last()
+        .unwrap()
+        .starts_with("spark-backend: spark_ffn_fused: layer ?: invalid parameter"));
+}
