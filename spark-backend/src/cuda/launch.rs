@@ -148,6 +148,11 @@ pub const LAUNCHERS: &[Launcher] = &[
         fun: crate::ffn_op::spark_ffn_down,
         launch: super::ffn::launch_down,
     },
+    Launcher {
+        name: "spark_attn",
+        fun: crate::attn_op::spark_attn,
+        launch: super::attn::launch_attn,
+    },
 ];
 
 /// Registers every launcher through ggml-cuda's hook; the names registered, or why none was.

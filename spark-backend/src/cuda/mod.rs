@@ -43,6 +43,7 @@
 //! return non-zero. Launchers never read tensor data on the host and never synchronize the
 //! stream, except to count kept neurons when [`device_stats`] is on.
 
+pub mod attn;
 pub mod check;
 pub mod hook;
 pub mod options;
@@ -69,10 +70,16 @@ pub struct KernelSource {
 }
 
 /// Every kernel source (`.cu`), one module each per device.
-pub const KERNEL_SOURCES: &[KernelSource] = &[KernelSource {
-    name: "ffn.cu",
-    text: include_str!("kernels/ffn.cu"),
-}];
+pub const KERNEL_SOURCES: &[KernelSource] = &[
+    KernelSource {
+        name: "ffn.cu",
+        text: include_str!("kernels/ffn.cu"),
+    },
+    KernelSource {
+        name: "attn.cu",
+        text: include_str!("kernels/attn.cu"),
+    },
+];
 
 /// Every header (`.cuh`) the sources may `#include "name"`.
 pub const HEADERS: &[KernelSource] = &[KernelSource {

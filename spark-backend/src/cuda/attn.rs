@@ -1,0 +1,797 @@
+//! The CUDA launcher of `spark_attn` (docs/INTERFACES.md; kernels in `kernels/attn.cu`, whose
+//! header comment describes the launch sequence, grids and scratch buffers).
+//!
+//! [`AttnPlan::new`] checks the call from metadata only (the same checks as the CPU op,
+//! `crate::attention::layout::AttnLayout`, plus what the kernels need: aligned addresses, a head
+//! dim of at most [`MAX_HEAD_DIM`], 32-bit indices) and fixes the launch sequence
+//! ([`AttnPlan::launches`]) over one scratch allocation of [`AttnPlan::scratch_bytes`]. It is a
+//! pure function of the tensors' shapes, strides, types and addresses, so the tests run it on
+//! host-only tensors; the CPU emulation test (tests/cuda_emu) runs the same launches through
+//! g++.
+//!
+//! With the `cuda` feature, `launch_attn` is the launcher ggml-cuda calls for a `spark_attn`
+//! node (`super::launch::enter`): one stream-ordered scratch allocation, the launches on
+//! ggml's stream, and, only when `super::device_stats` is on, a copy of the kept counts and a
+//! stream synchronization for the statistics table.
+
+use crate::attention::layout::{AttnLayout, ElemType, Strided};
+use crate::params::AttnParams;
+use crate::tensor::TensorView;
+use crate::KernelError;
+use llama_cpp_sys_2 as sys;
+use std::ffi::c_void;
+
+/// Largest head dim the kernels hold in shared memory (`SPARK_MAX_HEAD_DIM`).
+pub const MAX_HEAD_DIM: usize = 512;
+/// Threads per block of `spark_attn_scores`.
+pub const SCORES_THREADS: u32 = 256;
+/// Positions per `spark_attn_scores` block (4 per warp and pass, two passes).
+pub const POS_PER_BLOCK: usize = 64;
+/// Most queries one `spark_attn_scores` block holds (`SPARK_QB`).
+pub const QUERIES_PER_BLOCK: usize = 8;
+/// Threads per block of `spark_attn_select` (one block per query).
+pub const SELECT_THREADS: u32 = 256;
+/// Threads per block of `spark_attn_output`.
+pub const OUTPUT_THREADS: u32 = 128;
+/// Threads per block of `spark_attn_reduce`.
+pub const REDUCE_THREADS: u32 = 128;
+/// Accumulators per thread of `spark_attn_output` (`SPARK_OUT_ACC`): H <= this * threads.
+pub const OUTPUT_ACC: usize = 8;
+/// Chunks per query of the output kernel (CH). A constant, so that a query's result does not
+/// depend on the batch it comes in.
+pub const OUTPUT_CHUNKS: usize = 16;
+/// Scratch budget per slab of queries; a call with more queries runs in several slabs.
+pub const SCRATCH_BUDGET: usize = 256 << 20;
+/// Largest `gridDim.y` / `gridDim.z`.
+const MAX_GRID_YZ: usize = 65_535;
+/// Largest value the kernels index with `int`.
+const MAX_INT: usize = i32::MAX as usize;
+
+/// The kernel argument block, `struct SparkAttnArgs` of kernels/attn.cu (same order, C layout),
+/// passed by value to every kernel. Addresses are device addresses.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttnArgs {
+    /// q [H, N, T, S] f32.
+    pub q: u64,
+    /// K cache view.
+    pub k: u64,
+    /// V cache view.
+    pub v: u64,
+    /// KQ mask.
+    pub mask: u64,
+    /// Output.
+    pub dst: u64,
+    /// Scratch: f32 scores [Qs, n_kv].
+    pub scores: u64,
+    /// Scratch: i32 kept positions [Qs, n_kv].
+    pub list: u64,
+    /// Scratch: i32 |S| [Qs].
+    pub count: u64,
+    /// Scratch: f32 (max, 1/z) [Qs, 2].
+    pub norm: u64,
+    /// Scratch: f32 chunk partials [Qs, CH, H] (0 when CH == 1).
+    pub partial: u64,
+    /// Byte strides.
+    pub q_nb: [i64; 4],
+    /// Byte strides.
+    pub k_nb: [i64; 4],
+    /// Byte strides.
+    pub v_nb: [i64; 4],
+    /// Byte strides.
+    pub m_nb: [i64; 4],
+    /// Byte strides.
+    pub d_nb: [i64; 4],
+    /// H.
+    pub head_dim: i32,
+    /// N.
+    pub n_head: i32,
+    /// KV.
+    pub n_head_kv: i32,
+    /// T.
+    pub n_tokens: i32,
+    /// n_kv.
+    pub n_kv: i32,
+    /// S.
+    pub n_stream: i32,
+    /// Mask broadcast extents.
+    pub mask_ne2: i32,
+    /// Mask broadcast extents.
+    pub mask_ne3: i32,
+    /// 1 when K is f16.
+    pub k_f16: i32,
+    /// 1 when V is f16.
+    pub v_f16: i32,
+    /// 1 when the mask is f16.
+    pub mask_f16: i32,
+    /// half2 fast path for K.
+    pub k_vec: i32,
+    /// half2 fast path for V.
+    pub v_vec: i32,
+    /// k_a.
+    pub keep: i32,
+    /// r_a.
+    pub r: i32,
+    /// c_attn.
+    pub softcap: f32,
+    /// Slab: first stream.
+    pub s0: i32,
+    /// Slab: streams.
+    pub ns: i32,
+    /// Slab: first token.
+    pub t0: i32,
+    /// Slab: tokens.
+    pub nt: i32,
+    /// Heads per scores block (GB).
+    pub heads_per_block: i32,
+    /// Tokens per scores block (TT).
+    pub tokens_per_block: i32,
+    /// Positions per scores block.
+    pub pos_per_block: i32,
+    /// Output chunks per query (CH).
+    pub chunks: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<AttnArgs>() == 10 * 8 + 20 * 8 + 24 * 4);
+
+/// The four kernels of kernels/attn.cu.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// `spark_attn_scores`.
+    Scores,
+    /// `spark_attn_select`.
+    Select,
+    /// `spark_attn_output`.
+    Output,
+    /// `spark_attn_reduce`.
+    Reduce,
+}
+
+impl AttnKernel {
+    /// Every kernel, in launch order.
+    pub const ALL: [AttnKernel; 4] = [
+        AttnKernel::Scores,
+        AttnKernel::Select,
+        AttnKernel::Output,
+        AttnKernel::Reduce,
+    ];
+
+    /// The `extern "C"` name in attn.cu.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnKernel::Scores => "spark_attn_scores",
+            AttnKernel::Select => "spark_attn_select",
+            AttnKernel::Output => "spark_attn_output",
+            AttnKernel::Reduce => "spark_attn_reduce",
+        }
+    }
+}
+
+/// One kernel launch: grid, block (x only) and arguments.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Launch {
+    /// Which kernel.
+    pub kernel: AttnKernel,
+    /// Grid dimensions.
+    pub grid: (u32, u32, u32),
+    /// Threads per block.
+    pub block: u32,
+    /// Argument block.
+    pub args: AttnArgs,
+}
+
+/// One slab of queries: streams `s0..s0 + ns`, tokens `t0..t0 + nt` of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slab {
+    /// First stream.
+    pub s0: usize,
+    /// Streams.
+    pub ns: usize,
+    /// First token.
+    pub t0: usize,
+    /// Tokens.
+    pub nt: usize,
+}
+
+/// Byte offsets of the scratch buffers inside one allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScratchLayout {
+    /// f32 [Qs, n_kv].
+    pub scores: usize,
+    /// i32 [Qs, n_kv].
+    pub list: usize,
+    /// i32 [Qs].
+    pub count: usize,
+    /// f32 [Qs, 2].
+    pub norm: usize,
+    /// f32 [Qs, CH, H] (CH > 1 only; else equal to `total`).
+    pub partial: usize,
+    /// Bytes in all.
+    pub total: usize,
+}
+
+/// A checked `spark_attn` call and its launch sequence.
+#[derive(Debug, Clone)]
+pub struct AttnPlan {
+    /// The checked arguments (addresses are device addresses).
+    pub layout: AttnLayout,
+    /// Query slabs, in order; every slab reuses the same scratch.
+    pub slabs: Vec<Slab>,
+    /// Most queries in one slab.
+    pub max_slab_queries: usize,
+    /// Scratch offsets (sized for the largest slab).
+    pub scratch: ScratchLayout,
+    /// CH.
+    pub chunks: usize,
+}
+
+fn shape(msg: String) -> KernelError {
+    KernelError::Shape(msg)
+}
+
+fn align_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+/// True when `t`'s address and strides are multiples of `align` (every element access of the
+/// kernels is then aligned).
+fn aligned(t: &Strided, align: usize) -> bool {
+    (t.data as usize).is_multiple_of(align) && t.nb.iter().all(|&b| b.is_multiple_of(align))
+}
+
+/// True when `t`'s rows (dims 1..4) start at 4-byte aligned addresses: the half2 loads of the
+/// fast paths are then aligned (with an even element offset).
+fn rows_aligned4(t: &Strided) -> bool {
+    (t.data as usize).is_multiple_of(4) && t.nb[1..].iter().all(|&b| b.is_multiple_of(4))
+}
+
+fn strides(t: &Strided, name: &str) -> Result<[i64; 4], KernelError> {
+    let mut out = [0i64; 4];
+    for (o, (&b, &n)) in out.iter_mut().zip(t.nb.iter().zip(&t.ne)) {
+        // The furthest byte along this dimension must fit the kernels' 64-bit offsets.
+        let _ = b
+            .checked_mul(n)
+            .filter(|&x| x <= i64::MAX as usize)
+            .ok_or_else(|| shape(format!("{name}: stride {b} x {n} overflows")))?;
+        *o = b as i64;
+    }
+    Ok(out)
+}
+
+impl AttnPlan {
+    /// Checks a call from its tensors' metadata and `params` and plans its launches. Errors are
+    /// those of the CPU op ([`AttnLayout::new`]) or name what the CUDA kernels cannot take.
+    pub fn new(
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        mask: &TensorView,
+        dst: &TensorView,
+        params: &AttnParams,
+    ) -> Result<Self, KernelError> {
+        let layout = AttnLayout::new(q, k, v, mask, dst, params)?;
+        Self::from_layout(layout)
+    }
+
+    /// [`new`](Self::new) after the CPU checks.
+    pub fn from_layout(l: AttnLayout) -> Result<Self, KernelError> {
+        if l.head_dim > MAX_HEAD_DIM {
+            return Err(shape(format!(
+                "head dim {} above the CUDA kernels' {MAX_HEAD_DIM}",
+                l.head_dim
+            )));
+        }
+        let big = [l.n_head, l.n_tokens, l.n_kv, l.n_stream]
+            .iter()
+            .any(|&x| x > MAX_INT / 8);
+        if big || l.k_keep > MAX_INT {
+            return Err(shape(format!(
+                "q {:?} / n_kv {} / k {} too large for the CUDA kernels' 32-bit indices",
+                l.q.ne, l.n_kv, l.k_keep
+            )));
+        }
+        for (t, name) in [
+            (&l.q, "q"),
+            (&l.k, "k"),
+            (&l.v, "v"),
+            (&l.mask, "mask"),
+            (&l.dst, "dst"),
+        ] {
+            if !aligned(t, t.ty.size()) {
+                return Err(shape(format!(
+                    "{name}: address or byte strides {:?} not multiples of its element size {} (the GPU reads aligned elements)",
+                    t.nb,
+                    t.ty.size()
+                )));
+            }
+        }
+        let n = l.n_head;
+        let per_query = 8 * l.n_kv
+            + 12
+            + if OUTPUT_CHUNKS > 1 {
+                4 * OUTPUT_CHUNKS * l.head_dim
+            } else {
+                0
+            };
+        // Rows (stream, token) per slab, bounded by the budget and by gridDim.z of the scores
+        // kernel (tokens_per_block tokens per z index).
+        let (gb, tt) = Self::scores_blocking(&l);
+        let by_budget = (SCRATCH_BUDGET / (n * per_query).max(1)).max(1);
+        let by_grid = MAX_GRID_YZ * tt;
+        let rows = by_budget
+            .min(by_grid)
+            .min(MAX_INT / (n * l.n_kv.max(1)).max(1))
+            .max(1);
+        let mut slabs = Vec::new();
+        if rows >= l.n_tokens {
+            let per = (rows / l.n_tokens.max(1))
+                .max(1)
+                .min(MAX_GRID_YZ / l.n_tokens.div_ceil(tt).max(1))
+                .max(1);
+            let mut s0 = 0;
+            while s0 < l.n_stream {
+                let ns = per.min(l.n_stream - s0);
+                slabs.push(Slab {
+                    s0,
+                    ns,
+                    t0: 0,
+                    nt: l.n_tokens,
+                });
+                s0 += ns;
+            }
+        } else {
+            for s0 in 0..l.n_stream {
+                let mut t0 = 0;
+                while t0 < l.n_tokens {
+                    let nt = rows.min(l.n_tokens - t0);
+                    slabs.push(Slab { s0, ns: 1, t0, nt });
+                    t0 += nt;
+                }
+            }
+        }
+        let max_slab_queries = slabs.iter().map(|s| s.ns * s.nt * n).max().unwrap_or(0);
+        let qs = max_slab_queries;
+        let chunks = OUTPUT_CHUNKS;
+        let a = 256;
+        let scores = 0;
+        let list = align_up(scores + 4 * qs * l.n_kv, a);
+        let count = align_up(list + 4 * qs * l.n_kv, a);
+        let norm = align_up(count + 4 * qs, a);
+        let partial = align_up(norm + 8 * qs, a);
+        let total = if chunks > 1 {
+            partial + 4 * qs * chunks * l.head_dim
+        } else {
+            partial
+        };
+        let _ = gb;
+        Ok(Self {
+            layout: l,
+            slabs,
+            max_slab_queries,
+            scratch: ScratchLayout {
+                scores,
+                list,
+                count,
+                norm,
+                partial,
+                total: total.max(4),
+            },
+            chunks,
+        })
+    }
+
+    /// (heads per block GB, tokens per block TT) of the scores kernel: every head of a KV group
+    /// (up to 8) and enough tokens for about 8 queries per K1 row read.
+    pub fn scores_blocking(l: &AttnLayout) -> (usize, usize) {
+        let gb = l.group_size().min(QUERIES_PER_BLOCK);
+        (gb, (QUERIES_PER_BLOCK / gb).max(1))
+    }
+
+    /// Bytes of scratch memory the launches need.
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.total
+    }
+
+    /// Queries in the whole call (N * T * S), for statistics.
+    pub fn n_queries(&self) -> usize {
+        self.layout.n_head * self.layout.n_tokens * self.layout.n_stream
+    }
+
+    /// The argument block of `slab` with scratch at device address `scratch`.
+    pub fn args(&self, slab: &Slab, scratch: u64) -> Result<AttnArgs, KernelError> {
+        let l = &self.layout;
+        let (gb, tt) = Self::scores_blocking(l);
+        let s = &self.scratch;
+        let i = |x: usize| x as i32; // every value below was bounded in from_layout
+        let k_vec = l.k.ty == ElemType::F16
+            && l.k.nb[0] == 2
+            && rows_aligned4(&l.k)
+            && l.r.is_multiple_of(2)
+            && l.head_dim.is_multiple_of(2);
+        let v_vec = l.v.ty == ElemType::F16
+            && l.v.nb[0] == 2
+            && rows_aligned4(&l.v)
+            && l.head_dim.is_multiple_of(2);
+        Ok(AttnArgs {
+            q: l.q.data as u64,
+            k: l.k.data as u64,
+            v: l.v.data as u64,
+            mask: l.mask.data as u64,
+            dst: l.dst.data as u64,
+            scores: scratch + s.scores as u64,
+            list: scratch + s.list as u64,
+            count: scratch + s.count as u64,
+            norm: scratch + s.norm as u64,
+            partial: if self.chunks > 1 {
+                scratch + s.partial as u64
+            } else {
+                0
+            },
+            q_nb: strides(&l.q, "q")?,
+            k_nb: strides(&l.k, "k")?,
+            v_nb: strides(&l.v, "v")?,
+            m_nb: strides(&l.mask, "mask")?,
+            d_nb: strides(&l.dst, "dst")?,
+            head_dim: i(l.head_dim),
+            n_head: i(l.n_head),
+            n_head_kv: i(l.n_head_kv),
+            n_tokens: i(l.n_tokens),
+            n_kv: i(l.n_kv),
+            n_stream: i(l.n_stream),
+            mask_ne2: i(l.mask.ne[2]),
+            mask_ne3: i(l.mask.ne[3]),
+            k_f16: i32::from(l.k.ty == ElemType::F16),
+            v_f16: i32::from(l.v.ty == ElemType::F16),
+            mask_f16: i32::from(l.mask.ty == ElemType::F16),
+            k_vec: i32::from(k_vec),
+            v_vec: i32::from(v_vec),
+            keep: i(l.k_keep),
+            r: i(l.r),
+            softcap: l.softcap,
+            s0: i(slab.s0),
+            ns: i(slab.ns),
+            t0: i(slab.t0),
+            nt: i(slab.nt),
+            heads_per_block: i(gb),
+            tokens_per_block: i(tt),
+            pos_per_block: i(POS_PER_BLOCK),
+            chunks: i(self.chunks),
+        })
+    }
+
+    /// The launches of `slab` (kernels/attn.cu, "Launch sequence").
+    pub fn slab_launches(&self, slab: &Slab, scratch: u64) -> Result<Vec<Launch>, KernelError> {
+        let l = &self.layout;
+        let args = self.args(slab, scratch)?;
+        let (gb, tt) = Self::scores_blocking(l);
+        let u = |x: usize| x as u32;
+        let qs = slab.ns * slab.nt * l.n_head;
+        let mut out = Vec::with_capacity(4);
+        if qs == 0 {
+            return Ok(out);
+        }
+        if l.n_kv > 0 {
+            out.push(Launch {
+                kernel: AttnKernel::Scores,
+                grid: (
+                    u(l.n_kv.div_ceil(POS_PER_BLOCK)),
+                    u(l.n_head_kv * l.group_size().div_ceil(gb)),
+                    u(slab.ns * slab.nt.div_ceil(tt)),
+                ),
+                block: SCORES_THREADS,
+                args,
+            });
+        }
+        out.push(Launch {
+            kernel: AttnKernel::Select,
+            grid: (u(qs), 1, 1),
+            block: SELECT_THREADS,
+            args,
+        });
+        out.push(Launch {
+            kernel: AttnKernel::Output,
+            grid: (u(qs), u(self.chunks), 1),
+            block: OUTPUT_THREADS,
+            args,
+        });
+        if self.chunks > 1 {
+            out.push(Launch {
+                kernel: AttnKernel::Reduce,
+                grid: (u(qs), 1, 1),
+                block: REDUCE_THREADS,
+                args,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every launch of the call, slab after slab, with scratch at device address `scratch`.
+    pub fn launches(&self, scratch: u64) -> Result<Vec<Launch>, KernelError> {
+        let mut out = Vec::new();
+        for slab in &self.slabs {
+            out.extend(self.slab_launches(slab, scratch)?);
+        }
+        Ok(out)
+    }
+}
+
+/// Checks a `spark_attn` node from metadata only (shapes, strides, types, data addresses as
+/// numbers; the params struct in host memory) and plans it: the CPU op's checks and messages
+/// (`crate::attn_op`), then the CUDA kernels' own limits.
+///
+/// # Safety
+/// `dst` is null or a live tensor whose `src[0..4]` are null or live; `userdata` is null or
+/// points to a `struct spark_attn_params`.
+pub unsafe fn check(
+    dst: *const sys::ggml_tensor,
+    userdata: *const c_void,
+) -> Result<AttnPlan, KernelError> {
+    // SAFETY: per the contract, dst is null or live.
+    let dst_ref =
+        unsafe { dst.as_ref() }.ok_or_else(|| KernelError::Shape("dst is null".into()))?;
+    if userdata.is_null() {
+        return Err(KernelError::Param(
+            "spark_attn_params (userdata) is null".into(),
+        ));
+    }
+    // SAFETY: a non-null userdata is a spark_attn_params in host memory (contract).
+    let params = unsafe { userdata.cast::<AttnParams>().read_unaligned() };
+    let src = |i: usize, name: &str| -> Result<TensorView, KernelError> {
+        // SAFETY: sources are null (reported) or live; from_raw copies struct fields only.
+        unsafe { TensorView::from_raw(dst_ref.src[i]) }
+            .map_err(|e| KernelError::Shape(format!("{name}: {e}")))
+    };
+    let q = src(0, "q")?;
+    let k = src(1, "k")?;
+    let v = src(2, "v")?;
+    let mask = src(3, "mask")?;
+    // SAFETY: dst is live; metadata only.
+    let out = unsafe { TensorView::from_raw(dst) }
+        .map_err(|e| KernelError::Shape(format!("dst: {e}")))?;
+    AttnPlan::new(&q, &k, &v, &mask, &out, &params)
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::{AttnArgs, AttnPlan, Launch};
+    use crate::cuda::driver::Gpu;
+    use crate::cuda::launch::{cuda_launcher, CudaOp};
+    use crate::{stats, KernelError};
+    use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+    use llama_cpp_sys_2 as sys;
+    use std::ffi::c_void;
+
+    // SAFETY: AttnArgs is #[repr(C)], plain integers and one f32 with no padding (size
+    // asserted above), laid out as `struct SparkAttnArgs` of attn.cu, which every kernel takes
+    // by value.
+    unsafe impl DeviceRepr for AttnArgs {}
+
+    cuda_launcher! {
+        /// `spark_attn` on the GPU (kernels/attn.cu).
+        launch_attn => AttnPlan
+    }
+
+    const SOURCE: &str = "attn.cu";
+
+    impl CudaOp for AttnPlan {
+        const NAME: &'static str = "spark_attn";
+
+        unsafe fn check(
+            dst: *const sys::ggml_tensor,
+            userdata: *const c_void,
+        ) -> Result<Self, KernelError> {
+            // SAFETY: forwarded contract.
+            unsafe { super::check(dst, userdata) }
+        }
+
+        unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
+            if self.n_queries() == 0 {
+                return Ok(());
+            }
+            // SAFETY: uninitialised device memory; every kernel writes a scratch element before
+            // any kernel reads it (kernels/attn.cu).
+            let scratch = unsafe { gpu.stream.alloc::<u8>(self.scratch_bytes()) }
+                .map_err(|e| format!("scratch of {} bytes: {e:?}", self.scratch_bytes()))?;
+            let base = {
+                let (p, _sync) = scratch.device_ptr(&gpu.stream);
+                p
+            };
+            let stats = crate::cuda::device_stats();
+            let mut counts: Vec<u8> = Vec::new();
+            for slab in &self.slabs {
+                let launches = self.slab_launches(slab, base).map_err(|e| e.to_string())?;
+                for l in &launches {
+                    // SAFETY: the plan's addresses are live device memory with the checked
+                    // shapes (contract), the scratch holds scratch_bytes() bytes at base, and
+                    // the argument block is the one parameter of every attn.cu kernel.
+                    unsafe { enqueue(gpu, l)? };
+                }
+                if stats {
+                    let qs = slab.ns * slab.nt * self.layout.n_head;
+                    let off = self.scratch.count;
+                    let view = scratch.slice(off..off + 4 * qs);
+                    counts.extend(
+                        gpu.stream
+                            .clone_dtoh(&view)
+                            .map_err(|e| format!("statistics: {e:?}"))?,
+                    );
+                }
+            }
+            if stats {
+                gpu.stream
+                    .synchronize()
+                    .map_err(|e| format!("statistics: {e:?}"))?;
+                let kept: u64 = counts
+                    .chunks_exact(4)
+                    .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                    .sum();
+                stats::record_attn(self.layout.layer, kept, self.n_queries() as u64);
+            }
+            drop(scratch); // freed on the stream, after the kernels
+            Ok(())
+        }
+    }
+
+    /// Enqueues one launch of attn.cu on ggml's stream.
+    ///
+    /// # Safety
+    /// The addresses in `l.args` are live device memory of `gpu`'s device with the shapes the
+    /// plan checked.
+    unsafe fn enqueue(gpu: &Gpu, l: &Launch) -> Result<(), String> {
+        let name = l.kernel.name();
+        let f = gpu.device.function(SOURCE, name)?;
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&l.args);
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: (l.block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: per the contract; the kernel's one parameter is `struct SparkAttnArgs`.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| format!("{name}: launch failed: {e:?}"))
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) use gpu::launch_attn;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::layout::GGML_TYPE_F16;
+    use crate::tensor::GGML_TYPE_F32;
+
+    fn view(ty: u32, ne: [usize; 4], addr: usize) -> TensorView {
+        let es = if ty == GGML_TYPE_F16 { 2 } else { 4 };
+        TensorView {
+            ty,
+            ne,
+            nb: [
+                es,
+                es * ne[0],
+                es * ne[0] * ne[1],
+                es * ne[0] * ne[1] * ne[2],
+            ],
+            data: addr as *mut u8,
+        }
+    }
+
+    /// Gemma-2 2B attention shapes: T tokens per stream, S streams, n_kv positions.
+    fn plan(t: usize, s: usize, n_kv: usize) -> AttnPlan {
+        let q = view(GGML_TYPE_F32, [256, 8, t, s], 0x1000_0000);
+        let k = view(GGML_TYPE_F16, [256, 4, n_kv, s], 0x2000_0000);
+        let m = view(
+            GGML_TYPE_F32,
+            [n_kv, t.next_multiple_of(64), 1, s],
+            0x3000_0000,
+        );
+        let p = AttnParams {
+            layer: 1,
+            k: 256,
+            r: 128,
+            softcap: 50.0,
+        };
+        AttnPlan::new(&q, &k, &k, &m, &q, &p).unwrap()
+    }
+
+    #[test]
+    fn kernel_limits_hold() {
+        assert!(MAX_HEAD_DIM <= OUTPUT_ACC * OUTPUT_THREADS as usize);
+        assert_eq!(SCORES_THREADS % 32, 0);
+        assert_eq!(SELECT_THREADS % 32, 0);
+        assert_eq!(OUTPUT_THREADS % 32, 0);
+        assert_eq!(POS_PER_BLOCK % 4, 0);
+    }
+
+    #[test]
+    fn decode_is_one_slab_of_four_launches() {
+        let p = plan(1, 1, 4096);
+        assert_eq!(
+            p.slabs,
+            vec![Slab {
+                s0: 0,
+                ns: 1,
+                t0: 0,
+                nt: 1
+            }]
+        );
+        let l = p.launches(0x4000_0000).unwrap();
+        let kinds: Vec<_> = l.iter().map(|x| (x.kernel, x.grid)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (AttnKernel::Scores, (64, 4, 1)),
+                (AttnKernel::Select, (8, 1, 1)),
+                (AttnKernel::Output, (8, OUTPUT_CHUNKS as u32, 1)),
+                (AttnKernel::Reduce, (8, 1, 1)),
+            ]
+        );
+        let a = l[0].args;
+        assert_eq!(
+            (a.k_vec, a.v_vec, a.heads_per_block, a.tokens_per_block),
+            (1, 1, 2, 4)
+        );
+        assert_eq!(a.scores, 0x4000_0000);
+        assert!(a.list >= a.scores + 4 * 8 * 4096);
+    }
+
+    #[test]
+    fn slabs_cover_every_query_once_within_the_budget() {
+        for (t, s, n_kv) in [
+            (512, 1, 4608),
+            (4096, 1, 32768),
+            (3, 5, 70_000),
+            (1, 64, 8192),
+        ] {
+            let p = plan(t, s, n_kv);
+            let mut seen = vec![0u8; t * s];
+            for sl in &p.slabs {
+                for ss in sl.s0..sl.s0 + sl.ns {
+                    for tt in sl.t0..sl.t0 + sl.nt {
+                        seen[ss * t + tt] += 1;
+                    }
+                }
+                for l in p.slab_launches(sl, 0).unwrap() {
+                    assert!(l.grid.1 as usize <= MAX_GRID_YZ && l.grid.2 as usize <= MAX_GRID_YZ);
+                    assert!(l.grid.0 >= 1);
+                }
+            }
+            assert!(
+                seen.iter().all(|&c| c == 1),
+                "{t} {s} {n_kv}: {:?}",
+                p.slabs
+            );
+            assert!(
+                p.scratch_bytes() <= SCRATCH_BUDGET + 4096,
+                "{t} {s} {n_kv}: {}",
+                p.scratch_bytes()
+            );
+        }
+        assert_eq!(plan(512, 1, 4608).slabs.len(), 1);
+    }
+
+    #[test]
+    fn rejects_what_the_kernels_cannot_take() {
+        let q = view(GGML_TYPE_F32, [1024, 2, 1, 1], 0x1000);
+        let k = view(GGML_TYPE_F16, [1024, 1, 16, 1], 0x2000);
+        let m = view(GGML_TYPE_F32, [16, 1, 1, 1], 0x3000);
+        let p = AttnParams {
+            layer: 0,
+            k: 4,
+            r: 2,
+            softcap: 0.0,
+        };
+        let e = AttnPlan::new(&q, &k, &k, &m, &q, &p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("head dim 1024"), "{e}");
+        let q = view(GGML_TYPE_F32, [8, 2, 1, 1], 0x1000);
+        let k = view(GGML_TYPE_F16, [8, 1, 16, 1], 0x2001);
+        let e = AttnPlan::new(&q, &k, &k, &m, &q, &p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("k: address"), "{e}");
+    }
+}

@@ -1,0 +1,140 @@
+// A CPU emulation of the small part of CUDA C that kernels/attn.cu uses, so that g++ can compile
+// the kernel file unchanged and run it (tests/cuda_emu/main.rs). Not fast, not general:
+// - one std::thread per CUDA thread of a block, blocks one after another;
+// - `__shared__` is static storage (one block at a time), `__syncthreads` a std::barrier;
+// - warp shuffles and ballots go through a per-warp exchange buffer and a per-warp barrier, so
+//   every lane of a warp must reach them together (as the kernels guarantee);
+// - f16 -> f32 in software.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <math.h>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define SPARK_ATTN_EMULATION 1
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+
+struct alignas(8) float2 {
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
+struct EmuDim {
+    unsigned x = 1, y = 1, z = 1;
+};
+inline thread_local EmuDim threadIdx, blockIdx;
+inline EmuDim blockDim, gridDim;
+
+struct EmuWarp {
+    std::barrier<> bar{32};
+    alignas(8) unsigned char slot[32][8];
+};
+inline std::barrier<>* emu_block_barrier = nullptr;
+inline std::vector<std::unique_ptr<EmuWarp>> emu_warps;
+
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int o) {
+    EmuWarp& w = *emu_warps[threadIdx.x >> 5];
+    const unsigned lane = threadIdx.x & 31;
+    std::memcpy(w.slot[lane], &v, sizeof(T));
+    w.bar.arrive_and_wait();
+    T r;
+    std::memcpy(&r, w.slot[lane ^ unsigned(o)], sizeof(T));
+    w.bar.arrive_and_wait();
+    return r;
+}
+
+inline unsigned __ballot_sync(unsigned, bool p) {
+    EmuWarp& w = *emu_warps[threadIdx.x >> 5];
+    const unsigned lane = threadIdx.x & 31;
+    w.slot[lane][0] = p ? 1 : 0;
+    w.bar.arrive_and_wait();
+    unsigned b = 0;
+    for (unsigned i = 0; i < 32; ++i) b |= unsigned(w.slot[i][0]) << i;
+    w.bar.arrive_and_wait();
+    return b;
+}
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+inline int __float_as_int(float f) {
+    int i;
+    std::memcpy(&i, &f, 4);
+    return i;
+}
+inline double __longlong_as_double(long long i) {
+    double d;
+    std::memcpy(&d, &i, 8);
+    return d;
+}
+inline long long __double_as_longlong(double d) {
+    long long i;
+    std::memcpy(&i, &d, 8);
+    return i;
+}
+
+// IEEE binary16 bits -> f32 (exact, subnormals, inf and NaN included).
+inline float spark_h2f(unsigned short h) {
+    const unsigned sign = unsigned(h >> 15) << 31;
+    const unsigned e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    unsigned bits;
+    if (e == 0) {
+        if (m == 0) {
+            bits = sign;
+        } else {
+            // subnormal: m * 2^-24
+            const float f = float(m) * 5.9604644775390625e-8f;
+            std::memcpy(&bits, &f, 4);
+            bits |= sign;
+        }
+    } else if (e == 31) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// Runs kernel(args) over grid x block (block.y = block.z = 1), blocks in order.
+template <class Args>
+inline void emu_launch(void (*kernel)(const Args), EmuDim grid, EmuDim block, const Args& args) {
+    gridDim = grid;
+    blockDim = block;
+    const unsigned nt = block.x;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                std::barrier<> bar(nt);
+                emu_block_barrier = &bar;
+                emu_warps.clear();
+                for (unsigned w = 0; w < (nt + 31) / 32; ++w) emu_warps.push_back(std::make_unique<EmuWarp>());
+                std::vector<std::thread> threads;
+                threads.reserve(nt);
+                for (unsigned t = 0; t < nt; ++t)
+                    threads.emplace_back([=, &args] {
+                        threadIdx = EmuDim{t, 0, 0};
+                        blockIdx = EmuDim{bx, by, bz};
+                        kernel(args);
+                    });
+                for (auto& th : threads) th.join();
+            }
+}
