@@ -1,0 +1,457 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 13 (item 4), run on the lent GPU machine from the repository root with
+# what tools/gpu-pack.sh packed into target/gpucarry (the one-line `run` call: tools/README.md).
+# Writes $OUT/gpu-check.txt (the report) and $OUT/gpu-logs.tar.gz (every raw log, the bench
+# JSON, the profiler CSV); without $OUT, target/gpuwork/out.
+#
+# Phases, in this order (each one's section of the report is kept in target/gpuwork, so running
+# the same command again on the still-warm machine continues where a time limit stopped it):
+#   build    the patched llama.cpp from target/gpucarry/llama-src.tar.gz: GGML_CUDA=ON for this
+#            GPU's architecture (nvidia-smi; 90 for H100/H200), GGML_CUDA_FA=OFF, shared
+#            libraries, GGML_BUILD_COMMIT_OVERRIDE = the series tag the plugin was built against;
+#            targets llama-bench llama-perplexity llama-completion llama-quantize (~4 min)
+#   correct  the shipped model (models/spark-shakespeare.npz, converted here; quantized here to
+#            F16 BF16 Q8_0 Q4_0 Q4_K_M) on models/heldout.txt, llama-perplexity -c 256: CPU with
+#            the plugin (GPU hidden) writes --kl-divergence-base, GPU (-ngl 99) with the plugin
+#            runs --kl-divergence: mean KLD, same top-1 %, both PPLs; the same for the dense
+#            stock-op graph (no plugin) as the control of what ggml-cuda itself changes;
+#            SPARK_STATS=1 keep-rate tables CPU vs GPU; GGML_SCHED_DEBUG=2 shows on which
+#            backend every GGML_OP_CUSTOM node ran (prefill and decode)
+#   bench    llama-bench -ngl 99 -fa 0, Spark vs stock Gemma-2 2B (synthetic, spark-convert
+#            --synthetic, f16 and q8_0) at -p 512 -n 128 -d 0,512,4096 -r 3
+#   prof     device-to-device copy bandwidth (PyTorch), then each Spark kernel's time and DRAM
+#            bytes (nsys if it works here, else ncu) against it
+#
+# Fails (exit 1) when the build fails, the GPU run's KL divergence or top-1 agreement is out of
+# bounds, SPARK_STATS differ, or the Spark kernels did not run on the GPU (the plugin's
+# "spark-backend: CUDA kernels registered" line missing, or a GGML_OP_CUSTOM node scheduled on
+# the CPU under -ngl 99). Exit 2: passed so far, but a phase was skipped for time (run again).
+#
+# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,prof] [--budget SECONDS] [--redo]
+#   --budget   stop starting phases that would not end within SECONDS of the start (default 570,
+#              inside the run call's 600)
+#   --redo     ignore the kept sections and run every phase again (the build stays incremental)
+# Tunables (environment): GPU_CHECK_CHUNKS (40 perplexity chunks of 256 tokens),
+# GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_BENCH_REPS (3),
+# GPU_CHECK_BENCH_TYPES ("f16 q8_0"), CUDA_ARCH (from nvidia-smi).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+root=$PWD
+
+phases=build,correct,bench,prof budget=570 redo=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --phases) phases=$2; shift ;;
+        --budget) budget=$2; shift ;;
+        --redo) redo=1 ;;
+        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+carry=$root/target/gpucarry
+work=$root/target/gpuwork
+out=${OUT:-$work/out}
+logs=$work/logs
+mkdir -p "$out" "$work/sections" "$logs" "$work/models" "$work/kld"
+report=$out/gpu-check.txt
+: >"$report"
+start=$SECONDS
+deadline=$((start + budget))
+failures=()
+skipped=()
+
+section=
+# emit: stdin to the terminal, the report and (inside a phase) the phase's kept section
+emit() { if [ -n "$section" ]; then tee -a "$report" "$section"; else tee -a "$report"; fi; }
+say() { echo "$*" | emit; }
+fail() { failures+=("$1"); say "FAIL: $1"; }
+left() { echo $((deadline - SECONDS)); }
+# Saves the logs into $OUT after every phase: what is there when a time limit kills the command
+# still comes back.
+save_logs() { tar -C "$work" -czf "$out/gpu-logs.tar.gz.tmp" logs bench.json prof 2>/dev/null
+              mv -f "$out/gpu-logs.tar.gz.tmp" "$out/gpu-logs.tar.gz"; }
+has_phase() { [[ ",$phases," == *",$1,"* ]]; }
+
+[ -f "$carry/llama-src.tar.gz" ] && [ -f "$carry/libggml-spark.so" ] && [ -x "$carry/spark-convert" ] \
+    && [ -f "$carry/series-tag" ] || { say "FAIL: target/gpucarry is incomplete: run bash tools/gpu-pack.sh here first and carry target/gpucarry"; exit 1; }
+tag=$(cat "$carry/series-tag")
+plugin=$carry/libggml-spark.so
+convert=$carry/spark-convert
+threads=$(nproc)
+# The sections kept from an earlier run are valid for the same carry and the same script.
+stamp=$(cat "$carry/MANIFEST" "$carry/series-tag" "$root/tools/gpu-check.sh" | sha256sum | cut -c1-16)
+if [ "$redo" = 1 ] || [ "$(cat "$work/sections/stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -f "$work/sections/"*
+    echo "$stamp" >"$work/sections/stamp"
+fi
+
+# --- environment -------------------------------------------------------------------------------
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+cuda_root=${nvcc:+$(cd "$(dirname "$nvcc")/.." && pwd)}
+# the plugin loads libcuda (driver) and libnvrtc (toolkit) at run time
+for d in "$cuda_root/lib64" "$cuda_root/targets/x86_64-linux/lib" /usr/local/nvidia/lib64; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+arch=${CUDA_ARCH:-}
+if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then
+    arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+fi
+arch=${arch:-90}
+say "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), phases $phases, budget ${budget}s"
+say "== environment"
+if command -v nvidia-smi >/dev/null; then
+    say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -2)"
+else
+    say "GPU: nvidia-smi missing"
+fi
+say "nvcc: $(${nvcc:-false} --version 2>/dev/null | grep -o 'release [0-9.]*' || echo missing); cmake: $(cmake --version | head -1)"
+say "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $threads CPUs; CUDA arch $arch"
+sed 's/^/carry: /' "$carry/MANIFEST" | emit
+
+# run_phase NAME SECONDS_NEEDED FUNCTION: runs it unless its section is kept, or skips it when
+# the budget cannot hold it.
+run_phase() {
+    local name=$1 need=$2 fn=$3 sec=$work/sections/$1
+    has_phase "$name" || return 0
+    if [ -f "$sec.done" ]; then
+        say "== $name (kept from an earlier run of this carry)"
+        emit <"$sec.txt"
+        if [ -s "$sec.fail" ]; then while read -r f; do failures+=("$f"); done <"$sec.fail"; fi
+        return 0
+    fi
+    if [ "$(left)" -lt "$need" ]; then
+        say "== $name: SKIPPED, needs ~${need}s, $(left)s left (run the same command again)"
+        skipped+=("$name")
+        return 0
+    fi
+    say "== $name"
+    local n_fail=${#failures[@]} t0=$SECONDS rc
+    section=$sec.txt
+    : >"$section"
+    "$fn"
+    rc=$?
+    say "($name: $((SECONDS - t0)) s)"
+    section=
+    printf '%s\n' "${failures[@]:$n_fail}" | sed '/^$/d' >"$sec.fail"
+    if [ "$rc" = 0 ]; then touch "$sec.done"; fi
+    save_logs
+}
+
+# --- build -------------------------------------------------------------------------------------
+src=$work/src/llama.cpp
+bld=$work/build
+bin=$bld/bin
+phase_build() {
+    local tstamp
+    tstamp=$(sha256sum "$carry/llama-src.tar.gz" | cut -c1-16)
+    if [ "$(cat "$work/src.stamp" 2>/dev/null)" != "$tstamp" ]; then
+        rm -rf "$work/src"
+        mkdir -p "$work/src"
+        tar -xzf "$carry/llama-src.tar.gz" -C "$work/src" || { fail "build: cannot unpack llama-src.tar.gz"; return 1; }
+        echo "$tstamp" >"$work/src.stamp"
+    fi
+    [ "$(cat "$src/SPARK_SERIES_TAG")" = "$tag" ] \
+        || { fail "build: the source tarball's tag $(cat "$src/SPARK_SERIES_TAG") is not the plugin's $tag"; return 1; }
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    [ -f "$bld/CMakeCache.txt" ] && gen=()
+    if ! cmake -S "$src" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+            -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+            -DGGML_CUDA_FA=OFF -DGGML_NATIVE=ON -DGGML_RPC=ON -DGGML_CCACHE=OFF \
+            -DGGML_BUILD_COMMIT_OVERRIDE="$tag" \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+            ${nvcc:+-DCMAKE_CUDA_COMPILER="$nvcc"} >"$logs/cmake-configure.log" 2>&1; then
+        tail -n 30 "$logs/cmake-configure.log" | emit
+        fail "build: cmake configure failed"; return 1
+    fi
+    if ! cmake --build "$bld" -j "$threads" --target llama-bench llama-perplexity llama-completion \
+            llama-quantize >"$logs/cmake-build.log" 2>&1; then
+        grep -m 20 -B2 -A6 'error' "$logs/cmake-build.log" | emit
+        fail "build: compile failed (logs/cmake-build.log)"; return 1
+    fi
+    say "built in $bld (CUDA arch $arch, ggml_commit $tag): $(cd "$bin" && echo llama-*)"
+    # the plugin accepts this ggml (same tag) and registers its CUDA launchers
+    GGML_BACKEND_PATH=$plugin "$bin/llama-completion" --list-devices >"$logs/list-devices.log" 2>&1
+    sed -n '/spark-backend\|CUDA0\|Available devices/p' "$logs/list-devices.log" | head -8 | emit
+    if grep -q 'not registering' "$logs/list-devices.log"; then
+        fail "build: the plugin refused this ggml (see logs/list-devices.log)"; return 1
+    fi
+}
+run_phase build 420 phase_build
+if [ ! -x "$bin/llama-perplexity" ] || [ ! -f "$work/sections/build.done" ]; then
+    # the other phases need the build
+    for p in correct bench prof; do has_phase "$p" && skipped+=("$p"); done
+    phases=build
+fi
+
+# --- correct -----------------------------------------------------------------------------------
+chunks=${GPU_CHECK_CHUNKS:-40}
+max_kld=${GPU_CHECK_MAX_KLD:-5e-4}
+min_top1=${GPU_CHECK_MIN_TOP1:-98.5}
+
+# kld_pair LABEL MODEL PLUGIN(yes|no): CPU base run, GPU KLD run; prints one table row
+kld_pair() {
+    local label=$1 model=$2 with=$3 env_plugin=()
+    [ "$with" = yes ] && env_plugin=(GGML_BACKEND_PATH="$plugin")
+    local cpu=$logs/ppl-$label-cpu.log gpu=$logs/ppl-$label-gpu.log base=$work/kld/$label.kld
+    env "${env_plugin[@]}" SPARK_STATS=1 CUDA_VISIBLE_DEVICES= \
+        "$bin/llama-perplexity" -m "$model" -f models/heldout.txt -c 256 --chunks "$chunks" -t "$threads" \
+        --no-warmup -ngl 0 --kl-divergence-base "$base" >"$cpu" 2>&1 \
+        || { fail "correct: $label CPU run failed (logs/$(basename "$cpu"))"; return; }
+    env "${env_plugin[@]}" SPARK_STATS=1 \
+        "$bin/llama-perplexity" -m "$model" -c 256 -t "$threads" --no-warmup -ngl 99 \
+        --kl-divergence-base "$base" --kl-divergence >"$gpu" 2>&1 \
+        || { fail "correct: $label GPU run failed (logs/$(basename "$gpu"))"; return; }
+    local ppl_cpu ppl_q ppl_base kld top1
+    ppl_cpu=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$cpu" | tail -1)
+    ppl_q=$(sed -n 's/^Mean PPL(Q) *: *\([0-9.]*\).*/\1/p' "$gpu" | tail -1)
+    ppl_base=$(sed -n 's/^Mean PPL(base) *: *\([0-9.]*\).*/\1/p' "$gpu" | tail -1)
+    kld=$(sed -n 's/^Mean *KLD: *\([0-9.eE+-]*\).*/\1/p' "$gpu" | tail -1)
+    top1=$(sed -n 's/^Same top p: *\([0-9.]*\).*/\1/p' "$gpu" | tail -1)
+    printf '| %-12s | %-6s | %10s | %10s | %10s | %10s | %7s |\n' "$label" "$with" "${ppl_cpu:-?}" \
+        "${ppl_q:-?}" "${ppl_base:-?}" "${kld:-?}" "${top1:-?}" | emit
+    if [ "$with" = yes ]; then
+        grep -q 'spark-backend: CUDA kernels registered' "$gpu" \
+            || fail "correct: $label: no 'spark-backend: CUDA kernels registered' in the GPU run ($(grep -m1 'spark-backend' "$gpu" || echo 'no spark-backend line'))"
+        if [ -z "$kld" ] || [ -z "$top1" ] \
+                || ! python3 -c "import sys; sys.exit(0 if float('$kld') <= float('$max_kld') and float('$top1') >= float('$min_top1') else 1)"; then
+            fail "correct: $label: GPU vs CPU mean KLD ${kld:-?} (max $max_kld), same top-1 ${top1:-?} % (min $min_top1)"
+        fi
+    fi
+}
+
+# sched_check LABEL LOG: counts the GGML_OP_CUSTOM nodes per backend in a GGML_SCHED_DEBUG=2 log
+sched_check() {
+    local label=$1 log=$2 counts
+    counts=$(python3 - "$log" <<'EOF'
+import re, sys, collections
+c = collections.Counter()
+pat = re.compile(r'node #\s*\d+ \(\s*CUSTOM\): .{20} \(.{5}\) \[(.{5})')
+for line in open(sys.argv[1], errors="replace"):
+    m = pat.search(line)
+    if m:
+        c[m.group(1).strip()] += 1
+print(" ".join(f"{k}={v}" for k, v in sorted(c.items())) or "none")
+EOF
+    )
+    say "GGML_OP_CUSTOM nodes by backend ($label, -ngl 99): $counts; splits: $(grep -c '## SPLIT' "$log")"
+    if ! grep -q 'node #' "$log"; then
+        fail "correct: $label: GGML_SCHED_DEBUG=2 printed no node lines (logs/$(basename "$log")): cannot tell where the custom ops ran"
+        return 0
+    fi
+    [[ "$counts" == *CUDA* ]] || fail "correct: $label: no GGML_OP_CUSTOM node ran on CUDA ($counts)"
+    [[ "$counts" == *CPU* ]] && fail "correct: $label: GGML_OP_CUSTOM nodes scheduled on the CPU ($counts)"
+    return 0
+}
+
+stats_table() { grep '^spark-stats: *[0-9]' "$1" | awk '{print $2, $3, $4, $5, $6}'; }
+
+phase_correct() {
+    local m=$work/models
+    if [ ! -f "$m/shakespeare-f32.gguf" ]; then
+        "$convert" models/spark-shakespeare.npz "$m/shakespeare-f32.gguf" --outtype f32 --force --quiet \
+            >"$logs/convert.log" 2>&1 || { fail "correct: spark-convert failed"; return 1; }
+    fi
+    local types=(F16 BF16 Q8_0 Q4_0 Q4_K_M) t
+    for t in "${types[@]}"; do
+        [ -f "$m/shakespeare-$t.gguf" ] || "$bin/llama-quantize" "$m/shakespeare-f32.gguf" \
+            "$m/shakespeare-$t.gguf" "$t" >>"$logs/quantize.log" 2>&1 \
+            || fail "correct: llama-quantize $t failed"
+    done
+    say "llama-perplexity -c 256 --chunks $chunks, models/heldout.txt; CPU: GPU hidden (CUDA_VISIBLE_DEVICES=), -ngl 0;"
+    say "GPU: -ngl 99 --kl-divergence against the CPU run. Bounds: mean KLD <= $max_kld, same top-1 >= $min_top1 %."
+    say ""
+    say "| model        | plugin | PPL CPU    | PPL(Q) GPU | PPL(base)  | mean KLD   | top-1 % |"
+    say "|---|---|---|---|---|---|---|"
+    kld_pair f32 "$m/shakespeare-f32.gguf" yes
+    for t in "${types[@]}"; do
+        [ -f "$m/shakespeare-$t.gguf" ] && kld_pair "$t" "$m/shakespeare-$t.gguf" yes
+    done
+    kld_pair f32-dense "$m/shakespeare-f32.gguf" no
+    say "(plugin 'no': the dense stock-op graph, i.e. what ggml-cuda's own kernels change; not bounded)"
+
+    say ""
+    say "SPARK_STATS=1, f32 model, same tokens: CPU | GPU (layer, ffn_keep_rate, ffn_tokens, attn_mean_positions, attn_queries)"
+    local a=$work/stats-cpu.txt b=$work/stats-gpu.txt
+    stats_table "$logs/ppl-f32-cpu.log" >"$a"
+    stats_table "$logs/ppl-f32-gpu.log" >"$b"
+    paste -d'|' "$a" "$b" | sed 's/^/  /; s/|/   |   /' | emit
+    if [ ! -s "$b" ]; then
+        fail "correct: no SPARK_STATS table from the GPU run ($(grep -m1 'spark-stats' "$logs/ppl-f32-gpu.log" || echo 'nothing'))"
+    elif ! python3 - "$a" "$b" <<'EOF'
+import sys
+a = [l.split() for l in open(sys.argv[1])]
+b = [l.split() for l in open(sys.argv[2])]
+ok = len(a) == len(b) and len(a) > 0
+for x, y in zip(a, b):
+    layer, keep_a, tok_a, pos_a, q_a = x
+    _, keep_b, tok_b, pos_b, q_b = y
+    if tok_a != tok_b or q_a != q_b:
+        ok = False
+    if abs(float(keep_a) - float(keep_b)) > 0.002:
+        ok = False
+    if abs(float(pos_a) - float(pos_b)) > 0.01 * max(1.0, float(pos_a)):
+        ok = False
+sys.exit(0 if ok else 1)
+EOF
+    then
+        fail "correct: SPARK_STATS differ between CPU and GPU (keep rate > 0.002, positions > 1 %, or counts)"
+    fi
+
+    say ""
+    # on which backend the custom ops run: a prefill graph (one 256-token chunk) and decode graphs
+    GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin "$bin/llama-perplexity" -m "$m/shakespeare-f32.gguf" \
+        -f models/heldout.txt -c 256 --chunks 1 -b 256 -ngl 99 -t "$threads" --no-warmup -v \
+        >"$logs/sched-prefill.log" 2>&1 || fail "correct: the GGML_SCHED_DEBUG prefill run failed"
+    sched_check prefill "$logs/sched-prefill.log"
+    GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin "$bin/llama-completion" -m "$m/shakespeare-f32.gguf" \
+        -p "ROMEO:" -n 4 --temp 0 -no-cnv -ngl 99 -t "$threads" --no-warmup -v \
+        >"$logs/sched-decode.log" 2>&1 </dev/null || fail "correct: the GGML_SCHED_DEBUG decode run failed"
+    sched_check decode "$logs/sched-decode.log"
+    grep -m3 'spark-backend' "$logs/sched-decode.log" | sed 's/^/plugin: /' | emit
+    return 0
+}
+run_phase correct 150 phase_correct
+
+# --- bench -------------------------------------------------------------------------------------
+phase_bench() {
+    local m=$work/models t models=()
+    for t in ${GPU_CHECK_BENCH_TYPES:-f16 q8_0}; do
+        for p in spark-gemma2-2b gemma2-2b; do
+            [ -f "$m/$p-$t.gguf" ] || "$convert" --synthetic "$p" "$m/$p-$t.gguf" --outtype "$t" --quiet \
+                >>"$logs/synthetic.log" 2>&1 || { fail "bench: spark-convert --synthetic $p $t failed"; return 1; }
+            models+=(-m "$m/$p-$t.gguf")
+        done
+    done
+    local reps=${GPU_CHECK_BENCH_REPS:-3}
+    say "llama-bench -ngl 99 -fa 0 -p 512 -n 128 -d 0,512,4096 -r $reps, plugin loaded (the stock models never call it)"
+    if ! GGML_BACKEND_PATH=$plugin timeout "$(( $(left) - 10 ))" "$bin/llama-bench" "${models[@]}" \
+            -ngl 99 -fa 0 -p 512 -n 128 -d 0,512,4096 -r "$reps" -o json \
+            >"$work/bench.json" 2>"$logs/bench.log"; then
+        tail -n 5 "$logs/bench.log" | emit
+        fail "bench: llama-bench failed or ran out of time (logs/bench.log)"; return 1
+    fi
+    python3 - "$work/bench.json" <<'EOF' | emit
+import json, os, sys
+rows = json.load(open(sys.argv[1]))
+res = {}
+for r in rows:
+    name = os.path.basename(r["model_filename"]).removesuffix(".gguf")
+    kind, typ = name.rsplit("-", 1)
+    test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+    res[(typ, test, r["n_depth"], kind)] = (r["avg_ts"], r["stddev_ts"])
+print("| type | test | depth | Spark t/s | stock Gemma-2 t/s | Spark/stock |")
+print("|---|---|---|---|---|---|")
+for (typ, test, depth, kind) in sorted(k for k in res if k[3] == "spark-gemma2-2b"):
+    s = res[(typ, test, depth, kind)]
+    g = res.get((typ, test, depth, "gemma2-2b"))
+    ratio = f"{s[0] / g[0]:.2f}x" if g else "?"
+    gs = f"{g[0]:.2f} +/- {g[1]:.2f}" if g else "?"
+    print(f"| {typ} | {test} | {depth} | {s[0]:.2f} +/- {s[1]:.2f} | {gs} | {ratio} |")
+EOF
+    grep -m2 'spark-backend' "$logs/bench.log" | sed 's/^/plugin: /' | emit
+    return 0
+}
+bench_need=200
+for t in ${GPU_CHECK_BENCH_TYPES:-f16 q8_0}; do
+    for p in spark-gemma2-2b gemma2-2b; do [ -f "$work/models/$p-$t.gguf" ] || bench_need=$((bench_need + 60)); done
+done
+run_phase bench "$bench_need" phase_bench
+
+# --- prof --------------------------------------------------------------------------------------
+phase_prof() {
+    mkdir -p "$work/prof"
+    local copy
+    copy=$(python3 - <<'EOF' 2>"$logs/copy-bw.log"
+import torch
+n = 1 << 30
+a = torch.empty(n, dtype=torch.uint8, device="cuda")
+b = torch.empty_like(a)
+for _ in range(3):
+    b.copy_(a)
+torch.cuda.synchronize()
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20):
+    b.copy_(a)
+e.record()
+torch.cuda.synchronize()
+print(f"{2 * n * 20 / (s.elapsed_time(e) / 1e3) / 1e9:.0f}")
+EOF
+    )
+    say "device-to-device copy: ${copy:-?} GB/s (bytes read + written, 1 GiB buffers, PyTorch)"
+    local model=$work/models/spark-gemma2-2b-q8_0.gguf
+    [ -f "$model" ] || model=$(find "$work/models" -name 'spark-gemma2-2b-*.gguf' | head -1)
+    [ -n "$model" ] || { say "no synthetic Spark 2B model (bench makes them)"; return 1; }
+    say "profiled: llama-bench -m $(basename "$model") -ngl 99 -fa 0 -p 0 -n 16 -d 512 -r 1 --no-warmup"
+    local nsys_bin
+    nsys_bin=$(command -v nsys || find /opt/nvidia /usr/local/cuda/bin -path '*nsight-systems*/bin/nsys' 2>/dev/null | head -1)
+    if [ -n "$nsys_bin" ] && GGML_BACKEND_PATH=$plugin timeout "$(( $(left) - 10 ))" "$nsys_bin" profile \
+            -o "$work/prof/spark" --force-overwrite true -t cuda "$bin/llama-bench" -m "$model" -ngl 99 \
+            -fa 0 -p 0 -n 16 -d 512 -r 1 --no-warmup >"$logs/nsys.log" 2>&1 \
+            && "$nsys_bin" stats -r cuda_gpu_kern_sum -f csv -o "$work/prof/kern" "$work/prof/spark.nsys-rep" \
+            >>"$logs/nsys.log" 2>&1; then
+        say "nsys: per-kernel sums (all kernels; Spark ones start with spark_):"
+        head -n 25 "$work"/prof/kern*.csv | emit
+    else
+        [ -n "$nsys_bin" ] && say "nsys at $nsys_bin did not make a report (logs/nsys.log); using ncu"
+        if ! command -v ncu >/dev/null; then
+            say "neither nsys nor ncu works here: no per-kernel times"; return 0
+        fi
+        GGML_BACKEND_PATH=$plugin timeout "$(( $(left) - 10 ))" ncu --kernel-name regex:'^spark_' \
+            --launch-count 400 --clock-control none --cache-control all \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+            --csv --page raw --print-units base \
+            "$bin/llama-bench" -m "$model" -ngl 99 -fa 0 -p 0 -n 16 -d 512 -r 1 --no-warmup \
+            >"$work/prof/ncu.csv" 2>"$logs/ncu.log" || say "ncu ended with an error (logs/ncu.log)"
+        python3 - "$work/prof/ncu.csv" "${copy:-0}" <<'EOF' | emit
+import csv, collections, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1], errors="replace") if l.startswith('"'))]
+copy = float(sys.argv[2] or 0)
+if not rows:
+    print("ncu: no Spark kernel profiled"); sys.exit(0)
+h = rows[0]
+ix = {k: h.index(k) for k in ("Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")}
+agg = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+for r in rows[1:]:
+    try:
+        t, rd, wr = (float(r[ix[k]].replace(",", "")) for k in ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum"))
+    except (ValueError, IndexError):
+        continue  # the units row
+    a = agg[r[ix["Kernel Name"]].split("(")[0]]
+    a[0] += 1; a[1] += t; a[2] += rd; a[3] += wr
+print("ncu (serialized, caches flushed before each kernel, clocks not locked):")
+print("| kernel | launches | mean us | mean MB read | mean MB written | GB/s read+written | % of copy |")
+print("|---|---|---|---|---|---|---|")
+for k, (n, t, rd, wr) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+    gbs = (rd + wr) / t if t else 0  # bytes per ns = GB/s
+    pct = f"{100 * gbs / copy:.0f} %" if copy else "?"
+    print(f"| {k} | {n} | {t / n / 1e3:.1f} | {rd / n / 1e6:.2f} | {wr / n / 1e6:.2f} | {gbs:.0f} | {pct} |")
+EOF
+    fi
+    return 0
+}
+if [[ " ${skipped[*]} " == *" bench "* ]] && [ ! -f "$work/sections/prof.done" ]; then
+    # the profile runs on bench's synthetic 2B model
+    has_phase prof && { say "== prof: SKIPPED with bench (it profiles bench's 2B model)"; skipped+=(prof); }
+else
+    run_phase prof 120 phase_prof
+fi
+
+# --- verdict -----------------------------------------------------------------------------------
+say ""
+say "== verdict ($((SECONDS - start)) s)"
+save_logs
+if [ "${#failures[@]}" -gt 0 ]; then
+    say "FAILED: ${#failures[@]} check(s):"
+    for f in "${failures[@]}"; do say "  - $f"; done
+    exit 1
+fi
+if [ "${#skipped[@]}" -gt 0 ]; then
+    say "INCOMPLETE: skipped for time: ${skipped[*]}; run the same command again (the machine keeps target/gpuwork while warm)"
+    exit 2
+fi
+say "PASSED"

@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Packs what tools/gpu-check.sh needs on the lent GPU machine (CUDA 13.0, CMake, no Rust, no
+# network) into target/gpucarry (ignored; carried by the `run` call, see tools/README.md):
+#
+#   llama-src.tar.gz   the pristine llama-cpp-sys-2 llama.cpp tree (the version spark-llama-prep
+#                      pins) with patches/llama.cpp/*.patch applied (`git apply`, as
+#                      spark-llama-prep does), plus tools/ from the pinned PyPI sdist that
+#                      tools/upstream.sh uses (the crate leaves the tools' sources out)
+#   libggml-spark.so   the plugin: cargo build --release -p spark-backend --features cuda
+#   spark-convert      converts the shipped model and writes synthetic 2B models there
+#   series-tag         the series tag (spark-<12 hex>, = spark_llama_prep::SERIES_TAG) that the
+#                      device build passes as GGML_BUILD_COMMIT_OVERRIDE; the plugin must carry it
+#   MANIFEST           versions, tag, commit, sizes
+#
+# The shipped model needs no carrying: models/spark-shakespeare.npz travels with the working
+# tree and gpu-check.sh converts it there. The binaries built here (Debian 12, glibc 2.36) run on
+# the device (Ubuntu 24.04, glibc 2.39, newer libstdc++); the script checks the symbol versions.
+#
+# Usage: bash tools/gpu-pack.sh [--no-build] [--plugin SO] [--convert BIN] [--patches DIR]
+#   --no-build     do not run cargo: take the plugin and spark-convert from target/release
+#   --plugin SO    pack this plugin library instead (no cargo build; it must carry the tag)
+#   --convert BIN  pack this spark-convert instead (no cargo build)
+#   --patches DIR  the series (default patches/llama.cpp)
+# Runs cargo build --release (the first time with a changed series it recompiles llama.cpp:
+# 10-15 min on 2 cores); the packing itself takes ~20 s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+build=1 plugin='' convert=''
+patch_dir=$root/patches/llama.cpp
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-build) build=0 ;;
+        --plugin) plugin=$(realpath "$2"); shift ;;
+        --convert) convert=$(realpath "$2"); shift ;;
+        --patches) patch_dir=$(cd "$2" && pwd); shift ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu-pack: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+say() { echo "gpu-pack: $*"; }
+die() { echo "gpu-pack: error: $*" >&2; exit 1; }
+
+carry=$root/target/gpucarry
+work=$root/target/gpupack
+mkdir -p "$carry" "$work"
+
+# 1. The series and its tag, computed as spark-llama-prep's series_tag() does: the git blob hash
+#    of "llama-cpp-sys-2 <version>\n" and, per patch in name order, "<file name>\n<bytes>".
+version=$(sed -n 's/^const SYS_VERSION: &str = "\(.*\)";/\1/p' patches/spark-llama-prep/build.rs)
+[ -n "$version" ] || die "no SYS_VERSION in patches/spark-llama-prep/build.rs"
+mapfile -t patches < <(find "$patch_dir" -maxdepth 1 -name '*.patch' | LC_ALL=C sort)
+[ "${#patches[@]}" -gt 0 ] || die "no patches in $patch_dir"
+{
+    printf 'llama-cpp-sys-2 %s\n' "$version"
+    for p in "${patches[@]}"; do printf '%s\n' "$(basename "$p")"; cat "$p"; done
+} >"$work/series.txt"
+tag="spark-$(git hash-object --no-filters "$work/series.txt" | cut -c1-12)"
+say "series: ${#patches[@]} patches, tag $tag"
+
+# 2. The plugin and spark-convert.
+if [ "$build" = 1 ] && [ -z "$plugin$convert" ]; then
+    say "cargo build --release -p spark-backend --features cuda -p spark-convert"
+    messages=$work/cargo-messages.json
+    if ! cargo build --release -p spark-backend -p spark-convert --features spark-backend/cuda \
+            --message-format=json-render-diagnostics >"$messages"; then
+        die "cargo build failed (see above)"
+    fi
+    read -r plugin convert < <(python3 - "$messages" <<'EOF'
+import json, sys
+plugin = convert = "-"
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact":
+        continue
+    name = m.get("target", {}).get("name")
+    files = m.get("filenames", [])
+    if name == "spark_backend":
+        plugin = next((f for f in files if f.endswith(".so")), plugin)
+    if name == "spark-convert" and m.get("executable"):
+        convert = m["executable"]
+print(plugin, convert)
+EOF
+    )
+    [ "$plugin" != - ] || die "cargo did not report libspark_backend.so"
+    [ "$convert" != - ] || die "cargo did not report spark-convert"
+fi
+[ -n "$plugin" ] || plugin=$root/target/release/libspark_backend.so
+[ -n "$convert" ] || convert=$root/target/release/spark-convert
+[ -f "$plugin" ] || die "plugin not found: $plugin"
+[ -x "$convert" ] || die "spark-convert not found: $convert"
+built_tag=$(grep -a -o 'spark-[0-9a-f]\{12\}' "$plugin" | sort -u | tr '\n' ' ' | sed 's/ $//')
+[ "$built_tag" = "$tag" ] \
+    || die "$plugin was built against '${built_tag:-no tag}', the series is $tag (build it again)"
+cuda_feature=no
+if grep -a -q 'ggml_backend_cuda_register_custom_op' "$plugin"; then cuda_feature=yes; fi
+[ "$cuda_feature" = yes ] || say "WARNING: $plugin has no CUDA launchers (built without --features cuda?)"
+
+# The device runs glibc 2.39 and Ubuntu 24.04's libstdc++ (GLIBCXX_3.4.33).
+for f in "$plugin" "$convert"; do
+    glibc=$(objdump -T "$f" | { grep -o 'GLIBC_2\.[0-9]*' || true; } | sort -t. -k2 -n -u | tail -1)
+    glibcxx=$(objdump -T "$f" | { grep -o 'GLIBCXX_3\.4\.[0-9]*' || true; } | sort -t. -k3 -n -u | tail -1)
+    say "$(basename "$f"): needs ${glibc:-no glibc symbols} ${glibcxx:-(no libstdc++)}"
+    [ -z "$glibc" ] || [ "${glibc#GLIBC_2.}" -le 39 ] || die "$f needs $glibc (device: 2.39)"
+    [ -z "$glibcxx" ] || [ "${glibcxx#GLIBCXX_3.4.}" -le 33 ] || die "$f needs $glibcxx"
+done
+
+# 3. The patched source tree with the tools' sources.
+pristine=
+for d in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"llama-cpp-sys-2-$version"; do
+    [ -f "$d/llama.cpp/CMakeLists.txt" ] && pristine=$d/llama.cpp
+done
+[ -n "$pristine" ] || die "llama-cpp-sys-2 $version is not in cargo's cache (run cargo build once)"
+
+# The tools' sources: tools/upstream.sh's pinned sdist (its constants are read from that script,
+# so there is one pin), from its download cache or downloaded the same way.
+pin() { sed -n "s/^$1=//p" tools/upstream.sh | head -1; }
+sdist_name=$(pin SDIST_NAME) sdist_version=$(pin SDIST_VERSION) sdist_sha=$(pin SDIST_SHA256)
+[ -n "$sdist_name" ] && [ -n "$sdist_version" ] && [ -n "$sdist_sha" ] \
+    || die "could not read the sdist pin from tools/upstream.sh"
+dl=$root/target/upstream/dl
+tarball=$dl/${sdist_name//-/_}-$sdist_version.tar.gz
+mkdir -p "$dl"
+if ! { [ -f "$tarball" ] && echo "$sdist_sha  $tarball" | sha256sum --check --status; }; then
+    say "downloading $sdist_name==$sdist_version (PyPI sdist)"
+    python3 -m pip download --quiet --no-deps --no-binary "$sdist_name" \
+        "$sdist_name==$sdist_version" -d "$dl" || die "pip download failed"
+    echo "$sdist_sha  $tarball" | sha256sum --check --status || die "$tarball: wrong sha256"
+fi
+
+stage=$work/stage
+rm -rf "$stage"
+mkdir -p "$stage"
+cp -r "$pristine" "$stage/llama.cpp"
+for p in "${patches[@]}"; do
+    (cd "$stage/llama.cpp" && GIT_CEILING_DIRECTORIES=$stage git apply --whitespace=nowarn "$p") \
+        || die "$(basename "$p") does not apply"
+done
+sdist_dir=$work/sdist
+rm -rf "$sdist_dir"
+mkdir -p "$sdist_dir"
+tar -xzf "$tarball" -C "$sdist_dir" "${sdist_name//-/_}-$sdist_version/llama.cpp/tools" \
+    "${sdist_name//-/_}-$sdist_version/llama.cpp/include" "${sdist_name//-/_}-$sdist_version/llama.cpp/common" \
+    "${sdist_name//-/_}-$sdist_version/llama.cpp/ggml/include" "${sdist_name//-/_}-$sdist_version/llama.cpp/vendor"
+tree=$sdist_dir/${sdist_name//-/_}-$sdist_version/llama.cpp
+# Same check as tools/upstream.sh: what the tools compile against equals the patched tree.
+for d in include common ggml/include vendor; do
+    if [ "$d" = ggml/include ]; then
+        # the series changes ggml/include/ggml-cuda.h (patch 0008): compare with the pristine one
+        diff -rq "$tree/$d" "$pristine/$d" >/dev/null || die "sdist $d/ differs from the crate's"
+    else
+        diff -rq "$tree/$d" "$stage/llama.cpp/$d" >/dev/null || die "sdist $d/ differs from the patched tree"
+    fi
+done
+cp -rn "$tree/tools/." "$stage/llama.cpp/tools/"
+printf '%s\n' "$tag" >"$stage/llama.cpp/SPARK_SERIES_TAG"
+# Leave out what a CUDA build of the libraries and tools never reads (vocab test files, docs,
+# Python, CI, tests, examples, the server's web UI).
+tar -C "$stage" -czf "$carry/llama-src.tar.gz.tmp" \
+    --exclude=llama.cpp/models --exclude=llama.cpp/docs --exclude=llama.cpp/gguf-py \
+    --exclude=llama.cpp/ci --exclude=llama.cpp/tests --exclude=llama.cpp/examples \
+    --exclude=llama.cpp/pocs --exclude=llama.cpp/tools/ui --exclude='*.py' llama.cpp
+mv -f "$carry/llama-src.tar.gz.tmp" "$carry/llama-src.tar.gz"
+rm -rf "$stage" "$sdist_dir"
+
+# 4. The binaries (symbols stripped; the plugin keeps its dynamic symbols) and the manifest.
+rm -f "$carry/llama-src.tgz"   # an earlier session's name for the source tarball
+strip -o "$carry/libggml-spark.so" "$plugin"
+strip -o "$carry/spark-convert" "$convert"
+printf '%s\n' "$tag" >"$carry/series-tag"
+{
+    echo "series_tag $tag"
+    echo "llama_cpp_sys_2 $version"
+    echo "patches ${#patches[@]}"
+    echo "tools_sdist $sdist_name==$sdist_version"
+    echo "project_commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- spark-backend patches 2>/dev/null || echo '+dirty')"
+    echo "plugin_cuda_launchers $cuda_feature"
+    echo "packed $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+} >"$carry/MANIFEST"
+
+size=$(du -sb "$carry" | cut -f1)
+tree_size=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } \
+    | xargs -0 du -cb 2>/dev/null | awk '/\ttotal$/ {s += $1} END {print s + 0}')
+say "target/gpucarry: $((size / 1024 / 1024)) MiB; working tree: $((tree_size / 1024 / 1024)) MiB (the run call's limit: 64 MiB together)"
+find "$carry" -maxdepth 1 -type f -printf 'gpu-pack:   %10s  %f\n' | sort -k3
+[ "$size" -lt $((60 * 1024 * 1024)) ] || die "target/gpucarry is over 60 MiB"
+[ $((size + tree_size)) -lt $((64 * 1024 * 1024)) ] || die "working tree + carry is over 64 MiB"
