@@ -17,5 +17,15 @@ echo "== upstream llama.cpp tools (tools/upstream.sh: the tools on the same llam
 bash tools/upstream.sh --quiet
 echo "== cargo test"
 cargo test --workspace --quiet
+echo "== CUDA without a GPU (tools/cuda-tools.sh: NVRTC and nvcc 13.0 from PyPI)"
+bash tools/cuda-tools.sh --quiet
+# shellcheck source=/dev/null
+source target/cuda-tools/env.sh
+echo "== ggml-cuda hook compiles (tools/cuda-hook-check.sh: patch 0008, sm_75/80/90)"
+bash tools/cuda-hook-check.sh --quiet
+echo "== cargo clippy + test -p spark-backend --features cuda (kernels compile through NVRTC)"
+cargo clippy -p spark-backend --all-targets --features cuda --quiet -- -D warnings
+LD_LIBRARY_PATH="$SPARK_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test -p spark-backend --features cuda --quiet --lib --test "cuda_*"
 echo "== pytest"
 "$SPARK_PYTHON" -m pytest -q tests

