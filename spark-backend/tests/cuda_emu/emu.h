@@ -1,4 +1,4 @@
-// A CPU emulation of the small part of CUDA C that kernels/attn.cu uses, so that g++ can compile
+// A CPU emulation of the small part of CUDA C that kernels/attn.cu and kernels/ffn.cu use, so that g++ can compile
 // the kernel file unchanged and run it (tests/cuda_emu/main.rs). Not fast, not general:
 // - one std::thread per CUDA thread of a block, blocks one after another;
 // - `__shared__` is static storage (one block at a time), `__syncthreads` a std::barrier;
@@ -17,6 +17,8 @@
 #include <vector>
 
 #define SPARK_ATTN_EMULATION 1
+#define SPARK_CUDA_EMU 1
+#define __launch_bounds__(...)
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -39,8 +41,18 @@ struct EmuWarp {
 };
 inline std::barrier<>* emu_block_barrier = nullptr;
 inline std::vector<std::unique_ptr<EmuWarp>> emu_warps;
+inline std::vector<int> emu_or_slots; // one per thread of the block, for __syncthreads_or
 
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+
+inline int __syncthreads_or(int p) {
+    emu_or_slots[threadIdx.x] = p != 0;
+    __syncthreads();
+    int r = 0;
+    for (int v : emu_or_slots) r |= v;
+    __syncthreads(); // nobody writes a slot again before every thread has read them all
+    return r;
+}
 
 template <class T>
 inline T __shfl_xor_sync(unsigned, T v, int o) {
@@ -66,6 +78,7 @@ inline unsigned __ballot_sync(unsigned, bool p) {
 }
 
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(unsigned x) { return __builtin_ffs(int(x)); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
@@ -78,6 +91,17 @@ inline int __float_as_int(float f) {
     int i;
     std::memcpy(&i, &f, 4);
     return i;
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+// double -> float rounded toward -inf (round to nearest, then one step down when above).
+inline float __double2float_rd(double x) {
+    float f = float(x);
+    if (!std::isnan(x) && double(f) > x) f = std::nextafterf(f, -INFINITY);
+    return f;
 }
 inline double __longlong_as_double(long long i) {
     double d;
@@ -114,9 +138,10 @@ inline float spark_h2f(unsigned short h) {
     return f;
 }
 
-// Runs kernel(args) over grid x block (block.y = block.z = 1), blocks in order.
-template <class Args>
-inline void emu_launch(void (*kernel)(const Args), EmuDim grid, EmuDim block, const Args& args) {
+// Runs body() (a kernel call) as each thread of grid x block (block.y = block.z = 1), blocks in
+// order.
+template <class Body>
+inline void emu_run(EmuDim grid, EmuDim block, const Body& body) {
     gridDim = grid;
     blockDim = block;
     const unsigned nt = block.x;
@@ -127,14 +152,21 @@ inline void emu_launch(void (*kernel)(const Args), EmuDim grid, EmuDim block, co
                 emu_block_barrier = &bar;
                 emu_warps.clear();
                 for (unsigned w = 0; w < (nt + 31) / 32; ++w) emu_warps.push_back(std::make_unique<EmuWarp>());
+                emu_or_slots.assign(nt, 0);
                 std::vector<std::thread> threads;
                 threads.reserve(nt);
                 for (unsigned t = 0; t < nt; ++t)
-                    threads.emplace_back([=, &args] {
+                    threads.emplace_back([=, &body] {
                         threadIdx = EmuDim{t, 0, 0};
                         blockIdx = EmuDim{bx, by, bz};
-                        kernel(args);
+                        body();
                     });
                 for (auto& th : threads) th.join();
             }
+}
+
+// Runs kernel(args) over grid x block (block.y = block.z = 1), blocks in order.
+template <class Args>
+inline void emu_launch(void (*kernel)(const Args), EmuDim grid, EmuDim block, const Args& args) {
+    emu_run(grid, block, [&] { kernel(args); });
 }

@@ -7,12 +7,17 @@
 //! (indexing, GQA, streams, masks, thresholds, compaction, chunking) without a GPU; it says
 //! nothing about speed, occupancy or races that only a real warp schedule would expose.
 //!
+//! The FFN kernels (src/cuda/kernels/ffn.cu) get the same treatment in `ffn.rs` (module below).
+//!
 //! Skipped (with a line on stderr) when there is no `g++`; it needs C++20's `<barrier>` (GCC 11+).
 
 #![cfg(feature = "cuda")]
 
 #[path = "../attention_support/mod.rs"]
 mod attention_support;
+mod ffn;
+#[path = "../ffn_common/mod.rs"]
+mod ffn_common;
 
 use attention_support::{Case, MaskKind, Spec, Ty};
 use spark_backend::attention::SparseAttention;

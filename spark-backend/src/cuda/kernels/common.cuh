@@ -19,9 +19,13 @@ typedef unsigned long long u64;
 #define SPARK_FULL_MASK 0xffffffffu
 
 __device__ __forceinline__ float spark_f16(u16 h) {
+#ifdef SPARK_CUDA_EMU
+    return spark_h2f(h); // tests/cuda_emu/emu.h: host emulation only, never defined by NVRTC
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#endif
 }
 
 __device__ __forceinline__ float spark_bf16(u16 b) {

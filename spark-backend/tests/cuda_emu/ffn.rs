@@ -1,0 +1,844 @@
+//! The CUDA FFN kernels (src/cuda/kernels/ffn.cu) run on the CPU through emu.h, over the launch
+//! sequences of src/cuda/ffn.rs, and compared with the CPU ops (`spark_backend::ffn_op`) run by
+//! ggml on the same host tensors.
+//!
+//! The plans come from the launchers' own validation (`spark_backend::cuda::check::{fused,
+//! up, down, sum}`, metadata only) on those tensors; their host addresses are translated into
+//! offsets of a memory image holding copies of the tensors. The launch sequences themselves
+//! (kernel, grid, block, arguments in order, scratch buffers) are MIRRORED here from
+//! `cuda/ffn.rs` (`up_stage`, `v_tiled`, the four `CudaOp::launch`es): there they are built
+//! straight onto a cudarc stream, with no pure plan to reuse. Keep the two in step.
+//!
+//! Checked per case: the kept-neuron set of every token (the nonzero entries of u, the compacted
+//! lists and the threshold kernel's kept counts) equals the CPU op's exactly; u, the chunk
+//! partials and the outputs agree to f32 rounding (see [`TOL`]).
+
+use super::ffn_common::{Ggml, Rng, Weights};
+use llama_cpp_sys_2 as sys;
+use spark_backend::cuda::{check, options};
+use spark_backend::ffn;
+use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+use spark_backend::params::FfnParams;
+use spark_backend::rows::RowType;
+use spark_backend::topk;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// `cuda/ffn.rs`'s `SPARSE_MAX_TOKENS` (private there).
+const SPARSE_MAX_TOKENS: usize = 8;
+
+/// Relative tolerance against the sum of the absolute products. Both sides add at most a few
+/// hundred f32 products in different orders (GPU: 32 lanes strided, then a butterfly; CPU: its
+/// own blocking), each within n * 2^-24 of that magnitude in the worst case (n = 256: 1.5e-5),
+/// typically sqrt(n) * 2^-24 (1e-6); u's own error carries into the V sums. Observed ratios are
+/// printed (a few 1e-7).
+const TOL: f64 = 1e-5;
+
+fn emulator() -> Option<&'static PathBuf> {
+    static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_emu");
+        let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("spark_ffn_emu");
+        if let Err(e) = Command::new("g++").arg("--version").output() {
+            eprintln!("cuda_emu ffn: skipped, no g++ ({e})");
+            return None;
+        }
+        let out = Command::new("g++")
+            .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas"])
+            .args(options::type_macros())
+            .arg("-o")
+            .arg(&exe)
+            .arg(dir.join("ffn_emu.cpp"))
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(exe),
+            Ok(o) => panic!(
+                "g++ could not build the FFN emulator:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => panic!("g++: {e}"),
+        }
+    })
+    .as_ref()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Arg {
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    F64(f64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    Threshold = 0,
+    Up = 1,
+    Compact = 2,
+    VSparse = 3,
+    VTiled = 4,
+    Sum = 5,
+}
+
+struct Launch {
+    kernel: Kernel,
+    grid: (u32, u32, u32),
+    block: u32,
+    args: Vec<Arg>,
+}
+
+fn launch(kernel: Kernel, grid: (usize, usize, usize), args: Vec<Arg>) -> Launch {
+    assert!(grid.0 >= 1 && grid.1 >= 1 && grid.2 >= 1 && grid.1 <= 65535 && grid.2 <= 65535);
+    Launch {
+        kernel,
+        grid: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
+        block: 256,
+        args,
+    }
+}
+
+/// A memory image: regions at 256-byte aligned offsets (offset 0 unused), with the host
+/// range each copies (for translating the plans' addresses).
+struct Image {
+    bytes: Vec<u8>,
+    map: Vec<(u64, usize, usize)>, // (host address, length, offset)
+}
+
+impl Image {
+    fn new() -> Self {
+        Image {
+            bytes: vec![0; 256],
+            map: Vec::new(),
+        }
+    }
+    fn push(&mut self, data: &[u8]) -> u64 {
+        let off = self.bytes.len().div_ceil(256) * 256;
+        self.bytes.resize(off, 0);
+        self.bytes.extend_from_slice(data);
+        off as u64
+    }
+    /// Copies tensor `t` (its bytes, or `fill` for outputs) and records its address.
+    fn tensor(&mut self, t: *mut sys::ggml_tensor, fill: Option<u8>) {
+        // SAFETY: a live contiguous tensor.
+        let (p, n) = unsafe { ((*t).data as *const u8, sys::ggml_nbytes(t)) };
+        let data = match fill {
+            Some(b) => vec![b; n],
+            // SAFETY: p holds n bytes.
+            None => unsafe { std::slice::from_raw_parts(p, n) }.to_vec(),
+        };
+        let off = self.push(&data);
+        self.map.push((p as u64, n, off as usize));
+    }
+    /// The image offset of host address `a` (inside a recorded tensor).
+    fn tr(&self, a: u64) -> u64 {
+        for &(h, n, off) in &self.map {
+            if a >= h && a < h + n as u64 {
+                return off as u64 + (a - h);
+            }
+        }
+        panic!("address {a:#x} is in no tensor of the image");
+    }
+    fn scratch(&mut self, bytes: usize) -> u64 {
+        self.push(&vec![0xa5; bytes.max(4)]) // garbage, as fresh device memory
+    }
+}
+
+fn int(v: usize) -> Arg {
+    Arg::I32(i32::try_from(v).unwrap())
+}
+
+/// Mirror of ffn.rs `up_stage`: threshold (theta, kept scratch) then up into `u`.
+fn up_stage(st: &check::StagePlan, theta: u64, kept: u64, u: u64) -> Vec<Launch> {
+    let dense = i32::from(st.dense());
+    let q = if st.dense() {
+        0.0
+    } else {
+        topk::norm_ppf(1.0 - st.k as f64 / st.f as f64)
+    };
+    vec![
+        launch(
+            Kernel::Threshold,
+            (st.n_tokens, 1, 1),
+            vec![
+                Arg::Ptr(st.s),
+                int(st.f),
+                Arg::I32(dense),
+                Arg::F64(q),
+                Arg::Ptr(theta),
+                Arg::Ptr(kept),
+            ],
+        ),
+        launch(
+            Kernel::Up,
+            (st.f.div_ceil(8), 1, 1),
+            vec![
+                Arg::Ptr(st.s),
+                int(st.f),
+                int(st.n_tokens),
+                Arg::Ptr(theta),
+                Arg::I32(dense),
+                Arg::Ptr(st.h),
+                Arg::I64(st.h_stride as i64),
+                int(st.r_f()),
+                Arg::Ptr(st.k2.ptr),
+                Arg::I64(st.k2.row_stride as i64),
+                Arg::I32(st.k2.ty as i32),
+                int(st.k2.cols),
+                Arg::Ptr(u),
+            ],
+        ),
+    ]
+}
+
+/// Mirror of ffn.rs `v_tiled`.
+#[allow(clippy::too_many_arguments)]
+fn v_tiled(
+    u: u64,
+    f: usize,
+    t: usize,
+    p: usize,
+    v: &check::GpuWeight,
+    out: u64,
+    out_row: usize,
+    plane: usize,
+) -> Launch {
+    launch(
+        Kernel::VTiled,
+        (v.cols.div_ceil(64), t.div_ceil(32), p),
+        vec![
+            Arg::Ptr(u),
+            int(f),
+            int(t),
+            int(p),
+            Arg::Ptr(v.ptr),
+            Arg::I64(v.row_stride as i64),
+            Arg::I32(v.ty as i32),
+            int(v.cols),
+            Arg::Ptr(out),
+            Arg::I64(out_row as i64),
+            Arg::I64(plane as i64),
+        ],
+    )
+}
+
+/// Scratch of a fused launch (image offsets).
+struct FusedScratch {
+    u: u64,
+    theta: u64,
+    kept: u64,
+    idx: u64,
+    count: u64,
+}
+
+/// Mirror of `FusedPlan::launch`.
+fn fused_launches(pl: &check::FusedPlan, sc: &FusedScratch) -> Vec<Launch> {
+    let st = &pl.stage;
+    let (f, t, p, d) = (st.f, st.n_tokens, pl.p, st.d);
+    let mut l = up_stage(st, sc.theta, sc.kept, sc.u);
+    if t <= SPARSE_MAX_TOKENS {
+        l.push(launch(
+            Kernel::Compact,
+            (p, t, 1),
+            vec![
+                Arg::Ptr(sc.u),
+                int(f),
+                int(t),
+                int(p),
+                Arg::Ptr(sc.idx),
+                Arg::Ptr(sc.count),
+            ],
+        ));
+        l.push(launch(
+            Kernel::VSparse,
+            (d.div_ceil(256), t, p),
+            vec![
+                Arg::Ptr(sc.u),
+                int(f),
+                int(t),
+                int(p),
+                Arg::Ptr(sc.idx),
+                Arg::Ptr(sc.count),
+                Arg::Ptr(pl.v.ptr),
+                Arg::I64(pl.v.row_stride as i64),
+                Arg::I32(pl.v.ty as i32),
+                int(d),
+                Arg::Ptr(pl.out),
+            ],
+        ));
+    } else {
+        l.push(v_tiled(sc.u, f, t, p, &pl.v, pl.out, d, d * t));
+    }
+    l
+}
+
+/// Mirror of `SumPlan::launch`.
+fn sum_launch(sp: &check::SumPlan) -> Launch {
+    launch(
+        Kernel::Sum,
+        ((sp.d * sp.n_tokens).div_ceil(256), 1, 1),
+        vec![
+            Arg::Ptr(sp.partials),
+            int(sp.d),
+            int(sp.n_tokens),
+            int(sp.p),
+            Arg::Ptr(sp.out),
+            Arg::I64(sp.out_row as i64),
+        ],
+    )
+}
+
+/// Mirror of `DownPlan::launch`.
+fn down_launch(dp: &check::DownPlan) -> Launch {
+    v_tiled(
+        dp.u,
+        dp.v.rows,
+        dp.n_tokens,
+        1,
+        &dp.v,
+        dp.out,
+        dp.out_row,
+        0,
+    )
+}
+
+/// Runs the launches over the image; returns the image after them.
+fn emulate(exe: &PathBuf, img: &Image, launches: &[Launch]) -> Vec<u8> {
+    let mut job = Vec::new();
+    job.extend_from_slice(&(img.bytes.len() as u64).to_le_bytes());
+    job.extend_from_slice(&img.bytes);
+    job.extend_from_slice(&(launches.len() as u32).to_le_bytes());
+    for l in launches {
+        for x in [l.kernel as u32, l.grid.0, l.grid.1, l.grid.2, l.block] {
+            job.extend_from_slice(&x.to_le_bytes());
+        }
+        job.extend_from_slice(&(l.args.len() as u32).to_le_bytes());
+        for a in &l.args {
+            let (kind, bits): (u32, u64) = match *a {
+                Arg::Ptr(p) => (0, p),
+                Arg::I32(i) => (1, i as u32 as u64),
+                Arg::I64(i) => (2, i as u64),
+                Arg::F64(f) => (3, f.to_bits()),
+            };
+            job.extend_from_slice(&kind.to_le_bytes());
+            job.extend_from_slice(&bits.to_le_bytes());
+        }
+    }
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let tag = format!("{}_{:?}", std::process::id(), std::thread::current().id())
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+    let job_path = tmp.join(format!("ffn_job_{tag}"));
+    let out_path = tmp.join(format!("ffn_out_{tag}"));
+    std::fs::write(&job_path, &job).unwrap();
+    let st = Command::new(exe)
+        .arg(&job_path)
+        .arg(&out_path)
+        .status()
+        .unwrap();
+    assert!(st.success(), "emulator failed: {st}");
+    let mem = std::fs::read(&out_path).unwrap();
+    let _ = std::fs::remove_file(&job_path);
+    let _ = std::fs::remove_file(&out_path);
+    mem
+}
+
+fn f32s(mem: &[u8], off: u64, n: usize) -> Vec<f32> {
+    let o = off as usize;
+    mem[o..o + 4 * n]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn u32s(mem: &[u8], off: u64, n: usize) -> Vec<u32> {
+    let o = off as usize;
+    mem[o..o + 4 * n]
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// A random case: scores [F, T], h [D, T], K2 [D - r_f, F] and V^T [D, F] of type `ty`.
+struct Case {
+    ggml: Ggml,
+    params: Box<FfnParams>,
+    s: *mut sys::ggml_tensor,
+    h: *mut sys::ggml_tensor,
+    k2: *mut sys::ggml_tensor,
+    v: *mut sys::ggml_tensor,
+    k2w: Weights,
+    vw: Weights,
+    sv: Vec<f32>,
+    hv: Vec<f32>,
+    k: usize,
+    d: usize,
+    r: usize,
+    f: usize,
+    t: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, k: usize) -> Case {
+    let mut rng = Rng::new(seed);
+    let mut sv = rng.normals(f * t, 1.0);
+    if t >= 3 {
+        // a non-finite score in token 1: left out of the statistics, never kept
+        sv[f + 5] = f32::NEG_INFINITY;
+    }
+    let hv = rng.normals(d * t, 1.0);
+    let k2w = Weights::random(&mut rng, ty, d - r, f, 0.3);
+    let vw = Weights::random(&mut rng, ty, d, f, 0.3);
+    let ggml = Ggml::new(16 << 20);
+    let s = ggml.f32_tensor(f, t, &sv);
+    let h = ggml.f32_tensor(d, t, &hv);
+    let k2 = ggml.tensor(ty, d - r, f, &k2w.bytes);
+    let v = ggml.tensor(ty, d, f, &vw.bytes);
+    Case {
+        ggml,
+        params: Box::new(FfnParams {
+            layer: 0,
+            k: k as i32,
+        }),
+        s,
+        h,
+        k2,
+        v,
+        k2w,
+        vw,
+        sv,
+        hv,
+        k,
+        d,
+        r,
+        f,
+        t,
+    }
+}
+
+impl Case {
+    fn params(&self) -> *const std::ffi::c_void {
+        (&*self.params as *const FfnParams).cast()
+    }
+    fn run_cpu(&self, out: *mut sys::ggml_tensor) {
+        let g = self.ggml.graph(out);
+        self.ggml.compute(g, 1);
+    }
+    /// The CPU's thresholds per token (`ffn::token_thresholds`, None = dense) and activations
+    /// a_jt (`ffn::activation`, 0 when dropped) of u [F, T].
+    fn acts(&self) -> (Vec<Option<f32>>, Vec<f64>) {
+        let mut th = Vec::new();
+        ffn::token_thresholds(&self.sv, self.f, self.k, &mut th);
+        let mut a = vec![0f64; self.f * self.t];
+        for (tt, &theta) in th.iter().enumerate() {
+            for j in 0..self.f {
+                let s = self.sv[tt * self.f + j];
+                a[j * self.t + tt] = ffn::activation(s, theta).map_or(0.0, f64::from);
+            }
+        }
+        (th, a)
+    }
+
+    /// Per (j, t) of u [F, T]: the f64 reference a_jt * (K2_j . h_t[r_f:]) of the kernel's
+    /// computation (dequantized K2, f32 h), the tolerance of the kernel's u against it
+    /// (TOL * |a| * sum_i |K2_ji h_ti|: f32 rounding) and against the CPU op's u: that plus the
+    /// CPU's activation quantization. Like ggml's mat-mul, the CPU op quantizes h[r_f:] to q8_0
+    /// / q8_K (per 32 / 256 values, step amax / 127) for a quantized K2, while the kernel reads h
+    /// in f32, so their dots differ by up to sum_i |K2_ji| * step_i / 2 (bounded by a whole step).
+    fn u_ref(&self) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (d2, t) = (self.d - self.r, self.t);
+        let blk = match self.k2w.ty {
+            RowType::F32 | RowType::F16 | RowType::Bf16 => 0,
+            RowType::Q8_0 | RowType::Q4_0 | RowType::Q4_1 | RowType::Q5_0 | RowType::Q5_1 => 32,
+            _ => 256,
+        };
+        let (_, a) = self.acts();
+        let n = self.f * t;
+        let (mut val, mut tight, mut cpu) = (vec![0f64; n], vec![0f64; n], vec![0f64; n]);
+        for tt in 0..t {
+            let x = &self.hv[tt * self.d + self.r..(tt + 1) * self.d];
+            let step: Vec<f64> = (0..d2)
+                .map(|i| {
+                    if blk == 0 {
+                        return 0.0;
+                    }
+                    let b = &x[i / blk * blk..(i / blk + 1) * blk];
+                    b.iter().fold(0f64, |m, v| m.max(f64::from(v.abs()))) / 127.0
+                })
+                .collect();
+            for j in 0..self.f {
+                let row = &self.k2w.values[j * d2..(j + 1) * d2];
+                let (mut dot, mut abs, mut q) = (0f64, 0f64, 0f64);
+                for ((w, hx), st) in row.iter().zip(x).zip(&step) {
+                    dot += f64::from(*w) * f64::from(*hx);
+                    abs += (f64::from(*w) * f64::from(*hx)).abs();
+                    q += f64::from(w.abs()) * st;
+                }
+                let i = j * t + tt;
+                val[i] = a[i] * dot;
+                tight[i] = TOL * a[i].abs() * abs;
+                cpu[i] = tight[i] + a[i].abs() * q;
+            }
+        }
+        (val, tight, cpu)
+    }
+
+    /// The f64 reference sum_j u_jt V_jd over neurons [lo, hi) for the given u [F, T], [T, D],
+    /// and its tolerance TOL * sum_j |u_jt V_jd|.
+    fn v_ref(&self, u: &[f32], lo: usize, hi: usize) -> (Vec<f64>, Vec<f64>) {
+        let (d, t) = (self.d, self.t);
+        let (mut val, mut tol) = (vec![0f64; d * t], vec![0f64; d * t]);
+        for j in lo..hi {
+            let row = &self.vw.values[j * d..(j + 1) * d];
+            for tt in 0..t {
+                let uv = f64::from(u[j * t + tt]);
+                for (c, vv) in row.iter().enumerate() {
+                    val[tt * d + c] += uv * f64::from(*vv);
+                    tol[tt * d + c] += TOL * (uv * f64::from(*vv)).abs();
+                }
+            }
+        }
+        (val, tol)
+    }
+
+    /// Per (t, d) of an output [T, D] summing neurons [lo, hi): TOL * sum_j |u_jt V_jd| (f32
+    /// rounding of the sum) plus sum_j uerr_jt |V_jd| (u's own difference carried through).
+    fn v_err(&self, u: &[f32], uerr: &[f64], lo: usize, hi: usize) -> Vec<f64> {
+        let (d, t) = (self.d, self.t);
+        let mut m = vec![0f64; d * t];
+        for j in lo..hi {
+            let row = &self.vw.values[j * d..(j + 1) * d];
+            for tt in 0..t {
+                let w = TOL * f64::from(u[j * t + tt]).abs() + uerr[j * t + tt];
+                for (c, vv) in row.iter().enumerate() {
+                    m[tt * d + c] += w * f64::from(*vv).abs();
+                }
+            }
+        }
+        m
+    }
+    /// The kept neurons per token: nonzero entries of u [F, T] (neuron-major).
+    fn kept(&self, u: &[f32]) -> Vec<Vec<u32>> {
+        (0..self.t)
+            .map(|tt| {
+                (0..self.f as u32)
+                    .filter(|&j| u[j as usize * self.t + tt] != 0.0)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The threshold kernel's theta per token: bit-equal to the CPU's (`topk::threshold`, rounded
+/// down to f32); -inf when dense.
+fn check_theta(name: &str, c: &Case, mem: &[u8], off: u64) {
+    let (th, _) = c.acts();
+    for (tt, (g, want)) in f32s(mem, off, c.t).into_iter().zip(th).enumerate() {
+        let want = want.unwrap_or(f32::NEG_INFINITY);
+        assert_eq!(
+            g.to_bits(),
+            want.to_bits(),
+            "{name}: theta of token {tt}: {g} vs CPU {want}"
+        );
+    }
+}
+
+/// Compares within `tol` (per element, see [`Case::u_err`], [`Case::v_err`]); returns the
+/// worst |gpu - cpu| / tol.
+fn close<C: Copy + Into<f64> + std::fmt::Display>(
+    name: &str,
+    what: &str,
+    gpu: &[f32],
+    cpu: &[C],
+    tol: &[f64],
+) -> f64 {
+    assert_eq!(gpu.len(), cpu.len());
+    let mut worst = 0f64;
+    for (i, ((&g, &c), &m)) in gpu.iter().zip(cpu).zip(tol).enumerate() {
+        let err = (f64::from(g) - c.into()).abs();
+        assert!(
+            err <= m,
+            "{name}: {what}[{i}] = {g}, want {c} (tolerance {m:.3e})"
+        );
+        if m > 0.0 {
+            worst = worst.max(err / m);
+        }
+    }
+    worst
+}
+
+/// The worst |gpu - cpu| / (|cpu| + 1e-3 max |cpu|), for the report.
+fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
+    let top = cpu.iter().fold(0f64, |a, v| a.max(f64::from(v.abs())));
+    gpu.iter()
+        .zip(cpu)
+        .map(|(&g, &c)| (f64::from(g) - f64::from(c)).abs() / (f64::from(c.abs()) + 1e-3 * top))
+        .fold(0f64, f64::max)
+}
+
+/// spark_ffn_fused (P chunks) + spark_ffn_sum, emulated vs CPU.
+fn check_fused(name: &str, c: &Case, p: usize) {
+    let Some(exe) = emulator() else { return };
+    let (d, f, t) = (c.d, c.f, c.t);
+    let partials = c.ggml.custom(
+        &[d, t, p],
+        &mut [c.s, c.h, c.k2, c.v],
+        spark_ffn_fused,
+        &*c.params,
+    );
+    let out = c
+        .ggml
+        .custom(&[d, t], &mut [partials], spark_ffn_sum, &*c.params);
+    let u = c
+        .ggml
+        .custom(&[t, f], &mut [c.s, c.h, c.k2], spark_ffn_up, &*c.params);
+    // SAFETY: live tensors of c's context; params is a spark_ffn_params.
+    let (mut fp, mut sp) = unsafe {
+        (
+            check::fused(partials, c.params()).expect("fused plan"),
+            check::sum(out).expect("sum plan"),
+        )
+    };
+    let mut img = Image::new();
+    for x in [c.s, c.h, c.k2, c.v] {
+        img.tensor(x, None);
+    }
+    img.tensor(partials, Some(0xff)); // NaN until written
+    img.tensor(out, Some(0xff));
+    fp.stage.s = img.tr(fp.stage.s);
+    fp.stage.h = img.tr(fp.stage.h);
+    fp.stage.k2.ptr = img.tr(fp.stage.k2.ptr);
+    fp.v.ptr = img.tr(fp.v.ptr);
+    fp.out = img.tr(fp.out);
+    sp.partials = img.tr(sp.partials);
+    sp.out = img.tr(sp.out);
+    assert_eq!(sp.partials, fp.out);
+    let sc = FusedScratch {
+        u: img.scratch(4 * f * t),
+        theta: img.scratch(4 * t),
+        kept: img.scratch(4 * t),
+        idx: img.scratch(4 * f * t),
+        count: img.scratch(4 * p * t),
+    };
+    let mut launches = fused_launches(&fp, &sc);
+    launches.push(sum_launch(&sp));
+    let mem = emulate(exe, &img, &launches);
+
+    c.run_cpu(out);
+    c.run_cpu(u);
+    let (cpu_u, cpu_part, cpu_out) = (c.ggml.read(u), c.ggml.read(partials), c.ggml.read(out));
+    // u is [T, F] row-major = neuron-major [F][T], as the kernels' scratch.
+    let gpu_u = f32s(&mem, sc.u, f * t);
+    let want = c.kept(&cpu_u);
+    assert_eq!(c.kept(&gpu_u), want, "{name}: kept neurons (u != 0)");
+    let counts = u32s(&mem, sc.kept, t);
+    for (tt, w) in want.iter().enumerate() {
+        assert_eq!(
+            counts[tt] as usize,
+            w.len(),
+            "{name}: kept count of token {tt}"
+        );
+    }
+    if t <= SPARSE_MAX_TOKENS {
+        let idx = u32s(&mem, sc.idx, f * t);
+        let cnt = u32s(&mem, sc.count, p * t);
+        for (tt, w) in want.iter().enumerate() {
+            let mut list = Vec::new();
+            for ch in 0..p {
+                let lo = ch * f / p;
+                let n = cnt[tt * p + ch] as usize;
+                assert!(n <= (ch + 1) * f / p - lo, "{name}: count {n}");
+                list.extend_from_slice(&idx[tt * f + lo..tt * f + lo + n]);
+            }
+            assert_eq!(&list, w, "{name}: compacted neurons of token {tt}");
+        }
+    }
+    check_theta(name, c, &mem, sc.theta);
+    let (uval, utight, ucpu) = c.u_ref();
+    let wu = [
+        close(name, "u vs f64", &gpu_u, &uval, &utight),
+        close(name, "u vs CPU", &gpu_u, &cpu_u, &ucpu),
+    ];
+    let gpu_part = f32s(&mem, fp.out, d * t * p);
+    let (mut pref, mut ptol, mut pcpu) = (Vec::new(), Vec::new(), Vec::new());
+    for ch in 0..p {
+        let (lo, hi) = (ch * f / p, (ch + 1) * f / p);
+        let (v, tl) = c.v_ref(&gpu_u, lo, hi);
+        pref.extend(v);
+        ptol.extend(tl);
+        pcpu.extend(c.v_err(&cpu_u, &ucpu, lo, hi));
+    }
+    let wp = [
+        close(name, "partials vs f64", &gpu_part, &pref, &ptol),
+        close(name, "partials vs CPU", &gpu_part, &cpu_part, &pcpu),
+    ];
+    let gpu_out = f32s(&mem, sp.out, d * t);
+    let (oref, otol) = c.v_ref(&gpu_u, 0, f);
+    let wo = [
+        close(name, "out vs f64", &gpu_out, &oref, &otol),
+        close(
+            name,
+            "out vs CPU",
+            &gpu_out,
+            &cpu_out,
+            &c.v_err(&cpu_u, &ucpu, 0, f),
+        ),
+    ];
+    // spark_ffn_sum alone: the partials summed in chunk order, as the kernel must, bit for bit.
+    for (i, &g) in gpu_out.iter().enumerate() {
+        let mut acc = gpu_part[i];
+        for ch in 1..p {
+            acc += gpu_part[ch * d * t + i];
+        }
+        assert_eq!(g.to_bits(), acc.to_bits(), "{name}: sum of partials [{i}]");
+    }
+    let kept: usize = want.iter().map(Vec::len).sum();
+    eprintln!(
+        "cuda_emu ffn {name}: fused T={t} P={p} {} launches ({}), kept {kept}/{}; max err/tol (f64, CPU) u {:.1e} {:.1e} partials {:.1e} {:.1e} out {:.1e} {:.1e}; max rel err vs CPU u {:.1e} out {:.1e}",
+        launches.len(),
+        if t <= SPARSE_MAX_TOKENS { "compact + sparse" } else { "tiled" },
+        f * t,
+        wu[0],
+        wu[1],
+        wp[0],
+        wp[1],
+        wo[0],
+        wo[1],
+        rel(&gpu_u, &cpu_u),
+        rel(&gpu_out, &cpu_out)
+    );
+}
+
+/// spark_ffn_up + spark_ffn_down, emulated vs CPU.
+fn check_up_down(name: &str, c: &Case) {
+    let Some(exe) = emulator() else { return };
+    let (d, f, t) = (c.d, c.f, c.t);
+    let u = c
+        .ggml
+        .custom(&[t, f], &mut [c.s, c.h, c.k2], spark_ffn_up, &*c.params);
+    let out = c
+        .ggml
+        .custom(&[d, t], &mut [u, c.v], spark_ffn_down, &*c.params);
+    // SAFETY: live tensors of c's context; params is a spark_ffn_params.
+    let (mut up, mut dp) = unsafe {
+        (
+            check::up(u, c.params()).expect("up plan"),
+            check::down(out).expect("down plan"),
+        )
+    };
+    let mut img = Image::new();
+    for x in [c.s, c.h, c.k2, c.v] {
+        img.tensor(x, None);
+    }
+    img.tensor(u, Some(0xff));
+    img.tensor(out, Some(0xff));
+    up.stage.s = img.tr(up.stage.s);
+    up.stage.h = img.tr(up.stage.h);
+    up.stage.k2.ptr = img.tr(up.stage.k2.ptr);
+    up.out = img.tr(up.out);
+    dp.u = img.tr(dp.u);
+    dp.v.ptr = img.tr(dp.v.ptr);
+    dp.out = img.tr(dp.out);
+    assert_eq!(dp.u, up.out);
+    let (theta, kept) = (img.scratch(4 * t), img.scratch(4 * t));
+    // Mirror of UpPlan::launch, then DownPlan::launch on its output (the graph's order).
+    let mut launches = up_stage(&up.stage, theta, kept, up.out);
+    launches.push(down_launch(&dp));
+    let mem = emulate(exe, &img, &launches);
+
+    c.run_cpu(out);
+    let (cpu_u, cpu_out) = (c.ggml.read(u), c.ggml.read(out));
+    let gpu_u = f32s(&mem, up.out, f * t);
+    let want = c.kept(&cpu_u);
+    assert_eq!(c.kept(&gpu_u), want, "{name}: kept neurons (u != 0)");
+    let counts = u32s(&mem, kept, t);
+    for (tt, w) in want.iter().enumerate() {
+        assert_eq!(
+            counts[tt] as usize,
+            w.len(),
+            "{name}: kept count of token {tt}"
+        );
+    }
+    check_theta(name, c, &mem, theta);
+    let (uval, utight, ucpu) = c.u_ref();
+    let wu = [
+        close(name, "u vs f64", &gpu_u, &uval, &utight),
+        close(name, "u vs CPU", &gpu_u, &cpu_u, &ucpu),
+    ];
+    let gpu_out = f32s(&mem, dp.out, d * t);
+    let (oref, otol) = c.v_ref(&gpu_u, 0, f);
+    let wo = [
+        close(name, "out vs f64", &gpu_out, &oref, &otol),
+        close(
+            name,
+            "out vs CPU",
+            &gpu_out,
+            &cpu_out,
+            &c.v_err(&cpu_u, &ucpu, 0, f),
+        ),
+    ];
+    let n: usize = want.iter().map(Vec::len).sum();
+    eprintln!(
+        "cuda_emu ffn {name}: up + down T={t}, kept {n}/{}; max err/tol (f64, CPU) u {:.1e} {:.1e} out {:.1e} {:.1e}; max rel err vs CPU u {:.1e} out {:.1e}",
+        f * t,
+        wu[0],
+        wu[1],
+        wo[0],
+        wo[1],
+        rel(&gpu_u, &cpu_u),
+        rel(&gpu_out, &cpu_out)
+    );
+}
+
+/// Shapes per type: D and D - r_f whole blocks of the type.
+fn shape(ty: RowType) -> (usize, usize) {
+    match ty {
+        RowType::F32 | RowType::F16 => (96, 40),
+        RowType::Q8_0 | RowType::Q4_0 => (96, 32),
+        _ => (512, 256),
+    }
+}
+
+/// All runs of one weight type: fused T = 1 (P = 16), 3 (P = 7), 9 (P = 7, tiled) and up +
+/// down T = 5, at k = 16 of F = 200 (8 %); fused T = 3 and up + down T = 5 dense (k >= F).
+fn all_paths(ty: RowType) {
+    let (d, r) = shape(ty);
+    let f = 200;
+    let tag = format!("{ty:?}");
+    for (t, p, seed) in [(1, 16, 1), (3, 7, 2), (9, 7, 3)] {
+        let c = case(seed, ty, d, r, f, t, 16);
+        check_fused(&format!("{tag} k=16"), &c, p);
+    }
+    check_up_down(&format!("{tag} k=16"), &case(4, ty, d, r, f, 5, 16));
+    check_fused(&format!("{tag} dense"), &case(5, ty, d, r, f, 3, 500), 7);
+    check_up_down(&format!("{tag} dense"), &case(6, ty, d, r, f, 5, 200));
+}
+
+#[test]
+fn ffn_f32() {
+    all_paths(RowType::F32);
+}
+
+#[test]
+fn ffn_f16() {
+    all_paths(RowType::F16);
+}
+
+#[test]
+fn ffn_q8_0() {
+    all_paths(RowType::Q8_0);
+}
+
+#[test]
+fn ffn_q4_0() {
+    all_paths(RowType::Q4_0);
+}
+
+#[test]
+fn ffn_q4_k() {
+    all_paths(RowType::Q4K);
+}
+
+#[test]
+fn ffn_q6_k() {
+    all_paths(RowType::Q6K);
+}
