@@ -67,23 +67,60 @@ unsafe fn prepare(
     dst: *mut sys::ggml_tensor,
     userdata: *mut c_void,
 ) -> Result<SparseAttention, KernelError> {
+    // SAFETY: forwarded contract.
+    let (call, params) = unsafe { read_call(dst, userdata)? };
+    SparseAttention::new(&call.q, &call.k, &call.v, &call.mask, &call.dst, &params)
+}
+
+/// The tensors of one `spark_attn` call, as views (metadata only).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnCall {
+    /// Queries (`src[0]`).
+    pub q: TensorView,
+    /// K cache view (`src[1]`).
+    pub k: TensorView,
+    /// V cache view (`src[2]`).
+    pub v: TensorView,
+    /// Mask (`src[3]`).
+    pub mask: TensorView,
+    /// The output.
+    pub dst: TensorView,
+}
+
+/// Reads the views of `dst` and its four sources and the params struct, reading no tensor
+/// data: the one reading of a `spark_attn` call for the CPU op and the CUDA launcher
+/// (`crate::cuda::attn`), with the same messages.
+///
+/// # Safety
+/// `dst` must be null or a live `ggml_tensor` whose `src[0..4]` are null or live; `userdata`
+/// null or a live `AttnParams` (in host memory).
+pub unsafe fn read_call(
+    dst: *const sys::ggml_tensor,
+    userdata: *const c_void,
+) -> Result<(AttnCall, AttnParams), KernelError> {
     // SAFETY: per the contract, dst is null or live.
     let dst_ref =
         unsafe { dst.as_ref() }.ok_or_else(|| KernelError::Shape("dst is null".into()))?;
-    // SAFETY: userdata is null or a live AttnParams.
-    let params = unsafe { userdata.cast::<AttnParams>().as_ref() }
-        .ok_or_else(|| KernelError::Param("spark_attn_params (userdata) is null".into()))?;
+    if userdata.is_null() {
+        return Err(KernelError::Param(
+            "spark_attn_params (userdata) is null".into(),
+        ));
+    }
+    // SAFETY: a non-null userdata is a live AttnParams (contract); read unaligned to be safe.
+    let params = unsafe { userdata.cast::<AttnParams>().read_unaligned() };
     let src = |i: usize, name: &str| -> Result<TensorView, KernelError> {
-        // SAFETY: sources are null (reported) or live tensors with valid data.
+        // SAFETY: sources are null (reported) or live; from_raw copies struct fields only.
         unsafe { TensorView::from_raw(dst_ref.src[i]) }
             .map_err(|e| KernelError::Shape(format!("{name}: {e}")))
     };
-    let q = src(0, "q")?;
-    let k = src(1, "k")?;
-    let v = src(2, "v")?;
-    let mask = src(3, "mask")?;
-    // SAFETY: dst is live.
-    let out = unsafe { TensorView::from_raw(dst) }
-        .map_err(|e| KernelError::Shape(format!("dst: {e}")))?;
-    SparseAttention::new(&q, &k, &v, &mask, &out, params)
+    let call = AttnCall {
+        q: src(0, "q")?,
+        k: src(1, "k")?,
+        v: src(2, "v")?,
+        mask: src(3, "mask")?,
+        // SAFETY: dst is live; metadata only.
+        dst: unsafe { TensorView::from_raw(dst) }
+            .map_err(|e| KernelError::Shape(format!("dst: {e}")))?,
+    };
+    Ok((call, params))
 }

@@ -13,10 +13,10 @@
 
 use crate::ffn::{self, fused::FusedInputs, Batch, Scratch, UpInputs};
 use crate::op::{Claims, SparkOp};
-use crate::params::FfnParams;
+use crate::params;
 use crate::rows::{RowMatrix, RowType};
 use crate::stats;
-use crate::tensor::{TensorView, GGML_TYPE_F32};
+use crate::tensor::{expect_2d, expect_f32_rows, views, TensorView};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::cell::RefCell;
@@ -87,55 +87,6 @@ crate::op::custom_op! {
     spark_ffn_sum => Sum
 }
 
-/// The tensor views of dst and its first `n` sources.
-///
-/// # Safety
-/// `dst` is null or a live ggml tensor whose sources are null or live.
-unsafe fn views<const N: usize>(
-    dst: *mut sys::ggml_tensor,
-) -> Result<(TensorView, [TensorView; N]), KernelError> {
-    if dst.is_null() {
-        return Err(KernelError::Shape("dst is null".into()));
-    }
-    // SAFETY: per the function contract.
-    let out = unsafe { TensorView::from_raw(dst)? };
-    // SAFETY: dst is live; src pointers are null or live tensors.
-    let srcs = unsafe { (*dst).src };
-    let mut views = [out; N];
-    for (i, v) in views.iter_mut().enumerate() {
-        // SAFETY: as above; from_raw rejects null pointers.
-        *v = unsafe { TensorView::from_raw(srcs[i]) }
-            .map_err(|e| KernelError::Shape(format!("args[{i}]: {e}")))?;
-    }
-    Ok((out, views))
-}
-
-fn expect_2d(v: &TensorView, name: &str, ne0: usize, ne1: usize) -> Result<(), KernelError> {
-    if v.ne != [ne0, ne1, 1, 1] {
-        return Err(KernelError::Shape(format!(
-            "{name}: ne {:?}, expected [{ne0}, {ne1}, 1, 1]",
-            v.ne
-        )));
-    }
-    Ok(())
-}
-
-fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
-    if v.ty != GGML_TYPE_F32 {
-        return Err(KernelError::UnsupportedType {
-            tensor: name,
-            ty: v.ty,
-        });
-    }
-    if v.nb[0] != 4 || !v.nb[1].is_multiple_of(4) || v.nb[1] < 4 * v.ne[0] {
-        return Err(KernelError::Shape(format!(
-            "{name}: f32 rows not contiguous (nb {:?})",
-            v.nb
-        )));
-    }
-    Ok(())
-}
-
 /// A weight matrix view over a 2-D ggml tensor.
 ///
 /// # Safety
@@ -187,23 +138,6 @@ unsafe fn f32_rows<'a>(v: &TensorView) -> (&'a [f32], usize) {
     )
 }
 
-/// `k_f` from the op's userdata.
-///
-/// # Safety
-/// `userdata` is null or points to a `spark_ffn_params`.
-unsafe fn read_params(userdata: *mut c_void) -> Result<(FfnParams, usize), KernelError> {
-    if userdata.is_null() {
-        return Err(KernelError::Param("spark_ffn_params is null".into()));
-    }
-    // SAFETY: userdata points to a live spark_ffn_params (contract); read unaligned to be safe.
-    let params = unsafe { userdata.cast::<FfnParams>().read_unaligned() };
-    let k = usize::try_from(params.k)
-        .ok()
-        .filter(|&k| k >= 1)
-        .ok_or_else(|| KernelError::Param(format!("k = {} (must be >= 1)", params.k)))?;
-    Ok((params, k))
-}
-
 /// The checked inputs `spark_ffn_up` and `spark_ffn_fused` share: scores [F, T] and h [D, T]
 /// as f32 rows, K2 [D - r_f, F], k_f and the layer.
 struct StageInputs<'a> {
@@ -224,7 +158,7 @@ impl<'a> StageInputs<'a> {
         userdata: *mut c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: userdata is null or a spark_ffn_params (contract).
-        let (params, k) = unsafe { read_params(userdata)? };
+        let (params, k) = unsafe { params::read_ffn(userdata)? };
         expect_f32_rows(s, "scores")?;
         expect_f32_rows(h, "h")?;
         // SAFETY: k2 is a live tensor (contract).

@@ -36,6 +36,27 @@ pub unsafe fn layer_of(userdata: *const std::ffi::c_void) -> Option<i32> {
     (!userdata.is_null()).then(|| unsafe { userdata.cast::<i32>().read_unaligned() })
 }
 
+/// The FFN op's parameters and its k_f (>= 1) from `userdata`: one check for the CPU ops and
+/// the CUDA launchers.
+///
+/// # Safety
+/// `userdata` is null or points to a [`FfnParams`].
+pub unsafe fn read_ffn(
+    userdata: *const std::ffi::c_void,
+) -> Result<(FfnParams, usize), crate::KernelError> {
+    use crate::KernelError;
+    if userdata.is_null() {
+        return Err(KernelError::Param("spark_ffn_params is null".into()));
+    }
+    // SAFETY: userdata points to a live spark_ffn_params (contract); read unaligned to be safe.
+    let params = unsafe { userdata.cast::<FfnParams>().read_unaligned() };
+    let k = usize::try_from(params.k)
+        .ok()
+        .filter(|&k| k >= 1)
+        .ok_or_else(|| KernelError::Param(format!("k = {} (must be >= 1)", params.k)))?;
+    Ok((params, k))
+}
+
 const _: () = {
     assert!(std::mem::offset_of!(FfnParams, layer) == 0);
     assert!(std::mem::offset_of!(AttnParams, layer) == 0);

@@ -94,3 +94,55 @@ pub unsafe fn fill_nan_rows(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) 
         }
     }
 }
+
+/// The views of `dst` and its first `N` sources, from metadata only (no tensor data is read):
+/// the CPU ops' `prepare` and the CUDA launchers' checks (`crate::cuda::check`) start here.
+///
+/// # Safety
+/// `dst` is null or a live ggml tensor whose sources are null or live.
+pub unsafe fn views<const N: usize>(
+    dst: *const sys::ggml_tensor,
+) -> Result<(TensorView, [TensorView; N]), KernelError> {
+    if dst.is_null() {
+        return Err(KernelError::Shape("dst is null".into()));
+    }
+    // SAFETY: per the contract; from_raw copies struct fields only.
+    let out = unsafe { TensorView::from_raw(dst)? };
+    // SAFETY: dst is live; its src pointers are null or live tensors.
+    let srcs = unsafe { (*dst).src };
+    let mut views = [out; N];
+    for (i, v) in views.iter_mut().enumerate() {
+        // SAFETY: as above; from_raw rejects null pointers and reads no data.
+        *v = unsafe { TensorView::from_raw(srcs[i]) }
+            .map_err(|e| KernelError::Shape(format!("args[{i}]: {e}")))?;
+    }
+    Ok((out, views))
+}
+
+/// `v` is 2-D with shape `[ne0, ne1]`.
+pub fn expect_2d(v: &TensorView, name: &str, ne0: usize, ne1: usize) -> Result<(), KernelError> {
+    if v.ne != [ne0, ne1, 1, 1] {
+        return Err(KernelError::Shape(format!(
+            "{name}: ne {:?}, expected [{ne0}, {ne1}, 1, 1]",
+            v.ne
+        )));
+    }
+    Ok(())
+}
+
+/// `v` holds f32 rows: contiguous values, a row stride that is a multiple of 4 and covers the row.
+pub fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
+    if v.ty != GGML_TYPE_F32 {
+        return Err(KernelError::UnsupportedType {
+            tensor: name,
+            ty: v.ty,
+        });
+    }
+    if v.nb[0] != 4 || !v.nb[1].is_multiple_of(4) || v.nb[1] < 4 * v.ne[0] {
+        return Err(KernelError::Shape(format!(
+            "{name}: f32 rows not contiguous (nb {:?})",
+            v.nb
+        )));
+    }
+    Ok(())
+}

@@ -526,29 +526,9 @@ pub unsafe fn check(
     dst: *const sys::ggml_tensor,
     userdata: *const c_void,
 ) -> Result<AttnPlan, KernelError> {
-    // SAFETY: per the contract, dst is null or live.
-    let dst_ref =
-        unsafe { dst.as_ref() }.ok_or_else(|| KernelError::Shape("dst is null".into()))?;
-    if userdata.is_null() {
-        return Err(KernelError::Param(
-            "spark_attn_params (userdata) is null".into(),
-        ));
-    }
-    // SAFETY: a non-null userdata is a spark_attn_params in host memory (contract).
-    let params = unsafe { userdata.cast::<AttnParams>().read_unaligned() };
-    let src = |i: usize, name: &str| -> Result<TensorView, KernelError> {
-        // SAFETY: sources are null (reported) or live; from_raw copies struct fields only.
-        unsafe { TensorView::from_raw(dst_ref.src[i]) }
-            .map_err(|e| KernelError::Shape(format!("{name}: {e}")))
-    };
-    let q = src(0, "q")?;
-    let k = src(1, "k")?;
-    let v = src(2, "v")?;
-    let mask = src(3, "mask")?;
-    // SAFETY: dst is live; metadata only.
-    let out = unsafe { TensorView::from_raw(dst) }
-        .map_err(|e| KernelError::Shape(format!("dst: {e}")))?;
-    AttnPlan::new(&q, &k, &v, &mask, &out, &params)
+    // SAFETY: forwarded contract.
+    let (call, params) = unsafe { crate::attn_op::read_call(dst, userdata)? };
+    AttnPlan::new(&call.q, &call.k, &call.v, &call.mask, &call.dst, &params)
 }
 
 #[cfg(feature = "cuda")]

@@ -6,8 +6,7 @@
 //! (`crate::ffn_op`), restricted to the weight types of [`options::GPU_WEIGHT_TYPES`].
 
 use super::options::{self, block_layout};
-use crate::params::FfnParams;
-use crate::tensor::{TensorView, GGML_TYPE_F32};
+use crate::tensor::{expect_2d, views, TensorView, GGML_TYPE_F32};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
@@ -120,54 +119,14 @@ pub struct SumPlan {
     pub out_row: usize,
 }
 
-/// The views of `dst` and its first `N` sources (metadata only).
-///
-/// # Safety
-/// `dst` is null or a live ggml tensor whose sources are null or live.
-pub unsafe fn views<const N: usize>(
-    dst: *const sys::ggml_tensor,
-) -> Result<(TensorView, [TensorView; N]), KernelError> {
-    if dst.is_null() {
-        return Err(KernelError::Shape("dst is null".into()));
-    }
-    // SAFETY: per the contract; from_raw copies struct fields only.
-    let out = unsafe { TensorView::from_raw(dst)? };
-    // SAFETY: dst is live; its src pointers are null or live tensors.
-    let srcs = unsafe { (*dst).src };
-    let mut views = [out; N];
-    for (i, v) in views.iter_mut().enumerate() {
-        // SAFETY: as above; from_raw rejects null pointers and reads no data.
-        *v = unsafe { TensorView::from_raw(srcs[i]) }
-            .map_err(|e| KernelError::Shape(format!("args[{i}]: {e}")))?;
-    }
-    Ok((out, views))
-}
-
-/// `k_f` and the layer from the userdata (a host-memory params struct).
+/// `k_f` and the layer from the userdata (a host-memory params struct; `params::read_ffn`).
 ///
 /// # Safety
 /// `userdata` is null or points to a `spark_ffn_params`.
 pub unsafe fn ffn_params(userdata: *const c_void) -> Result<(i32, usize), KernelError> {
-    if userdata.is_null() {
-        return Err(KernelError::Param("spark_ffn_params is null".into()));
-    }
-    // SAFETY: a live spark_ffn_params in host memory (contract); read unaligned.
-    let params = unsafe { userdata.cast::<FfnParams>().read_unaligned() };
-    let k = usize::try_from(params.k)
-        .ok()
-        .filter(|&k| k >= 1)
-        .ok_or_else(|| KernelError::Param(format!("k = {} (must be >= 1)", params.k)))?;
+    // SAFETY: forwarded contract.
+    let (params, k) = unsafe { crate::params::read_ffn(userdata)? };
     Ok((params.layer, k))
-}
-
-fn expect_2d(v: &TensorView, name: &str, ne0: usize, ne1: usize) -> Result<(), KernelError> {
-    if v.ne != [ne0, ne1, 1, 1] {
-        return Err(KernelError::Shape(format!(
-            "{name}: ne {:?}, expected [{ne0}, {ne1}, 1, 1]",
-            v.ne
-        )));
-    }
-    Ok(())
 }
 
 fn dims_in_range(name: &str, v: &TensorView) -> Result<(), KernelError> {
@@ -182,19 +141,8 @@ fn dims_in_range(name: &str, v: &TensorView) -> Result<(), KernelError> {
 
 /// f32 rows: contiguous values, row stride a multiple of 4 covering the row, 4-byte aligned.
 fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
-    if v.ty != GGML_TYPE_F32 {
-        return Err(KernelError::UnsupportedType {
-            tensor: name,
-            ty: v.ty,
-        });
-    }
+    crate::tensor::expect_f32_rows(v, name)?;
     dims_in_range(name, v)?;
-    if v.nb[0] != 4 || !v.nb[1].is_multiple_of(4) || v.nb[1] < 4 * v.ne[0] {
-        return Err(KernelError::Shape(format!(
-            "{name}: f32 rows not contiguous (nb {:?})",
-            v.nb
-        )));
-    }
     if !(v.data as usize).is_multiple_of(4) {
         return Err(KernelError::Shape(format!(
             "{name}: data not 4-byte aligned"
