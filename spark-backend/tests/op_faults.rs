@@ -150,10 +150,12 @@ fn check_fault_path(node: &Node) {
 }
 
 /// D 256, r_f 64, F 72, 3 tokens, k_f 10 (every op's share is non-empty for up to 4 threads).
-fn ffn_case(ty: RowType, seed: u64) -> (OpCase, Vec<f32>) {
+/// One FFN case; `layer` tells its failure lines apart from those of the tests running beside
+/// it (the fault reports are one list for the process).
+fn ffn_case(ty: RowType, seed: u64, layer: i32) -> (OpCase, Vec<f32>) {
     let (d, r, f, n) = (256, 64, 72, 3);
     let mut rng = Rng::new(seed);
-    let (case, [k1, _, _], h) = op_case(&mut rng, ty, d, r, f, n, 10, 7);
+    let (case, [k1, _, _], h) = op_case(&mut rng, ty, d, r, f, n, 10, layer);
     let mut scores = vec![0f32; n * f];
     let batch = Batch {
         h: &h,
@@ -178,7 +180,7 @@ fn node(c: &OpCase, name: &'static str, dst: *mut sys::ggml_tensor, op: OpFn) ->
 #[test]
 fn a_failing_ffn_thread_nans_exactly_its_share() {
     for (i, ty) in [RowType::Q8_0, RowType::F16].into_iter().enumerate() {
-        let (c, scores) = ffn_case(ty, 70 + i as u64);
+        let (c, scores) = ffn_case(ty, 70 + i as u64, 7);
         // SAFETY: c.h is a live tensor of c.ggml.
         let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
         let f = scores.len() / n;
@@ -238,7 +240,7 @@ fn a_failing_attention_thread_nans_exactly_its_share() {
 #[test]
 fn a_failing_thread_makes_the_whole_ffn_output_nan_in_a_ggml_graph() {
     quiet_injected_panics();
-    let (c, _) = ffn_case(RowType::Q8_0, 80);
+    let (c, _) = ffn_case(RowType::Q8_0, 80, 8);
     for fused_path in [true, false] {
         for n_threads in 1..=4 {
             for bad in 0..n_threads {
@@ -289,7 +291,7 @@ fn bad_claims_first(bad: usize) -> fault::ClaimHook {
 /// NaN for every thread count, with one line naming the op.
 #[test]
 fn bad_parameters_nan_the_whole_output() {
-    let (c, scores) = ffn_case(RowType::Q8_0, 90);
+    let (c, scores) = ffn_case(RowType::Q8_0, 90, 9);
     // SAFETY: c.h is a live tensor of c.ggml.
     let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
     let f = scores.len() / n;
