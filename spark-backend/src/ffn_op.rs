@@ -12,11 +12,12 @@
 //! does not depend on the block, so results do not depend on `nth` or on the schedule.
 
 use crate::ffn::{self, fused::FusedInputs, Batch, Scratch, UpInputs};
+use crate::ffn_shapes::{self as shapes, StageDims};
 use crate::op::{Claims, SparkOp};
 use crate::params;
 use crate::rows::{RowMatrix, RowType};
 use crate::stats;
-use crate::tensor::{expect_2d, expect_f32_rows, views, TensorView};
+use crate::tensor::{views, TensorView};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::cell::RefCell;
@@ -159,23 +160,9 @@ impl<'a> StageInputs<'a> {
     ) -> Result<Self, KernelError> {
         // SAFETY: userdata is null or a spark_ffn_params (contract).
         let (params, k) = unsafe { params::read_ffn(userdata)? };
-        expect_f32_rows(s, "scores")?;
-        expect_f32_rows(h, "h")?;
+        let StageDims { d, n_tokens, .. } = shapes::stage(s, h, k2)?;
         // SAFETY: k2 is a live tensor (contract).
         let k2m = unsafe { weight(k2, "ffn_up")? };
-        let (f, n_tokens, d) = (s.ne[0], s.ne[1], h.ne[0]);
-        expect_2d(s, "scores", f, n_tokens)?;
-        expect_2d(h, "h", d, n_tokens)?;
-        expect_2d(k2, "ffn_up", k2.ne[0], f)?;
-        if k2.ne[0] == 0 || k2.ne[0] >= d {
-            return Err(KernelError::Shape(format!(
-                "ffn_up width {} not in (0, D = {d})",
-                k2.ne[0]
-            )));
-        }
-        if s.nb[1] != 4 * f {
-            return Err(KernelError::Shape("scores rows must be contiguous".into()));
-        }
         // SAFETY: s and h are live f32 tensors with the checked shapes.
         let (scores, _) = unsafe { f32_rows(s) };
         // SAFETY: as above.
@@ -196,6 +183,14 @@ impl<'a> StageInputs<'a> {
 
     fn f(&self) -> usize {
         self.k2.n_rows()
+    }
+
+    fn dims(&self) -> StageDims {
+        StageDims {
+            f: self.f(),
+            d: self.batch.width,
+            n_tokens: self.batch.n_tokens,
+        }
     }
 
     fn up(&self) -> UpInputs<'_> {
@@ -258,12 +253,7 @@ impl SparkOp for Up<'_> {
         let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
         // SAFETY: as above.
         let inputs = unsafe { StageInputs::new(&s, &h, &k2, userdata)? };
-        let n_tokens = inputs.batch.n_tokens;
-        expect_2d(&out, "dst", n_tokens, inputs.f())?;
-        expect_f32_rows(&out, "dst")?;
-        if out.nb[1] != 4 * n_tokens {
-            return Err(KernelError::Shape("dst must be contiguous".into()));
-        }
+        shapes::up_dst(inputs.dims(), &out)?;
         Ok(Self {
             inputs,
             u: out.data.cast(),
@@ -348,17 +338,9 @@ impl SparkOp for Down<'_> {
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [u, v]) = unsafe { views::<2>(dst)? };
-        expect_f32_rows(&u, "u")?;
+        let (n_tokens, _, _) = shapes::down(&u, &v, &out)?;
         // SAFETY: v is a live tensor (contract).
         let vm = unsafe { weight(&v, "ffn_down_t")? };
-        let (n_tokens, f, d) = (u.ne[0], u.ne[1], v.ne[0]);
-        expect_2d(&u, "u", n_tokens, f)?;
-        expect_2d(&v, "ffn_down_t", d, f)?;
-        if u.nb[1] != 4 * n_tokens {
-            return Err(KernelError::Shape("u must be contiguous".into()));
-        }
-        expect_2d(&out, "dst", d, n_tokens)?;
-        expect_f32_rows(&out, "dst")?;
         // SAFETY: u is a live f32 tensor with the checked shape.
         let (u_data, _) = unsafe { f32_rows(&u) };
         Ok(Self {
@@ -437,21 +419,9 @@ impl SparkOp for Fused<'_> {
         let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
         // SAFETY: as above.
         let inputs = unsafe { StageInputs::new(&s, &h, &k2, userdata)? };
+        let p = shapes::fused_dst(inputs.dims(), &v, &out)?;
         // SAFETY: v is a live tensor (contract).
         let vm = unsafe { weight(&v, "ffn_down_t")? };
-        let (f, n_tokens, d) = (inputs.f(), inputs.batch.n_tokens, inputs.batch.width);
-        expect_2d(&v, "ffn_down_t", d, f)?;
-        let p = out.ne[2];
-        if out.ne != [d, n_tokens, p, 1] || p == 0 || p > f {
-            return Err(KernelError::Shape(format!(
-                "dst: ne {:?}, expected [{d}, {n_tokens}, P, 1] with 1 <= P <= F = {f}",
-                out.ne
-            )));
-        }
-        expect_f32_rows(&out, "dst")?;
-        if out.nb[1] != 4 * d || out.nb[2] != 4 * d * n_tokens {
-            return Err(KernelError::Shape("dst must be contiguous".into()));
-        }
         Ok(Self {
             inputs,
             v: vm,
@@ -526,20 +496,8 @@ impl SparkOp for Sum<'_> {
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [partials]) = unsafe { views::<1>(dst)? };
-        let (d, n_tokens, p) = (partials.ne[0], partials.ne[1], partials.ne[2]);
-        expect_f32_rows(&partials, "partials")?;
+        let (d, n_tokens, p) = shapes::sum(&partials, &out)?;
         let len = d * n_tokens;
-        if partials.ne[3] != 1 || partials.nb[1] != 4 * d || partials.nb[2] != 4 * len || p == 0 {
-            return Err(KernelError::Shape(format!(
-                "partials: ne {:?} nb {:?}, expected contiguous [D, n_tokens, P >= 1, 1]",
-                partials.ne, partials.nb
-            )));
-        }
-        expect_2d(&out, "dst", d, n_tokens)?;
-        expect_f32_rows(&out, "dst")?;
-        if out.nb[1] != 4 * d {
-            return Err(KernelError::Shape("dst must be contiguous".into()));
-        }
         // SAFETY: partials is a live contiguous f32 tensor of p * len values (checked above).
         let all = unsafe {
             std::slice::from_raw_parts(partials.data.cast::<f32>().cast_const(), p * len)

@@ -17,6 +17,7 @@ pub mod error;
 pub mod ffi;
 pub mod ffn;
 pub mod ffn_op;
+pub mod ffn_shapes;
 pub mod op;
 pub mod params;
 pub mod plugin;

@@ -6,7 +6,8 @@
 //! (`crate::ffn_op`), restricted to the weight types of [`options::GPU_WEIGHT_TYPES`].
 
 use super::options::{self, block_layout};
-use crate::tensor::{expect_2d, views, TensorView, GGML_TYPE_F32};
+use crate::ffn_shapes::{self as shapes, StageDims};
+use crate::tensor::{views, TensorView, GGML_TYPE_F32};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
@@ -54,6 +55,15 @@ pub struct StagePlan {
 }
 
 impl StagePlan {
+    /// F, D and the tokens, as the shared shape rules name them.
+    pub fn dims(&self) -> StageDims {
+        StageDims {
+            f: self.f,
+            d: self.d,
+            n_tokens: self.n_tokens,
+        }
+    }
+
     /// r_f = D - (columns of K2).
     pub fn r_f(&self) -> usize {
         self.d - self.k2.cols
@@ -202,22 +212,11 @@ fn stage(
     params: (i32, usize),
 ) -> Result<StagePlan, KernelError> {
     let (layer, k) = params;
+    let StageDims { f, d, n_tokens } = shapes::stage(s, h, k2)?;
+    // The kernels' own limits: 32-bit sizes and 4-byte aligned f32 data.
     expect_f32_rows(s, "scores")?;
     expect_f32_rows(h, "h")?;
     let k2w = weight(k2, "ffn_up")?;
-    let (f, n_tokens, d) = (s.ne[0], s.ne[1], h.ne[0]);
-    expect_2d(s, "scores", f, n_tokens)?;
-    expect_2d(h, "h", d, n_tokens)?;
-    expect_2d(k2, "ffn_up", k2.ne[0], f)?;
-    if k2.ne[0] == 0 || k2.ne[0] >= d {
-        return Err(KernelError::Shape(format!(
-            "ffn_up width {} not in (0, D = {d})",
-            k2.ne[0]
-        )));
-    }
-    if s.nb[1] != 4 * f {
-        return Err(KernelError::Shape("scores rows must be contiguous".into()));
-    }
     if f == 0 || n_tokens == 0 {
         return Err(KernelError::Shape(format!(
             "F = {f}, n_tokens = {n_tokens}: nothing to compute"
@@ -250,20 +249,9 @@ pub unsafe fn fused(
     // SAFETY: forwarded contract.
     let params = unsafe { ffn_params(userdata)? };
     let stage = stage(&s, &h, &k2, params)?;
+    let p = shapes::fused_dst(stage.dims(), &v, &out)?;
     let vw = weight(&v, "ffn_down_t")?;
-    let (f, n_tokens, d) = (stage.f, stage.n_tokens, stage.d);
-    expect_2d(&v, "ffn_down_t", d, f)?;
-    let p = out.ne[2];
-    if out.ne != [d, n_tokens, p, 1] || p == 0 || p > f {
-        return Err(KernelError::Shape(format!(
-            "dst: ne {:?}, expected [{d}, {n_tokens}, P, 1] with 1 <= P <= F = {f}",
-            out.ne
-        )));
-    }
     expect_f32_rows(&out, "dst")?;
-    if out.nb[1] != 4 * d || out.nb[2] != 4 * d * n_tokens {
-        return Err(KernelError::Shape("dst must be contiguous".into()));
-    }
     Ok(FusedPlan {
         stage,
         v: vw,
@@ -285,11 +273,8 @@ pub unsafe fn up(
     // SAFETY: forwarded contract.
     let params = unsafe { ffn_params(userdata)? };
     let stage = stage(&s, &h, &k2, params)?;
-    expect_2d(&out, "dst", stage.n_tokens, stage.f)?;
+    shapes::up_dst(stage.dims(), &out)?;
     expect_f32_rows(&out, "dst")?;
-    if out.nb[1] != 4 * stage.n_tokens {
-        return Err(KernelError::Shape("dst must be contiguous".into()));
-    }
     Ok(UpPlan {
         stage,
         out: out.data as u64,
@@ -303,15 +288,9 @@ pub unsafe fn up(
 pub unsafe fn down(dst: *const sys::ggml_tensor) -> Result<DownPlan, KernelError> {
     // SAFETY: forwarded contract.
     let (out, [u, v]) = unsafe { views::<2>(dst)? };
+    let (n_tokens, _, _) = shapes::down(&u, &v, &out)?;
     expect_f32_rows(&u, "u")?;
     let vw = weight(&v, "ffn_down_t")?;
-    let (n_tokens, f, d) = (u.ne[0], u.ne[1], v.ne[0]);
-    expect_2d(&u, "u", n_tokens, f)?;
-    expect_2d(&v, "ffn_down_t", d, f)?;
-    if u.nb[1] != 4 * n_tokens {
-        return Err(KernelError::Shape("u must be contiguous".into()));
-    }
-    expect_2d(&out, "dst", d, n_tokens)?;
     expect_f32_rows(&out, "dst")?;
     Ok(DownPlan {
         u: u.data as u64,
@@ -329,16 +308,8 @@ pub unsafe fn down(dst: *const sys::ggml_tensor) -> Result<DownPlan, KernelError
 pub unsafe fn sum(dst: *const sys::ggml_tensor) -> Result<SumPlan, KernelError> {
     // SAFETY: forwarded contract.
     let (out, [partials]) = unsafe { views::<1>(dst)? };
-    let (d, n_tokens, p) = (partials.ne[0], partials.ne[1], partials.ne[2]);
+    let (d, n_tokens, p) = shapes::sum(&partials, &out)?;
     expect_f32_rows(&partials, "partials")?;
-    let len = d * n_tokens;
-    if partials.ne[3] != 1 || partials.nb[1] != 4 * d || partials.nb[2] != 4 * len || p == 0 {
-        return Err(KernelError::Shape(format!(
-            "partials: ne {:?} nb {:?}, expected contiguous [D, n_tokens, P >= 1, 1]",
-            partials.ne, partials.nb
-        )));
-    }
-    expect_2d(&out, "dst", d, n_tokens)?;
     expect_f32_rows(&out, "dst")?;
     Ok(SumPlan {
         partials: partials.data as u64,
