@@ -326,22 +326,7 @@ fn emulate(exe: &PathBuf, img: &Image, launches: &[Launch]) -> Vec<u8> {
             job.extend_from_slice(&bits.to_le_bytes());
         }
     }
-    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let tag = format!("{}_{:?}", std::process::id(), std::thread::current().id())
-        .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-    let job_path = tmp.join(format!("ffn_job_{tag}"));
-    let out_path = tmp.join(format!("ffn_out_{tag}"));
-    std::fs::write(&job_path, &job).unwrap();
-    let st = Command::new(exe)
-        .arg(&job_path)
-        .arg(&out_path)
-        .status()
-        .unwrap();
-    assert!(st.success(), "emulator failed: {st}");
-    let mem = std::fs::read(&out_path).unwrap();
-    let _ = std::fs::remove_file(&job_path);
-    let _ = std::fs::remove_file(&out_path);
-    mem
+    super::run_job(exe, "ffn", &job)
 }
 
 fn f32s(mem: &[u8], off: u64, n: usize) -> Vec<f32> {

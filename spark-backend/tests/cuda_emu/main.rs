@@ -80,6 +80,27 @@ impl Image {
     }
 }
 
+/// Runs emulator `exe` on a job (memory image + launches, written to a file), returns the
+/// memory image after the launches. `name` keeps the files of different emulators apart.
+fn run_job(exe: &PathBuf, name: &str, job: &[u8]) -> Vec<u8> {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let tag = format!("{}_{:?}", std::process::id(), std::thread::current().id())
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+    let job_path = tmp.join(format!("{name}_job_{tag}"));
+    let out_path = tmp.join(format!("{name}_out_{tag}"));
+    std::fs::write(&job_path, job).unwrap();
+    let st = Command::new(exe)
+        .arg(&job_path)
+        .arg(&out_path)
+        .status()
+        .unwrap();
+    assert!(st.success(), "emulator failed: {st}");
+    let mem = std::fs::read(&out_path).unwrap();
+    let _ = std::fs::remove_file(&job_path);
+    let _ = std::fs::remove_file(&out_path);
+    mem
+}
+
 fn as_bytes(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
@@ -145,21 +166,7 @@ fn run_emulated(exe: &PathBuf, case: &mut Case) -> GpuRun {
             unsafe { std::slice::from_raw_parts(std::ptr::from_ref(&l.args).cast::<u8>(), size) };
         job.extend_from_slice(raw);
     }
-    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let tag = format!("{}_{:?}", std::process::id(), std::thread::current().id())
-        .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-    let job_path = tmp.join(format!("attn_job_{tag}"));
-    let out_path = tmp.join(format!("attn_out_{tag}"));
-    std::fs::write(&job_path, &job).unwrap();
-    let st = Command::new(exe)
-        .arg(&job_path)
-        .arg(&out_path)
-        .status()
-        .unwrap();
-    assert!(st.success(), "emulator failed: {st}");
-    let mem = std::fs::read(&out_path).unwrap();
-    let _ = std::fs::remove_file(&job_path);
-    let _ = std::fs::remove_file(&out_path);
+    let mem = run_job(exe, "attn", &job);
 
     let f32_at = |o: usize| f32::from_le_bytes(mem[o..o + 4].try_into().unwrap());
     let i32_at = |o: usize| i32::from_le_bytes(mem[o..o + 4].try_into().unwrap());
