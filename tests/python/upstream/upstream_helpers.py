@@ -233,10 +233,19 @@ def completion_text(stdout: str) -> str:
 def llama_completion(model: Path, prompt: str, n: int, with_plugin: bool, *extra,
                      stats: bool = True, timeout: float = 180,
                      check: bool = True) -> tuple[str, Result]:
-    """Greedy completion (temperature 0, fixed seed, 2 threads, no chat mode, no warm-up run)."""
-    res = run([tool("llama-completion"), "-m", model, "-p", prompt, "-n", n, "--temp", "0",
-               "--seed", SEED, "-t", THREADS, "-no-cnv", "--no-display-prompt", "--no-warmup",
-               *extra], env=tool_env(with_plugin, stats), timeout=timeout, check=check)
+    """Greedy completion (temperature 0, fixed seed, 2 threads, no chat mode, no warm-up run).
+
+    llama-completion prints through common/log.cpp's worker thread, whose logger is leaked at
+    exit without a flush (upstream says so in `common_log_main`: "logs may be lost if not flushed
+    before the program exits"); on a loaded machine the last token and the closing "\n\n" were
+    seen missing from stdout. Every complete run ends with that "\n\n", so a run without it is
+    a lost capture, not a result: it is run again (up to 3 runs in all)."""
+    cmd = [tool("llama-completion"), "-m", model, "-p", prompt, "-n", n, "--temp", "0",
+           "--seed", SEED, "-t", THREADS, "-no-cnv", "--no-display-prompt", "--no-warmup", *extra]
+    for _ in range(3):
+        res = run(cmd, env=tool_env(with_plugin, stats), timeout=timeout, check=check)
+        if res.returncode != 0 or res.stdout.endswith("\n\n"):
+            break
     return completion_text(res.stdout), res
 
 
