@@ -179,6 +179,132 @@ pub unsafe fn axpy4_q8_0(rows: [&[u8]; 4], alphas: [f32; 4], y: &mut [f32]) {
     }
 }
 
+/// A 32-element block type the gather kernel reads: its size and its AVX2 dequantization
+/// (the same as the other kernels of this file use).
+trait Block32 {
+    const BYTES: usize;
+    /// # Safety
+    /// A whole block at `p`; AVX2, FMA and F16C enabled in the caller.
+    unsafe fn load(p: *const u8) -> [__m256; 4];
+}
+
+struct Q8_0;
+struct Q4_0;
+
+impl Block32 for Q8_0 {
+    const BYTES: usize = Q8_0_BYTES;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> [__m256; 4] {
+        // SAFETY: forwarded contract.
+        unsafe { q8_0_block(p) }
+    }
+}
+
+impl Block32 for Q4_0 {
+    const BYTES: usize = Q4_0_BYTES;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> [__m256; 4] {
+        // SAFETY: forwarded contract.
+        unsafe { q4_0_block(p) }
+    }
+}
+
+/// Rows of a gather: row `idx[i]` starts at `base + idx[i] * stride` (already offset to the
+/// first block of the columns gathered).
+#[derive(Clone, Copy)]
+pub struct Gather<'a> {
+    /// First byte of the gathered columns in row 0.
+    pub base: *const u8,
+    /// Bytes from one row to the next.
+    pub stride: usize,
+    /// Rows, in the order their multiply-adds are applied.
+    pub idx: &'a [u32],
+    /// One factor per row.
+    pub alphas: &'a [f32],
+}
+
+/// `y += sum_i alphas[i] * row(idx[i])` with the output held in registers 64 columns at a
+/// time: `y` is read and written once per 64 columns, not once per row (or four rows, as in
+/// [`axpy4_q8_0`]). Each element gets its fused multiply-adds in the order of `idx`, starting
+/// from its value in `y`, exactly as [`axpy_q8_0`] calls in that order compute it.
+#[inline(always)]
+unsafe fn axpy_gather_blocks<B: Block32>(g: Gather<'_>, y: &mut [f32]) {
+    let n_blocks = y.len() / 32;
+    assert!(
+        y.len().is_multiple_of(32) && g.idx.len() == g.alphas.len(),
+        "gather: bad lengths"
+    );
+    let yp = y.as_mut_ptr();
+    let rows = g.idx.iter().zip(g.alphas);
+    let mut b = 0;
+    while b + 2 <= n_blocks {
+        // SAFETY: elements 32b..32b+64 lie inside `y` (checked above); the caller guarantees
+        // blocks b and b + 1 of every gathered row (module contract of `axpy_gather_q8_0`).
+        unsafe {
+            let p = yp.add(32 * b);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(p.add(8 * k));
+            }
+            for (&j, &alpha) in rows.clone() {
+                let row = g.base.add(j as usize * g.stride + b * B::BYTES);
+                let a = _mm256_set1_ps(alpha);
+                let w0 = B::load(row);
+                let w1 = B::load(row.add(B::BYTES));
+                for k in 0..4 {
+                    acc[k] = _mm256_fmadd_ps(w0[k], a, acc[k]);
+                    acc[4 + k] = _mm256_fmadd_ps(w1[k], a, acc[4 + k]);
+                }
+            }
+            for (k, a) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(p.add(8 * k), a);
+            }
+        }
+        b += 2;
+    }
+    if b < n_blocks {
+        // SAFETY: as above, for the last block.
+        unsafe {
+            let p = yp.add(32 * b);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(p.add(8 * k));
+            }
+            for (&j, &alpha) in rows {
+                let w = B::load(g.base.add(j as usize * g.stride + b * B::BYTES));
+                let a = _mm256_set1_ps(alpha);
+                for k in 0..4 {
+                    acc[k] = _mm256_fmadd_ps(w[k], a, acc[k]);
+                }
+            }
+            for (k, a) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(p.add(8 * k), a);
+            }
+        }
+    }
+}
+
+/// [`axpy_gather_blocks`] for q8_0 rows.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C, and for every `j` in `g.idx` the `y.len() / 32`
+/// q8_0 blocks from `g.base + j * g.stride` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_gather_q8_0(g: Gather<'_>, y: &mut [f32]) {
+    // SAFETY: forwarded contract.
+    unsafe { axpy_gather_blocks::<Q8_0>(g, y) }
+}
+
+/// [`axpy_gather_blocks`] for q4_0 rows.
+///
+/// # Safety
+/// As for [`axpy_gather_q8_0`], with q4_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_gather_q4_0(g: Gather<'_>, y: &mut [f32]) {
+    // SAFETY: forwarded contract.
+    unsafe { axpy_gather_blocks::<Q4_0>(g, y) }
+}
+
 /// `y += alpha * row` for a q4_0 row of `y.len()` elements (a multiple of 32).
 ///
 /// # Safety
