@@ -147,11 +147,6 @@ pub struct Scratch {
     tokens: Vec<(u32, f32)>,
     spans: Vec<u32>,
     row: Vec<f32>,
-    /// The fused path's batch walk ([`fused`]): each token's nonzero `(neuron, u)` pairs back to
-    /// back, token `i` of the unit at `pair_ends[i - 1]..pair_ends[i]`.
-    pair_neurons: Vec<u32>,
-    pair_us: Vec<f32>,
-    pair_ends: Vec<usize>,
     /// The token count `active`/`tokens`/`spans` were listed for by [`down_prepare`].
     down_tokens: Option<usize>,
 }

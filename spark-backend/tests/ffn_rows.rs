@@ -276,56 +276,6 @@ fn axpy4_equals_four_axpy_calls_bit_for_bit() {
     }
 }
 
-#[test]
-fn axpy_gather_equals_axpy_of_each_row_slice_in_order_bit_for_bit() {
-    // q8_0 and q4_0 have the register-blocked kernel (pairs of blocks, then a last single
-    // block), the other types one axpy per row; column ranges at the start, in the middle and
-    // at the end of the rows, an odd number of blocks, rows repeated and out of order, and no
-    // rows at all.
-    let mut rng = Rng::new(8);
-    for ty in RowType::ALL {
-        let be = ty.block_elems().max(32);
-        let n_cols = 7 * be;
-        let n_rows = 23;
-        let w = Weights::random(&mut rng, ty, n_cols, n_rows, 0.7);
-        let m = w.matrix();
-        for (c0, c1) in [(0, be), (be, 4 * be), (2 * be, 7 * be), (0, 7 * be)] {
-            for idx in [
-                vec![],
-                vec![5u32],
-                vec![22, 0, 7, 7, 13, 1, 2, 9, 21, 3, 18],
-            ] {
-                let alphas: Vec<f32> = idx.iter().map(|&j| 0.25 - j as f32 * 0.07).collect();
-                let y0 = rng.normals(c1 - c0, 1.0);
-                let mut gathered = y0.clone();
-                rows::axpy_gather(&m, &idx, &alphas, c0..c1, &mut gathered);
-                let mut sequential = y0.clone();
-                for (&j, &a) in idx.iter().zip(&alphas) {
-                    rows::axpy(m.row(j as usize).slice(c0, c1), a, &mut sequential);
-                }
-                assert!(
-                    gathered
-                        .iter()
-                        .zip(&sequential)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{ty:?} cols {c0}..{c1}, {} rows",
-                    idx.len()
-                );
-            }
-        }
-    }
-    let w = Weights::random(&mut rng, RowType::Q8_0, 64, 4, 0.7);
-    assert!(rows::gather_kernel(RowType::Q8_0) == (rows::simd::kernels().name == "avx2"));
-    let out_of_range = std::panic::catch_unwind(|| {
-        let mut y = vec![0f32; 64];
-        rows::axpy_gather(&w.matrix(), &[4], &[1.0], 0..64, &mut y);
-    });
-    assert!(
-        out_of_range.is_err(),
-        "a row index past the matrix must panic"
-    );
-}
-
 /// The type facts the op entry points turn into slice lengths (`RowType::block_bytes`,
 /// `block_elems`, the ggml id) must be those of the ggml this crate links, not typed copies.
 #[test]

@@ -151,9 +151,6 @@ pub fn unit_partial(
     let out = &mut out[..tokens.len() * d];
     out.fill(0.0);
     let neurons = chunk_neurons(f, n_chunks, c);
-    if tokens.len() >= COLUMN_WALK_MIN_TOKENS && rows::gather_kernel(inputs.v.ty()) {
-        return Ok(unit_columns(inputs, tokens, neurons, out, scratch));
-    }
     let mut kept = 0;
     for (t, row) in tokens.zip(out.chunks_exact_mut(d.max(1))) {
         kept += token_chunk(inputs, t, neurons.clone(), row, scratch);
@@ -190,68 +187,6 @@ fn token_chunk(
     }
     pending.flush(out);
     scratch.active.len() as u64
-}
-
-/// Tokens in a unit from which [`unit_partial`] walks the unit column block by column block
-/// ([`unit_columns`]) instead of token by token, where V's type has a gather kernel.
-pub const COLUMN_WALK_MIN_TOKENS: usize = 8;
-
-/// Output columns per step of [`unit_columns`]: one step reads a 68-byte slice of each of the
-/// chunk's q8_0 V rows (59 KB for a chunk of 864 rows at Gemma-2 2B shapes), which stays in
-/// L2 while every token of the unit uses it.
-const WALK_COLS: usize = 64;
-
-/// A unit of several tokens: first each token's nonzero `u` over the chunk's active neurons
-/// (the K2 dots, as [`token_chunk`] computes them), then the V accumulation 64 output columns
-/// at a time for every token ([`rows::axpy_gather`]: each token's 64 outputs stay in registers
-/// while its rows pass). Each token's row of `out` gets the same multiply-adds in the same
-/// order as [`token_chunk`] gives it, so the result is bit-identical to the token-by-token
-/// walk; what changes is the traffic: the chunk's V rows are read from L3 about once per
-/// column block instead of once per (row, token), and each token's output once per 64 columns
-/// instead of once per four rows. Returns the active pairs.
-fn unit_columns(
-    inputs: &FusedInputs<'_>,
-    tokens: Range<usize>,
-    neurons: Range<usize>,
-    out: &mut [f32],
-    scratch: &mut Scratch,
-) -> u64 {
-    let (k2, v) = (inputs.up.k2, inputs.v);
-    let d = v.n_cols();
-    let mut kept = 0;
-    scratch.pair_neurons.clear();
-    scratch.pair_us.clear();
-    scratch.pair_ends.clear();
-    for t in tokens {
-        scratch.list_active_token(inputs.up.scores, v.n_rows(), t, neurons.clone());
-        kept += scratch.active.len() as u64;
-        for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
-            if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
-                prefetch_row(k2, next as usize);
-            }
-            let u = a * rows::dot(k2.row(j as usize), &scratch.acts[t]);
-            if u != 0.0 {
-                scratch.pair_neurons.push(j);
-                scratch.pair_us.push(u);
-            }
-        }
-        scratch.pair_ends.push(scratch.pair_neurons.len());
-    }
-    for c0 in (0..d).step_by(WALK_COLS) {
-        let cols = c0..(c0 + WALK_COLS).min(d);
-        let mut start = 0;
-        for (row, &end) in out.chunks_exact_mut(d).zip(&scratch.pair_ends) {
-            rows::axpy_gather(
-                v,
-                &scratch.pair_neurons[start..end],
-                &scratch.pair_us[start..end],
-                cols.clone(),
-                &mut row[cols.clone()],
-            );
-            start = end;
-        }
-    }
-    kept
 }
 
 /// `out[e] = partials[0][range][e] + partials[1][range][e] + ...` in chunk order, where the

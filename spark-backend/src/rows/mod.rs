@@ -14,7 +14,6 @@ pub mod simd;
 
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
-use std::ops::Range;
 
 /// A weight storage type the kernels support (a subset of ggml's types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -412,63 +411,6 @@ pub fn axpy4(rows: [Row<'_>; 4], alphas: [f32; 4], y: &mut [f32]) {
     }
     for (row, alpha) in rows.into_iter().zip(alphas) {
         axpy(row, alpha, y);
-    }
-}
-
-/// True when [`axpy_gather`] has a register-blocked kernel for rows of `ty` on this CPU
-/// (q8_0 and q4_0 on AVX2); otherwise it runs one [`axpy`] per row.
-pub fn gather_kernel(ty: RowType) -> bool {
-    cfg!(target_arch = "x86_64")
-        && matches!(ty, RowType::Q8_0 | RowType::Q4_0)
-        && simd::kernels().name == "avx2"
-}
-
-/// `y += sum_i alphas[i] * m.row(idx[i])[cols]`: each element of `y` gets its multiply-adds
-/// in the order of `idx`, so the result equals [`axpy`] of each row's slice in that order bit
-/// for bit. Where [`gather_kernel`] holds, `y` stays in registers 64 columns at a time
-/// while all the rows pass (one read and write of `y` per 64 columns, instead of one per row).
-/// `cols` must be block-aligned for `m`'s type and `y.len() == cols.len()`; panics on an
-/// index out of range or mismatched lengths (the callers list the indices themselves).
-pub fn axpy_gather(
-    m: &RowMatrix<'_>,
-    idx: &[u32],
-    alphas: &[f32],
-    cols: Range<usize>,
-    y: &mut [f32],
-) {
-    assert_eq!(idx.len(), alphas.len(), "axpy_gather: one alpha per row");
-    assert_eq!(y.len(), cols.len(), "axpy_gather: output length differs");
-    let (be, bb) = (m.ty.block_elems(), m.ty.block_bytes());
-    assert!(
-        cols.start.is_multiple_of(be) && cols.end.is_multiple_of(be) && cols.end <= m.n_cols,
-        "axpy_gather: columns {cols:?} not whole blocks of a {}-column row",
-        m.n_cols
-    );
-    #[cfg(target_arch = "x86_64")]
-    if gather_kernel(m.ty) {
-        assert!(
-            idx.iter().all(|&j| (j as usize) < m.n_rows),
-            "axpy_gather: row index out of range"
-        );
-        let g = quant_x86::Gather {
-            base: m.data.as_ptr().wrapping_add(cols.start / be * bb),
-            stride: m.stride,
-            idx,
-            alphas,
-        };
-        // SAFETY: AVX2, FMA and F16C were detected (`gather_kernel`); every index is a row of
-        // `m`, whose rows all lie inside `m.data` (checked at construction), and `cols` lies
-        // inside a row, so blocks `cols.start / 32 ..` of each gathered row are readable.
-        return unsafe {
-            match m.ty {
-                RowType::Q8_0 => quant_x86::axpy_gather_q8_0(g, y),
-                RowType::Q4_0 => quant_x86::axpy_gather_q4_0(g, y),
-                other => unreachable!("no gather kernel for {}", other.name()),
-            }
-        };
-    }
-    for (&j, &alpha) in idx.iter().zip(alphas) {
-        axpy(m.row(j as usize).slice(cols.start, cols.end), alpha, y);
     }
 }
 
