@@ -219,12 +219,16 @@ def assert_stats_table(stderr: str, n_layers: int, keep: float, tol: float = 0.0
 # llama-completion
 
 
+# What llama-completion prints last, at exit, after a complete run.
+COMPLETION_END = "\n\n"
+
+
 def completion_text(stdout: str) -> str:
     """The generated text of `llama-completion --no-display-prompt`: its stdout less what it
-    appends, " [end of text]\\n" when the model ended the text and "\\n\\n" at exit."""
+    appends, " [end of text]\\n" when the model ended the text and COMPLETION_END at exit."""
     text = stdout
-    if text.endswith("\n\n"):
-        text = text[:-2]
+    if text.endswith(COMPLETION_END):
+        text = text[: -len(COMPLETION_END)]
     if text.endswith(" [end of text]\n"):
         text = text[: -len(" [end of text]\n")]
     return text
@@ -244,7 +248,7 @@ def llama_completion(model: Path, prompt: str, n: int, with_plugin: bool, *extra
            "--seed", SEED, "-t", THREADS, "-no-cnv", "--no-display-prompt", "--no-warmup", *extra]
     for _ in range(3):
         res = run(cmd, env=tool_env(with_plugin, stats), timeout=timeout, check=check)
-        if res.returncode != 0 or res.stdout.endswith("\n\n"):
+        if res.returncode != 0 or res.stdout.endswith(COMPLETION_END):
             break
     return completion_text(res.stdout), res
 
