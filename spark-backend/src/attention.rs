@@ -22,21 +22,24 @@ mod kernel;
 pub mod layout;
 mod math;
 
-pub use kernel::{RowSelection, Tally};
+pub use kernel::{RowSelection, Tally, Tiling, UNITS_PER_THREAD};
 pub use layout::{AttnLayout, ElemType};
 
 use crate::params::AttnParams;
 use crate::tensor::TensorView;
 use crate::KernelError;
 
-/// One validated `spark_attn` call: the tensors and parameters, ready to run on any thread share.
+/// One validated `spark_attn` call: the tensors and parameters, cut into work units for a
+/// thread count, ready to run on any thread share.
 #[derive(Debug, Clone, Copy)]
 pub struct SparseAttention {
     layout: AttnLayout,
+    tiling: Tiling,
 }
 
 impl SparseAttention {
-    /// Validates `q`, `k`, `v`, `mask` and `dst` (see [`layout`]) and `params`.
+    /// Validates `q`, `k`, `v`, `mask` and `dst` (see [`layout`]) and `params`; the work units
+    /// are those of a call on one thread until [`with_threads`](Self::with_threads).
     pub fn new(
         q: &TensorView,
         k: &TensorView,
@@ -45,9 +48,25 @@ impl SparseAttention {
         dst: &TensorView,
         params: &AttnParams,
     ) -> Result<Self, KernelError> {
+        let layout = AttnLayout::new(q, k, v, mask, dst, params)?;
         Ok(Self {
-            layout: AttnLayout::new(q, k, v, mask, dst, params)?,
+            layout,
+            tiling: Tiling::new(&layout, 1),
         })
+    }
+
+    /// The same call cut into the work units for `nth` threads ([`Tiling`]; the output is
+    /// bit-identical for every tiling).
+    pub fn with_threads(self, nth: usize) -> Self {
+        Self {
+            tiling: Tiling::new(&self.layout, nth),
+            ..self
+        }
+    }
+
+    /// How the call is cut into work units.
+    pub fn tiling(&self) -> Tiling {
+        self.tiling
     }
 
     /// The checked shapes and parameters.
@@ -57,7 +76,7 @@ impl SparseAttention {
 
     /// Number of independent work units (threads beyond this stay idle).
     pub fn n_units(&self) -> usize {
-        kernel::n_units(&self.layout)
+        kernel::n_units(&self.layout, self.tiling)
     }
 
     /// Computes thread `ith`'s share of the output (of `nth` threads; every thread of a call must
@@ -68,7 +87,7 @@ impl SparseAttention {
     /// the whole call, and nothing else may access dst while the threads run.
     pub unsafe fn run(&self, ith: usize, nth: usize) -> Tally {
         // SAFETY: forwarded contract.
-        let tally = unsafe { kernel::run(&self.layout, ith, nth, None) };
+        let tally = unsafe { kernel::run(&self.layout, self.tiling, ith, nth, None) };
         crate::stats::record_attn(self.layout.layer, tally.kept, tally.queries);
         tally
     }
@@ -82,7 +101,7 @@ impl SparseAttention {
     /// As for [`run`](Self::run), and no other thread computes the same units meanwhile.
     pub unsafe fn run_units(&self, units: &mut dyn Iterator<Item = usize>) -> Tally {
         // SAFETY: forwarded contract.
-        let tally = unsafe { kernel::run_units(&self.layout, units, None) };
+        let tally = unsafe { kernel::run_units(&self.layout, self.tiling, units, None) };
         crate::stats::record_attn(self.layout.layer, tally.kept, tally.queries);
         tally
     }
@@ -93,7 +112,7 @@ impl SparseAttention {
     /// As for [`run_units`](Self::run_units), for unit `u`.
     pub unsafe fn fill_unit(&self, u: usize, value: f32) {
         // SAFETY: forwarded contract.
-        unsafe { kernel::fill_unit(&self.layout, u, value) }
+        unsafe { kernel::fill_unit(&self.layout, self.tiling, u, value) }
     }
 
     /// Writes `value` into the dst rows that thread `ith` of `nth` computes in [`run`](Self::run)
@@ -103,7 +122,7 @@ impl SparseAttention {
     /// As for [`run`](Self::run).
     pub unsafe fn fill_owned_rows(&self, ith: usize, nth: usize, value: f32) {
         // SAFETY: forwarded contract.
-        unsafe { kernel::fill_owned_rows(&self.layout, ith, nth, value) }
+        unsafe { kernel::fill_owned_rows(&self.layout, self.tiling, ith, nth, value) }
     }
 
     /// [`run`](Self::run), reporting every query's kept positions to `observer` (for tests and
@@ -118,6 +137,6 @@ impl SparseAttention {
         observer: &mut dyn FnMut(&RowSelection),
     ) -> Tally {
         // SAFETY: forwarded contract.
-        unsafe { kernel::run(&self.layout, ith, nth, Some(observer)) }
+        unsafe { kernel::run(&self.layout, self.tiling, ith, nth, Some(observer)) }
     }
 }

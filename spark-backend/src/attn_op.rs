@@ -6,10 +6,10 @@
 //! outlives the graph. ggml's worker threads each call it with their `ith` of `nth`.
 //!
 //! It enters through [`crate::op::enter`] like every Spark op (one message format, NaN on
-//! failure). Its chunks are the kernel's work units ([`SparseAttention::n_units`]: (stream,
-//! token block, KV group or single query head)), which the threads of a call take from a shared
-//! counter; a thread owns the output rows of the units it claimed
-//! ([`SparseAttention::fill_unit`]).
+//! failure). Its chunks are the kernel's work units for the call's thread count
+//! ([`SparseAttention::with_threads`], [`SparseAttention::n_units`]: (stream, token block, KV
+//! group or single query head)), which the threads of a call take from a shared counter; a
+//! thread owns the output rows of the units it claimed ([`SparseAttention::fill_unit`]).
 
 use crate::attention::SparseAttention;
 use crate::op::{Claims, SparkOp};
@@ -36,9 +36,10 @@ impl SparkOp for SparseAttention {
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
         userdata: *mut c_void,
+        nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { prepare(dst, userdata) }
+        Ok(unsafe { prepare(dst, userdata) }?.with_threads(nth))
     }
 
     fn n_chunks(&self) -> usize {

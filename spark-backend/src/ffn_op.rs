@@ -248,6 +248,7 @@ impl SparkOp for Up<'_> {
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
         userdata: *mut c_void,
+        _nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
@@ -335,6 +336,7 @@ impl SparkOp for Down<'_> {
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
         _userdata: *mut c_void,
+        _nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [u, v]) = unsafe { views::<2>(dst)? };
@@ -414,6 +416,7 @@ impl SparkOp for Fused<'_> {
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
         userdata: *mut c_void,
+        _nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
@@ -493,6 +496,7 @@ impl SparkOp for Sum<'_> {
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
         _userdata: *mut c_void,
+        _nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [partials]) = unsafe { views::<1>(dst)? };

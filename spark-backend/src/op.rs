@@ -4,7 +4,8 @@
 //! `ggml_graph_compute_thread` runs every node on every thread, `ggml_compute_forward_custom`
 //! passes `ith`, `nth` through), with no barrier inside the node and a barrier between nodes.
 //! Each op cuts its output into a fixed list of *chunks* ([`SparkOp::n_chunks`], a function of
-//! the shapes only, never of `nth`), and the threads of one call take chunks from a shared
+//! the shapes and of `nth`, the same for every thread of a call, never of `ith` or the
+//! schedule), and the threads of one call take chunks from a shared
 //! counter ([`Claims`]): a thread that runs takes what is left, so a node no longer waits for a
 //! thread the OS has descheduled before it did its static share. Every chunk is computed by one
 //! thread with arithmetic that does not depend on which thread or how many threads there are,
@@ -16,8 +17,9 @@
 //!    takes no part in the chunk counter).
 //! 2. The thread joins the call's shared state ([`Call`], keyed by `dst`'s address and `nth`),
 //!    held by a drop guard until it returns, whatever the path.
-//! 3. [`SparkOp::prepare`] reads and checks `dst`, its sources and the userdata. It is a pure
-//!    function of the tensors, so every thread of the call gets the same result; on an error
+//! 3. [`SparkOp::prepare`] reads and checks `dst`, its sources and the userdata, and fixes the
+//!    chunks for `nth` threads. It is a pure function of the tensors and `nth`, so every thread
+//!    of the call gets the same result; on an error
 //!    each thread fills its contiguous block of output rows ([`tensor::fill_nan_rows`]), which
 //!    together cover the output exactly once.
 //! 4. [`SparkOp::run`] computes the chunks it claims until none are left. An error or a panic
@@ -59,7 +61,7 @@ pub const MAX_ERROR_LINES: usize = 8;
 /// # Safety (for implementors)
 /// `prepare` must reject every `dst`/source/userdata combination for which `run` could read or
 /// write out of bounds. The chunks `0..n_chunks()` must be disjoint parts of the output, fixed
-/// by the shapes alone. `run` must write only the elements of the chunks its [`Claims`]
+/// by the shapes and the `nth` given to `prepare` alone. `run` must write only the elements of the chunks its [`Claims`]
 /// yielded to it, each exactly as `fill_chunk` of that chunk covers it, and compute a chunk's
 /// values with arithmetic that does not depend on the thread, on `nth` or on the other chunks
 /// the thread claimed (bit-identical results for any schedule).
@@ -67,7 +69,8 @@ pub(crate) trait SparkOp: Sized {
     /// The name ggml resolves through the registry (`spark_ffn_up`, ...), used in messages.
     const NAME: &'static str;
 
-    /// Reads and checks `dst`, its sources and `userdata`.
+    /// Reads and checks `dst`, its sources and `userdata`, and cuts the output into chunks for a
+    /// call on `nth` threads (an op may ignore `nth`; its results must not depend on it).
     ///
     /// # Safety
     /// `dst` is null or a live ggml tensor whose sources are null or live; `userdata` is null or
@@ -75,9 +78,10 @@ pub(crate) trait SparkOp: Sized {
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
         userdata: *mut c_void,
+        nth: usize,
     ) -> Result<Self, KernelError>;
 
-    /// How many chunks the output is cut into (a function of the checked shapes only).
+    /// How many chunks the output is cut into (a function of the checked shapes and `nth`).
     fn n_chunks(&self) -> usize;
 
     /// Computes every chunk `claims` yields, until it yields `None` (thread `ith` of the call,
@@ -119,7 +123,9 @@ pub(crate) unsafe fn enter<Op: SparkOp>(
     // Counted done when this function returns, on every path below (drop guard).
     let call = Call::join(dst as usize, nth);
     // SAFETY: forwarded contract.
-    let prepared = catch_unwind(AssertUnwindSafe(|| unsafe { Op::prepare(dst, userdata) }));
+    let prepared = catch_unwind(AssertUnwindSafe(|| unsafe {
+        Op::prepare(dst, userdata, nth)
+    }));
     let op = match prepared {
         Ok(Ok(op)) => op,
         failed => {

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 type Selections = BTreeMap<(usize, usize, usize), Vec<u32>>;
 
-/// Runs the kernel as `nth` threads (sequentially) and returns dst and every row's selection.
+/// Runs the kernel as `nth` threads (sequentially, with the work units the op cuts for `nth`
+/// threads) and returns dst and every row's selection.
 fn run_case(case: &mut Case, params: &AttnParams, nth: usize) -> (Vec<f32>, Selections) {
     let mut out = vec![f32::from_bits(0x7fc0_dead); case.out_len()];
     let (q, k, v, m) = (
@@ -20,7 +21,9 @@ fn run_case(case: &mut Case, params: &AttnParams, nth: usize) -> (Vec<f32>, Sele
         case.mask_view(),
     );
     let dst = case.dst_view(&mut out);
-    let op = SparseAttention::new(&q, &k, &v, &m, &dst, params).expect("valid case");
+    let op = SparseAttention::new(&q, &k, &v, &m, &dst, params)
+        .expect("valid case")
+        .with_threads(nth);
     let mut sel = Selections::new();
     for ith in 0..nth {
         // SAFETY: the views point into the case's buffers and `out`, alive for this call.
@@ -178,12 +181,28 @@ fn several_streams_use_their_own_cache_and_mask() {
     assert_eq!(a.rows, 2 * 3 * 4);
 }
 
+/// Query heads per work unit of `case` cut for `nth` threads.
+fn heads_per_unit(case: &mut Case, nth: usize) -> usize {
+    let mut out = vec![0f32; case.out_len()];
+    let (q, k, v, m) = (
+        case.q_view(),
+        case.k_view(),
+        case.v_view(),
+        case.mask_view(),
+    );
+    let dst = case.dst_view(&mut out);
+    let params = case.spec.params();
+    let op = SparseAttention::new(&q, &k, &v, &m, &dst, &params).expect("valid case");
+    op.with_threads(nth).tiling().heads_per_unit()
+}
+
 #[test]
 fn output_is_bit_identical_for_any_thread_count() {
     for (i, (h, r, n_head, n_head_kv, n_tokens, n_kv)) in [
         (64usize, 32usize, 8usize, 4usize, 9usize, 333usize),
         (18, 8, 4, 1, 13, 100),
         (40, 18, 2, 2, 1, 77),
+        (64, 32, 8, 4, 1, 300),
     ]
     .into_iter()
     .enumerate()
@@ -200,6 +219,12 @@ fn output_is_bit_identical_for_any_thread_count() {
         let params = spec.params();
         let (serial, sel1) = run_case(&mut case, &params, 1);
         assert!(serial.iter().all(|x| x.is_finite()));
+        if n_head > n_head_kv {
+            // Both tilings are compared: whole KV groups per unit on one thread, single query
+            // heads when 7 threads would find fewer than two group units each.
+            let (one, seven) = (heads_per_unit(&mut case, 1), heads_per_unit(&mut case, 7));
+            assert_eq!((one, seven), (n_head / n_head_kv, 1), "{spec:?}");
+        }
         for nth in [2usize, 3, 7] {
             let (par, sel) = run_case(&mut case, &params, nth);
             assert_eq!(sel, sel1);

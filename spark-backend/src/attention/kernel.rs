@@ -5,15 +5,16 @@
 //! against the first `r` dims of each needed key row (one read of K1 serves all of them); then
 //! each query alone selects its positions with the statistical top-k, and only the kept
 //! positions get the second-part dot product and the value accumulation. A unit covers every
-//! head of its group, unless that leaves fewer than [`MIN_UNITS`] units (a decode step: one
-//! per KV head), in which case each query head is a unit of its own.
+//! head of its group, unless that leaves fewer than [`UNITS_PER_THREAD`] units per thread of
+//! the call (a decode step on more than two threads: one unit per KV head), in which case each
+//! query head is a unit of its own ([`Tiling`]).
 //!
-//! Work units are a fixed partition of the (token, head) pairs that depends only on the shapes;
-//! the `spark_attn` op hands them out from a shared counter ([`run_units`]), [`run`] takes units
-//! `ith, ith + nth, ...`. Each output row is computed by one thread with arithmetic that does
-//! not depend on the unit's other rows (the dot products give the same bits whatever queries
-//! they are blocked with), so the output is bit-identical for every thread count and schedule
-//! (and for any batch composition).
+//! Work units are a fixed partition of the (token, head) pairs that depends only on the shapes
+//! and the call's thread count; the `spark_attn` op hands them out from a shared counter
+//! ([`run_units`]), [`run`] takes units `ith, ith + nth, ...`. Each output row is computed by one
+//! thread with arithmetic that does not depend on the unit's other rows (the dot products give
+//! the same bits whatever queries they are blocked with), so the output is bit-identical for
+//! every tiling, thread count and schedule (and for any batch composition).
 
 use super::dot::{self, Isa, Queries, Rows, Scores};
 use super::layout::{AttnLayout, ElemType, Strided};
@@ -88,29 +89,53 @@ fn tokens_per_unit(group: usize, n_tokens: usize) -> usize {
     (8 / group).clamp(1, n_tokens.max(1))
 }
 
-/// Units covering whole KV groups below this count are split into one query head each (a
-/// decode step of Gemma-2 2B: 4 group units become 8 head units), so that more threads find
-/// work and a thread that runs can take over a stalled one's heads.
-pub const MIN_UNITS: usize = 16;
+/// Group units per thread below which a call splits its units into one query head each. A
+/// unit of a whole group reads each K1 row once for both query heads (7-34 % less time per
+/// decode step's call than head units at 4096 positions on 2 threads, docs/PERF.md); head units
+/// give more threads work (a decode step of Gemma-2 2B has 4 group units, 8 head units) and
+/// let a running thread take over more of a stalled one's share.
+pub const UNITS_PER_THREAD: usize = 2;
 
-/// How `l`'s (token, head) pairs are cut into units: tokens per unit, query heads per unit,
-/// token blocks per stream.
-fn tiling(l: &AttnLayout) -> (usize, usize, usize) {
-    let gs = l.group_size();
-    let tb = tokens_per_unit(gs, l.n_tokens);
-    let n_tb = l.n_tokens.div_ceil(tb);
-    let heads = if l.n_stream * n_tb * l.n_head_kv < MIN_UNITS {
-        1
-    } else {
-        gs
-    };
-    (tb, heads, n_tb)
+/// How one call's (token, head) pairs are cut into work units: a function of the shapes and
+/// the thread count only, so every thread of a call derives the same units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiling {
+    /// Tokens per unit.
+    tokens: usize,
+    /// Query heads per unit (the group size, or 1).
+    heads: usize,
+    /// Token blocks per stream.
+    token_blocks: usize,
 }
 
-/// Number of work units of `l` (the most threads that can be busy).
-pub fn n_units(l: &AttnLayout) -> usize {
-    let (_, heads, n_tb) = tiling(l);
-    l.n_stream * n_tb * l.n_head_kv * (l.group_size() / heads)
+impl Tiling {
+    /// The tiling of `l` for a call on `nth` threads.
+    pub fn new(l: &AttnLayout, nth: usize) -> Self {
+        let gs = l.group_size();
+        let tokens = tokens_per_unit(gs, l.n_tokens);
+        let token_blocks = l.n_tokens.div_ceil(tokens);
+        let group_units = l.n_stream * token_blocks * l.n_head_kv;
+        let heads = if group_units < UNITS_PER_THREAD * nth.max(1) {
+            1
+        } else {
+            gs
+        };
+        Self {
+            tokens,
+            heads,
+            token_blocks,
+        }
+    }
+
+    /// Query heads per unit: the group size, or 1 when the heads of a group are split.
+    pub fn heads_per_unit(&self) -> usize {
+        self.heads
+    }
+}
+
+/// Number of work units of `l` under tiling `ti` (the most threads that can be busy).
+pub fn n_units(l: &AttnLayout, ti: Tiling) -> usize {
+    l.n_stream * ti.token_blocks * l.n_head_kv * (l.group_size() / ti.heads)
 }
 
 /// One work unit: tokens `tokens` of stream `stream`, query heads `heads` (all of KV head
@@ -123,9 +148,9 @@ struct Unit {
     heads: Range<usize>,
 }
 
-/// Unit `u` of `l` (`u < n_units(l)`).
-fn unit_bounds(l: &AttnLayout, u: usize) -> Unit {
-    let (tb, heads, n_tb) = tiling(l);
+/// Unit `u` of `l` under tiling `ti` (`u < n_units(l, ti)`).
+fn unit_bounds(l: &AttnLayout, ti: Tiling, u: usize) -> Unit {
+    let (tb, heads, n_tb) = (ti.tokens, ti.heads, ti.token_blocks);
     let gs = l.group_size();
     let parts = gs / heads;
     let (part, rest) = (u % parts, u / parts);
@@ -140,39 +165,42 @@ fn unit_bounds(l: &AttnLayout, u: usize) -> Unit {
     }
 }
 
-/// Computes the output rows of units `ith, ith + nth, ...` and returns the tally.
+/// Computes the output rows of units `ith, ith + nth, ...` of tiling `ti` and returns the
+/// tally.
 ///
 /// # Safety
 /// Every tensor of `l` must be readable (dst writable) over its shape and strides, and no other
 /// code may access dst rows of these units while it runs.
 pub unsafe fn run(
     l: &AttnLayout,
+    ti: Tiling,
     ith: usize,
     nth: usize,
     observer: Option<&mut dyn FnMut(&RowSelection)>,
 ) -> Tally {
-    let mut units = (ith..n_units(l)).step_by(nth.max(1));
+    let mut units = (ith..n_units(l, ti)).step_by(nth.max(1));
     // SAFETY: forwarded contract.
-    unsafe { run_units(l, &mut units, observer) }
+    unsafe { run_units(l, ti, &mut units, observer) }
 }
 
-/// Computes the output rows of every unit `units` yields (each `< n_units(l)`), in that order,
-/// and returns the tally.
+/// Computes the output rows of every unit of tiling `ti` that `units` yields (each
+/// `< n_units(l, ti)`), in that order, and returns the tally.
 ///
 /// # Safety
 /// As for [`run`], for the units yielded.
 pub unsafe fn run_units(
     l: &AttnLayout,
+    ti: Tiling,
     units: &mut dyn Iterator<Item = usize>,
     mut observer: Option<&mut dyn FnMut(&RowSelection)>,
 ) -> Tally {
     let isa = Isa::detect();
-    let n = n_units(l);
+    let n = n_units(l, ti);
     let mut tally = Tally::default();
     let mut work = |sc: &mut Scratch| {
         for u in (&mut *units).filter(|&u| u < n) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { unit(l, isa, unit_bounds(l, u), sc, &mut observer, &mut tally) };
+            unsafe { unit(l, isa, unit_bounds(l, ti, u), sc, &mut observer, &mut tally) };
         }
     };
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
@@ -187,19 +215,20 @@ pub unsafe fn run_units(
 ///
 /// # Safety
 /// As for [`run`] (only dst is touched).
-pub unsafe fn fill_owned_rows(l: &AttnLayout, ith: usize, nth: usize, value: f32) {
-    for u in (ith..n_units(l)).step_by(nth.max(1)) {
+pub unsafe fn fill_owned_rows(l: &AttnLayout, ti: Tiling, ith: usize, nth: usize, value: f32) {
+    for u in (ith..n_units(l, ti)).step_by(nth.max(1)) {
         // SAFETY: forwarded contract.
-        unsafe { fill_unit(l, u, value) };
+        unsafe { fill_unit(l, ti, u, value) };
     }
 }
 
-/// Writes `value` into every element of unit `u`'s dst rows (nothing when `u >= n_units(l)`).
+/// Writes `value` into every element of unit `u`'s dst rows (nothing when
+/// `u >= n_units(l, ti)`).
 ///
 /// # Safety
 /// As for [`run`] (only dst is touched), for unit `u`.
-pub unsafe fn fill_unit(l: &AttnLayout, u: usize, value: f32) {
-    if u >= n_units(l) {
+pub unsafe fn fill_unit(l: &AttnLayout, ti: Tiling, u: usize, value: f32) {
+    if u >= n_units(l, ti) {
         return;
     }
     let Unit {
@@ -207,7 +236,7 @@ pub unsafe fn fill_unit(l: &AttnLayout, u: usize, value: f32) {
         tokens,
         heads,
         ..
-    } = unit_bounds(l, u);
+    } = unit_bounds(l, ti, u);
     for t in tokens {
         for n in heads.clone() {
             let row = l.dst.data.wrapping_add(l.dst.offset([0, n, t, s]));
