@@ -235,7 +235,9 @@ struct AttnNode {
 }
 
 /// H 64, r 32, 8 query heads on 4 KV heads, `n_tokens` tokens over 200 positions: at 1 token
-/// every query head is a unit (8), at 20 tokens units are (4-token block, KV group) pairs (20).
+/// the units are the 4 KV groups on 1-2 threads and the 8 query heads on 3 or more (so the
+/// comparison with one thread crosses both tilings), at 20 tokens (4-token block, KV group)
+/// pairs (20) for every thread count tested.
 fn attn_node(n_tokens: usize) -> AttnNode {
     let mut spec = Spec::new(64, 32, 8, 4, n_tokens, 200);
     spec.k_keep = 16;
