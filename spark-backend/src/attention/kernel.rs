@@ -6,8 +6,8 @@
 //! each query alone selects its positions with the statistical top-k, and only the kept
 //! positions get the second-part dot product and the value accumulation. A unit covers every
 //! head of its group, unless that leaves fewer than [`UNITS_PER_THREAD`] units per thread of
-//! the call (a decode step on more than two threads: one unit per KV head), in which case each
-//! query head is a unit of its own ([`Tiling`]).
+//! the call (a decode step on more than two threads, where each KV head would be one unit), in
+//! which case each query head is a unit of its own ([`Tiling`]).
 //!
 //! Work units are a fixed partition of the (token, head) pairs that depends only on the shapes
 //! and the call's thread count; the `spark_attn` op hands them out from a shared counter
@@ -170,7 +170,8 @@ fn unit_bounds(l: &AttnLayout, ti: Tiling, u: usize) -> Unit {
 ///
 /// # Safety
 /// Every tensor of `l` must be readable (dst writable) over its shape and strides, and no other
-/// code may access dst rows of these units while it runs.
+/// code may access dst rows of these units while it runs. `ti` must be a tiling of `l`
+/// ([`Tiling::new`] of this layout): its units' heads and tokens are then inside `l`'s shapes.
 pub unsafe fn run(
     l: &AttnLayout,
     ti: Tiling,
