@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from upstream_helpers import (CFG, EVAL, HELDOUT, TARGET_KEEP, THREADS, assert_stats_table, run,
-                              spark_cli, tool, tool_env)
+from upstream_helpers import (CFG, EVAL, HELDOUT, TARGET_KEEP, THREADS, assert_stats_table,
+                              run_until_complete, spark_cli, tool, tool_env)
 
 SLICE = EVAL["slice_first_8_chunks"]  # n_ctx 256, 8 chunks: what tests/python/model scores
 CTX, CHUNKS = str(SLICE["n_ctx"]), str(SLICE["n_chunks"])
@@ -22,9 +22,18 @@ def final_ppl(res) -> str:
     return m.group(1)
 
 
+# What a complete llama-perplexity run prints last: the final estimate (perplexity and
+# --kl-divergence-base modes, on stderr), or the "Same top p" line (--kl-divergence, on stdout).
+PERPLEXITY_END = re.compile(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+\n|"
+                            r"Same top p: *[0-9.]+ ± *[0-9.]+ %\n")
+
+
 def llama_perplexity(model, *extra, with_plugin=True):
-    return run([tool("llama-perplexity"), "-m", model, "-t", THREADS, *extra],
-               env=tool_env(with_plugin), timeout=300)
+    """One llama-perplexity run; a capture that lost its end (`run_until_complete`) is run
+    again."""
+    return run_until_complete([tool("llama-perplexity"), "-m", model, "-t", THREADS, *extra],
+                              lambda r: PERPLEXITY_END.search(r.stdout + r.stderr) is not None,
+                              env=tool_env(with_plugin), timeout=300)
 
 
 def stat(res, name: str) -> float:

@@ -21,6 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -141,6 +142,25 @@ def run(args, env: dict | None = None, timeout: float = 180, check: bool = True)
     return res
 
 
+# Upstream tools print through common/log.cpp's worker thread, whose logger is leaked at exit
+# without a flush (upstream says so in `common_log_main`: "logs may be lost if not flushed before
+# the program exits"). On a loaded machine the end of a capture was seen missing from
+# llama-completion's stdout and llama-perplexity's results, with exit status 0.
+LOST_CAPTURE_RUNS = 3
+
+
+def run_until_complete(args, complete: Callable[[Result], bool], env: dict | None = None,
+                       timeout: float = 180, check: bool = True) -> Result:
+    """`run`, again (LOST_CAPTURE_RUNS runs in all) while a run that exited 0 lacks what every
+    complete run of the tool prints last (`complete(res)` is false): such a run is a lost
+    capture, not a result. The last run is returned either way, for the caller's assertions."""
+    for _ in range(LOST_CAPTURE_RUNS):
+        res = run(args, env=env, timeout=timeout, check=check)
+        if res.returncode != 0 or complete(res):
+            break
+    return res
+
+
 def spark_cli(*args, timeout: float = 180) -> Result:
     """The project's own CLI (target/debug/spark)."""
     return run([spark_binary("spark"), *args], env=tool_env(False, stats=False), timeout=timeout)
@@ -238,18 +258,12 @@ def llama_completion(model: Path, prompt: str, n: int, with_plugin: bool, *extra
                      stats: bool = True, timeout: float = 180,
                      check: bool = True) -> tuple[str, Result]:
     """Greedy completion (temperature 0, fixed seed, 2 threads, no chat mode, no warm-up run).
-
-    llama-completion prints through common/log.cpp's worker thread, whose logger is leaked at
-    exit without a flush (upstream says so in `common_log_main`: "logs may be lost if not flushed
-    before the program exits"); on a loaded machine the last token and the closing "\n\n" were
-    seen missing from stdout. Every complete run ends with that "\n\n", so a run without it is
-    a lost capture, not a result: it is run again (up to 3 runs in all)."""
+    Every complete run ends its stdout with COMPLETION_END; a capture without it (the last
+    token was seen missing with it) is run again (`run_until_complete`)."""
     cmd = [tool("llama-completion"), "-m", model, "-p", prompt, "-n", n, "--temp", "0",
            "--seed", SEED, "-t", THREADS, "-no-cnv", "--no-display-prompt", "--no-warmup", *extra]
-    for _ in range(3):
-        res = run(cmd, env=tool_env(with_plugin, stats), timeout=timeout, check=check)
-        if res.returncode != 0 or res.stdout.endswith(COMPLETION_END):
-            break
+    res = run_until_complete(cmd, lambda r: r.stdout.endswith(COMPLETION_END),
+                             env=tool_env(with_plugin, stats), timeout=timeout, check=check)
     return completion_text(res.stdout), res
 
 
