@@ -22,7 +22,7 @@ mod kernel;
 pub mod layout;
 mod math;
 
-pub use kernel::{RowSelection, Tally, Tiling, UNITS_PER_THREAD};
+pub use kernel::{RowSelection, Tally, Tiling};
 pub use layout::{AttnLayout, ElemType};
 
 use crate::params::AttnParams;

@@ -5,8 +5,8 @@
 //! passes `ith`, `nth` through), with no barrier inside the node and a barrier between nodes.
 //! Each op cuts its output into a fixed list of *chunks* ([`SparkOp::n_chunks`], a function of
 //! the shapes and of `nth`, the same for every thread of a call, never of `ith` or the
-//! schedule), and the threads of one call take chunks from a shared
-//! counter ([`Claims`]): a thread that runs takes what is left, so a node no longer waits for a
+//! schedule), and the threads of one call take chunks from a shared counter ([`Claims`]): a
+//! thread that runs takes what is left, so a node no longer waits for a
 //! thread the OS has descheduled before it did its static share. Every chunk is computed by one
 //! thread with arithmetic that does not depend on which thread or how many threads there are,
 //! so results are bit-identical for any `nth` and any schedule. Every call goes through
@@ -19,9 +19,8 @@
 //!    held by a drop guard until it returns, whatever the path.
 //! 3. [`SparkOp::prepare`] reads and checks `dst`, its sources and the userdata, and fixes the
 //!    chunks for `nth` threads. It is a pure function of the tensors and `nth`, so every thread
-//!    of the call gets the same result; on an error
-//!    each thread fills its contiguous block of output rows ([`tensor::fill_nan_rows`]), which
-//!    together cover the output exactly once.
+//!    of the call gets the same result; on an error each thread fills its contiguous block of
+//!    output rows ([`tensor::fill_nan_rows`]), which together cover the output exactly once.
 //! 4. [`SparkOp::run`] computes the chunks it claims until none are left. An error or a panic
 //!    there makes the thread claim every chunk still unclaimed (so no chunk is left unwritten
 //!    when every thread fails) and fill exactly the chunks it claimed ([`SparkOp::fill_chunk`])
@@ -61,8 +60,9 @@ pub const MAX_ERROR_LINES: usize = 8;
 /// # Safety (for implementors)
 /// `prepare` must reject every `dst`/source/userdata combination for which `run` could read or
 /// write out of bounds. The chunks `0..n_chunks()` must be disjoint parts of the output, fixed
-/// by the shapes and the `nth` given to `prepare` alone. `run` must write only the elements of the chunks its [`Claims`]
-/// yielded to it, each exactly as `fill_chunk` of that chunk covers it, and compute a chunk's
+/// by the shapes and the `nth` given to `prepare` alone. `run` must write only the elements of
+/// the chunks its [`Claims`] yielded to it, each exactly as `fill_chunk` of that chunk covers
+/// it, and compute a chunk's
 /// values with arithmetic that does not depend on the thread, on `nth` or on the other chunks
 /// the thread claimed (bit-identical results for any schedule).
 pub(crate) trait SparkOp: Sized {

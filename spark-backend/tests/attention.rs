@@ -14,14 +14,8 @@ type Selections = BTreeMap<(usize, usize, usize), Vec<u32>>;
 /// threads) and returns dst and every row's selection.
 fn run_case(case: &mut Case, params: &AttnParams, nth: usize) -> (Vec<f32>, Selections) {
     let mut out = vec![f32::from_bits(0x7fc0_dead); case.out_len()];
-    let (q, k, v, m) = (
-        case.q_view(),
-        case.k_view(),
-        case.v_view(),
-        case.mask_view(),
-    );
-    let dst = case.dst_view(&mut out);
-    let op = SparseAttention::new(&q, &k, &v, &m, &dst, params)
+    let op = case
+        .sparse_attention(&mut out, params)
         .expect("valid case")
         .with_threads(nth);
     let mut sel = Selections::new();
@@ -184,15 +178,10 @@ fn several_streams_use_their_own_cache_and_mask() {
 /// Query heads per work unit of `case` cut for `nth` threads.
 fn heads_per_unit(case: &mut Case, nth: usize) -> usize {
     let mut out = vec![0f32; case.out_len()];
-    let (q, k, v, m) = (
-        case.q_view(),
-        case.k_view(),
-        case.v_view(),
-        case.mask_view(),
-    );
-    let dst = case.dst_view(&mut out);
     let params = case.spec.params();
-    let op = SparseAttention::new(&q, &k, &v, &m, &dst, &params).expect("valid case");
+    let op = case
+        .sparse_attention(&mut out, &params)
+        .expect("valid case");
     op.with_threads(nth).tiling().heads_per_unit()
 }
 
@@ -403,14 +392,7 @@ fn run_records_statistics() {
         ..spec.params()
     };
     let mut out = vec![0f32; case.out_len()];
-    let (q, k, v, m) = (
-        case.q_view(),
-        case.k_view(),
-        case.v_view(),
-        case.mask_view(),
-    );
-    let dst = case.dst_view(&mut out);
-    let op = SparseAttention::new(&q, &k, &v, &m, &dst, &params).unwrap();
+    let op = case.sparse_attention(&mut out, &params).unwrap();
     let before = spark_backend::stats::snapshot(201).unwrap();
     let mut kept = 0u64;
     for ith in 0..2 {

@@ -6,7 +6,6 @@ mod attention_support;
 
 use attention_support::{build_op, Case, Ctx, MaskKind, Spec, Ty};
 use llama_cpp_sys_2 as sys;
-use spark_backend::attention::SparseAttention;
 use spark_backend::params::AttnParams;
 use spark_backend::stats::LayerStats;
 use std::ffi::c_void;
@@ -42,14 +41,7 @@ fn run_graph(
 /// The same case through the Rust API (reference for the op wiring).
 fn run_direct(case: &mut Case, params: &AttnParams) -> Vec<f32> {
     let mut out = vec![0f32; case.out_len()];
-    let (q, k, v, m) = (
-        case.q_view(),
-        case.k_view(),
-        case.v_view(),
-        case.mask_view(),
-    );
-    let dst = case.dst_view(&mut out);
-    let op = SparseAttention::new(&q, &k, &v, &m, &dst, params).unwrap();
+    let op = case.sparse_attention(&mut out, params).unwrap();
     // SAFETY: views into live buffers.
     unsafe { op.run_observed(0, 1, &mut |_| {}) };
     out

@@ -4,10 +4,12 @@
 #![allow(dead_code)]
 
 use llama_cpp_sys_2 as sys;
+use spark_backend::attention::SparseAttention;
 use spark_backend::attn_op::spark_attn;
 use spark_backend::params::AttnParams;
 use spark_backend::tensor::TensorView;
 use spark_backend::topk::norm_ppf;
+use spark_backend::KernelError;
 use std::ffi::c_void;
 
 /// SplitMix64: small, deterministic.
@@ -346,6 +348,21 @@ impl Case {
     pub fn out_len(&self) -> usize {
         let s = self.spec;
         s.h * s.n_head * s.n_tokens * s.n_stream
+    }
+    /// The case's call checked by the kernel, writing into `out` (`out_len()` floats), with the
+    /// work units of a call on one thread.
+    pub fn sparse_attention(
+        &mut self,
+        out: &mut [f32],
+        params: &AttnParams,
+    ) -> Result<SparseAttention, KernelError> {
+        let (q, k, v, m) = (
+            self.q_view(),
+            self.k_view(),
+            self.v_view(),
+            self.mask_view(),
+        );
+        SparseAttention::new(&q, &k, &v, &m, &self.dst_view(out), params)
     }
 
     pub fn q_at(&self, s: usize, t: usize, n: usize) -> &[f32] {

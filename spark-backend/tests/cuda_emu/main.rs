@@ -20,7 +20,6 @@ mod ffn;
 mod ffn_common;
 
 use attention_support::{Case, MaskKind, Spec, Ty};
-use spark_backend::attention::SparseAttention;
 use spark_backend::cuda::attn::{AttnKernel, AttnPlan};
 use spark_backend::tensor::TensorView;
 use std::path::PathBuf;
@@ -188,16 +187,11 @@ fn run_emulated(exe: &PathBuf, case: &mut Case) -> GpuRun {
 
 /// The CPU kernel's output and kept positions [(s, t, n)] -> positions.
 fn run_cpu(case: &mut Case) -> (Vec<f32>, Vec<Vec<u32>>) {
-    let (q, k, v, m) = (
-        case.q_view(),
-        case.k_view(),
-        case.v_view(),
-        case.mask_view(),
-    );
     let mut out = vec![0f32; case.out_len()];
-    let d = case.dst_view(&mut out);
     let sp = case.spec;
-    let op = SparseAttention::new(&q, &k, &v, &m, &d, &sp.params()).expect("cpu layout");
+    let op = case
+        .sparse_attention(&mut out, &sp.params())
+        .expect("cpu layout");
     let mut kept = vec![Vec::new(); sp.n_stream * sp.n_tokens * sp.n_head];
     // SAFETY: the views cover the case's host buffers and `out`; one thread runs everything.
     unsafe {
