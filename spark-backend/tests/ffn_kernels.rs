@@ -28,6 +28,32 @@ fn shapes(ty: RowType) -> Vec<(usize, usize, usize)> {
     }
 }
 
+/// `gelu_tanh` against the float64 formula of SPEC.md on a grid from -12 to 12 (the activated
+/// values are `s - theta > 0`; the dense path also sees negative scores), and its limits.
+#[test]
+fn gelu_matches_float64_and_its_limits() {
+    for i in -2400..=2400 {
+        let x = i as f32 * 0.005;
+        let (got, want) = (
+            f64::from(ffn::gelu_tanh(x)),
+            ffn_common::ref_gelu(f64::from(x)),
+        );
+        // A few f32 roundings of the result, plus the f32 rounding of the argument's cube
+        // term where the curve is steep around its minimum.
+        let tol = 4e-7 * want.abs() + 1e-7 * f64::from(x).abs() + 1e-12;
+        assert!(
+            (got - want).abs() <= tol,
+            "gelu({x}) = {got}, float64 {want}"
+        );
+    }
+    assert_eq!(ffn::gelu_tanh(f32::INFINITY), f32::INFINITY);
+    assert_eq!(ffn::gelu_tanh(f32::NEG_INFINITY), 0.0);
+    assert_eq!(ffn::gelu_tanh(0.0), 0.0);
+    assert_eq!(ffn::gelu_tanh(-80.0), 0.0);
+    assert_eq!(ffn::gelu_tanh(80.0), 80.0);
+    assert!(ffn::gelu_tanh(f32::NAN).is_nan());
+}
+
 #[test]
 fn stages_match_float64_for_every_type_and_shape() {
     let mut rng = Rng::new(21);
