@@ -172,7 +172,9 @@ __device__ __forceinline__ float spark_row_dot(const u8 * row, int ty, const flo
 // gelu_tanh as spark-backend's ffn::gelu_tanh: gelu(-inf) = 0, NaN stays NaN.
 __device__ __forceinline__ float spark_gelu_tanh(float x) {
     if (x == -__int_as_float(0x7f800000)) return 0.0f;
-    const float c = 0.7978846f; // sqrt(2/pi)
-    const float inner = c * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(inner));
+    // 0.5 x (1 + tanh y) computed as x / (1 + exp(-2y)), as the CPU's ffn::gelu_tanh does: the
+    // same function, one expf, and no cancellation in 1 + tanh y for negative y.
+    const float two_c = 2.0f * 0.7978846f; // 2 sqrt(2/pi)
+    const float y2 = two_c * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-y2));
 }
