@@ -83,9 +83,9 @@ pub struct FfnWeights<'a> {
 /// `gelu_tanh(+inf) = +inf` and `gelu_tanh(-inf) = 0` (NaN stays NaN).
 ///
 /// Computed as `x / (1 + exp(-2 y))` with `y = sqrt(2/pi) (x + 0.044715 x^3)`, the same function
-/// (`(1 + tanh y) / 2 = 1 / (1 + exp(-2 y))`): one `expf` instead of libm's `tanhf` (which goes
-/// through `expm1f`: ~0.9 % of a decode step more, docs/PERF.md), and no cancellation in
-/// `1 + tanh y` for negative `y`. The CUDA kernels' `spark_gelu_tanh` uses the same formula.
+/// (`(1 + tanh y) / 2 = 1 / (1 + exp(-2 y))`): one `expf` instead of libm's `tanhf`, which goes
+/// through `expm1f` and cost ~0.9 % more of a decode step (docs/PERF.md), and no cancellation
+/// in `1 + tanh y` for negative `y`. The CUDA kernels' `spark_gelu_tanh` uses the same formula.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
     if x == f32::NEG_INFINITY {

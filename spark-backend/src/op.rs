@@ -6,11 +6,10 @@
 //! Each op cuts its output into a fixed list of *chunks* ([`SparkOp::n_chunks`], a function of
 //! the shapes and of `nth`, the same for every thread of a call, never of `ith` or the
 //! schedule), and the threads of one call take chunks from a shared counter ([`Claims`]): a
-//! thread that runs takes what is left, so a node no longer waits for a
-//! thread the OS has descheduled before it did its static share. Every chunk is computed by one
-//! thread with arithmetic that does not depend on which thread or how many threads there are,
-//! so results are bit-identical for any `nth` and any schedule. Every call goes through
-//! [`enter`]:
+//! thread that runs takes what is left, so a node no longer waits for a thread the OS has
+//! descheduled before it did its static share. Every chunk is computed by one thread with
+//! arithmetic that does not depend on which thread or how many threads there are, so results
+//! are bit-identical for any `nth` and any schedule. Every call goes through [`enter`]:
 //!
 //! 1. The thread index is checked. A bad one (`ith < 0`, `nth < 1`, `ith >= nth`) means ggml's
 //!    contract is broken and no share is known: the thread fills the whole output with NaN (and
@@ -62,9 +61,8 @@ pub const MAX_ERROR_LINES: usize = 8;
 /// write out of bounds. The chunks `0..n_chunks()` must be disjoint parts of the output, fixed
 /// by the shapes and the `nth` given to `prepare` alone. `run` must write only the elements of
 /// the chunks its [`Claims`] yielded to it, each exactly as `fill_chunk` of that chunk covers
-/// it, and compute a chunk's
-/// values with arithmetic that does not depend on the thread, on `nth` or on the other chunks
-/// the thread claimed (bit-identical results for any schedule).
+/// it, and compute a chunk's values with arithmetic that does not depend on the thread, on
+/// `nth` or on the other chunks the thread claimed (bit-identical results for any schedule).
 pub(crate) trait SparkOp: Sized {
     /// The name ggml resolves through the registry (`spark_ffn_up`, ...), used in messages.
     const NAME: &'static str;
