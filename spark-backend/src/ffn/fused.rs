@@ -10,10 +10,11 @@
 //! the partials in chunk order. The chunking does not depend on the thread count, and each
 //! token's row of a partial is computed by one thread in neuron order, so results are
 //! bit-identical for any split of the work units (chunk, group of [`UNIT_TOKENS`] tokens) over
-//! threads. Within a batch each chunk is walked token by token, so each
-//! token's output is exactly what it gets alone (rows a token shares with an earlier one come
-//! from cache: at 64-token prefill ubatches this reads and writes the output rows a quarter as
-//! often as one update per (neuron, token), docs/PERF.md).
+//! threads. Within a unit of several tokens the K2 dots run neuron by neuron (each row read
+//! once for all the unit's tokens that use it) and the V rows are added token by token, four
+//! per pass over the token's output row (a quarter of the output traffic of one update per
+//! (neuron, token), docs/PERF.md); each token's `u` values and the order its V rows are added
+//! in are those it gets alone, so its output is exactly what it gets alone.
 //!
 //! The summation order differs from [`super::down_range`] (one pass over all neurons), so the
 //! fused and two-stage paths agree to rounding, not bit for bit.
@@ -151,11 +152,10 @@ pub fn unit_partial(
     let out = &mut out[..tokens.len() * d];
     out.fill(0.0);
     let neurons = chunk_neurons(f, n_chunks, c);
-    let mut kept = 0;
-    for (t, row) in tokens.zip(out.chunks_exact_mut(d.max(1))) {
-        kept += token_chunk(inputs, t, neurons.clone(), row, scratch);
+    if tokens.len() == 1 {
+        return Ok(token_chunk(inputs, tokens.start, neurons, out, scratch));
     }
-    Ok(kept)
+    Ok(tokens_chunk(inputs, tokens, neurons, out, scratch))
 }
 
 /// Token `t`: list the chunk's active neurons first so that their K2 and V rows can be
@@ -187,6 +187,93 @@ fn token_chunk(
     }
     pending.flush(out);
     scratch.active.len() as u64
+}
+
+/// Several tokens `tokens` (their output rows back to back in `out`): the same values as
+/// [`token_chunk`] for each token alone, bit for bit, with the K2 dots done neuron by neuron.
+/// At a 64-token prefill unit each active neuron serves ~5 tokens; walking token by token reads
+/// its K2 row once per token, here it is read once and stays in L1 for its tokens' dots (their
+/// prepared activations, ~1.4 KB each, stay in L2). Four passes:
+/// 1. per token, its active neurons of the chunk in increasing order with their activations
+///    (`unit_lists[t]`, as [`token_chunk`] lists them), counting each neuron's tokens;
+/// 2. those lists regrouped by neuron (a counting sort: `unit_neurons` holds each used
+///    neuron with the end of its `(token, index in the token's list)` entries in `unit_pairs`);
+/// 3. the K2 dots neuron by neuron, each activation in a token's list replaced by its `u`;
+/// 4. per token, its V rows added as [`token_chunk`] adds them (output rows token by token,
+///    the order docs/PERF.md found fastest for V).
+fn tokens_chunk(
+    inputs: &FusedInputs<'_>,
+    tokens: Range<usize>,
+    neurons: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) -> u64 {
+    let (k2, v, scores) = (inputs.up.k2, inputs.v, inputs.up.scores);
+    let (d, f) = (v.n_cols(), v.n_rows());
+    let Scratch {
+        thetas,
+        acts,
+        unit_counts: counts,
+        unit_neurons,
+        unit_pairs,
+        unit_lists,
+        ..
+    } = scratch;
+    counts.clear();
+    counts.resize(neurons.len() + 1, 0);
+    unit_lists.resize_with(tokens.len(), Vec::new);
+    for (t, list) in tokens.clone().zip(unit_lists.iter_mut()) {
+        list.clear();
+        let (theta, row) = (thetas[t], &scores[t * f..(t + 1) * f]);
+        for j in neurons.clone() {
+            if let Some(a) = super::activation(row[j], theta) {
+                list.push((j as u32, a));
+                counts[j - neurons.start + 1] += 1;
+            }
+        }
+    }
+    unit_neurons.clear();
+    for (i, j) in neurons.clone().enumerate() {
+        counts[i + 1] += counts[i];
+        if counts[i + 1] > counts[i] {
+            unit_neurons.push((j as u32, counts[i + 1]));
+        }
+    }
+    let n_pairs = counts[neurons.len()] as usize;
+    unit_pairs.clear();
+    unit_pairs.resize(n_pairs, (0, 0));
+    for (t, list) in unit_lists[..tokens.len()].iter().enumerate() {
+        for (i, &(j, _)) in list.iter().enumerate() {
+            let slot = &mut counts[j as usize - neurons.start];
+            unit_pairs[*slot as usize] = (t as u32, i as u32);
+            *slot += 1;
+        }
+    }
+    let mut start = 0;
+    for (n, &(j, end)) in unit_neurons.iter().enumerate() {
+        if let Some(&(next, _)) = unit_neurons.get(n + PREFETCH_AHEAD) {
+            prefetch_row(k2, next as usize);
+        }
+        let row = k2.row(j as usize);
+        for &(t, i) in &unit_pairs[start..end as usize] {
+            let entry = &mut unit_lists[t as usize][i as usize];
+            entry.1 *= rows::dot(row, &acts[tokens.start + t as usize]);
+        }
+        start = end as usize;
+    }
+    for (list, y) in unit_lists.iter().zip(out.chunks_exact_mut(d.max(1))) {
+        let mut pending = PendingAxpy::default();
+        for (i, &(j, u)) in list.iter().enumerate() {
+            if let Some(&(next, _)) = list.get(i + PREFETCH_AHEAD) {
+                prefetch_row(v, next as usize);
+            }
+            if u != 0.0 {
+                pending.push(v.row(j as usize), u, y);
+            }
+        }
+        pending.flush(y);
+    }
+    n_pairs as u64
 }
 
 /// `out[e] = partials[0][range][e] + partials[1][range][e] + ...` in chunk order, where the
