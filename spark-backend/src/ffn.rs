@@ -152,13 +152,8 @@ pub struct Scratch {
     tokens: Vec<(u32, f32)>,
     spans: Vec<u32>,
     row: Vec<f32>,
-    /// A fused unit of several tokens ([`fused`]): per token its active `(neuron, activation,
-    /// then u)`; the used neurons, each with the end of its `(token, index in the token's
-    /// list)` entries in `unit_pairs`; per neuron of the chunk, its entry count, then offsets.
-    unit_lists: Vec<Vec<(u32, f32)>>,
-    unit_counts: Vec<u32>,
-    unit_neurons: Vec<(u32, u32)>,
-    unit_pairs: Vec<(u32, u32)>,
+    /// The lists of a fused unit of several tokens.
+    unit: fused::UnitLists,
     /// The token count `active`/`tokens`/`spans` were listed for by [`down_prepare`].
     down_tokens: Option<usize>,
 }

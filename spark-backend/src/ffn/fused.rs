@@ -189,15 +189,28 @@ fn token_chunk(
     scratch.active.len() as u64
 }
 
+/// The buffers of [`tokens_chunk`], kept in [`Scratch`] from call to call.
+#[derive(Debug, Default)]
+pub(super) struct UnitLists {
+    /// Per token of the unit, its active `(neuron, activation)` in increasing neuron order; the
+    /// K2 pass replaces each activation by its `u`. Only grows: the first `n_tokens` are used.
+    by_token: Vec<Vec<(u32, f32)>>,
+    /// Per neuron of the chunk, its number of entries; then where its next entry goes.
+    offsets: Vec<u32>,
+    /// The neurons with entries, in order, each with the end of its entries in `pairs`.
+    neurons: Vec<(u32, u32)>,
+    /// `(token, index in the token's list)`, grouped by neuron.
+    pairs: Vec<(u32, u32)>,
+}
+
 /// Several tokens `tokens` (their output rows back to back in `out`): the same values as
 /// [`token_chunk`] for each token alone, bit for bit, with the K2 dots done neuron by neuron.
 /// At a 64-token prefill unit each active neuron serves ~5 tokens; walking token by token reads
 /// its K2 row once per token, here it is read once and stays in L1 for its tokens' dots (their
 /// prepared activations, ~1.4 KB each, stay in L2). Four passes:
-/// 1. per token, its active neurons of the chunk in increasing order with their activations
-///    (`unit_lists[t]`, as [`token_chunk`] lists them), counting each neuron's tokens;
-/// 2. those lists regrouped by neuron (a counting sort: `unit_neurons` holds each used
-///    neuron with the end of its `(token, index in the token's list)` entries in `unit_pairs`);
+/// 1. per token, its active neurons of the chunk with their activations (as [`token_chunk`]
+///    lists them), counting each neuron's tokens;
+/// 2. those lists regrouped by neuron (a counting sort into `pairs`);
 /// 3. the K2 dots neuron by neuron, each activation in a token's list replaced by its `u`;
 /// 4. per token, its V rows added as [`token_chunk`] adds them (output rows token by token,
 ///    the order docs/PERF.md found fastest for V).
@@ -211,57 +224,55 @@ fn tokens_chunk(
     let (k2, v, scores) = (inputs.up.k2, inputs.v, inputs.up.scores);
     let (d, f) = (v.n_cols(), v.n_rows());
     let Scratch {
-        thetas,
-        acts,
-        unit_counts: counts,
-        unit_neurons,
-        unit_pairs,
-        unit_lists,
-        ..
+        thetas, acts, unit, ..
     } = scratch;
-    counts.clear();
-    counts.resize(neurons.len() + 1, 0);
-    unit_lists.resize_with(tokens.len(), Vec::new);
-    for (t, list) in tokens.clone().zip(unit_lists.iter_mut()) {
+    if unit.by_token.len() < tokens.len() {
+        unit.by_token.resize_with(tokens.len(), Vec::new);
+    }
+    let by_token = &mut unit.by_token[..tokens.len()];
+    let offsets = &mut unit.offsets;
+    offsets.clear();
+    offsets.resize(neurons.len() + 1, 0);
+    for (t, list) in tokens.clone().zip(by_token.iter_mut()) {
         list.clear();
         let (theta, row) = (thetas[t], &scores[t * f..(t + 1) * f]);
         for j in neurons.clone() {
             if let Some(a) = super::activation(row[j], theta) {
                 list.push((j as u32, a));
-                counts[j - neurons.start + 1] += 1;
+                offsets[j - neurons.start + 1] += 1;
             }
         }
     }
-    unit_neurons.clear();
+    unit.neurons.clear();
     for (i, j) in neurons.clone().enumerate() {
-        counts[i + 1] += counts[i];
-        if counts[i + 1] > counts[i] {
-            unit_neurons.push((j as u32, counts[i + 1]));
+        offsets[i + 1] += offsets[i];
+        if offsets[i + 1] > offsets[i] {
+            unit.neurons.push((j as u32, offsets[i + 1]));
         }
     }
-    let n_pairs = counts[neurons.len()] as usize;
-    unit_pairs.clear();
-    unit_pairs.resize(n_pairs, (0, 0));
-    for (t, list) in unit_lists[..tokens.len()].iter().enumerate() {
+    let n_pairs = offsets[neurons.len()] as usize;
+    unit.pairs.clear();
+    unit.pairs.resize(n_pairs, (0, 0));
+    for (t, list) in by_token.iter().enumerate() {
         for (i, &(j, _)) in list.iter().enumerate() {
-            let slot = &mut counts[j as usize - neurons.start];
-            unit_pairs[*slot as usize] = (t as u32, i as u32);
+            let slot = &mut offsets[j as usize - neurons.start];
+            unit.pairs[*slot as usize] = (t as u32, i as u32);
             *slot += 1;
         }
     }
     let mut start = 0;
-    for (n, &(j, end)) in unit_neurons.iter().enumerate() {
-        if let Some(&(next, _)) = unit_neurons.get(n + PREFETCH_AHEAD) {
+    for (n, &(j, end)) in unit.neurons.iter().enumerate() {
+        if let Some(&(next, _)) = unit.neurons.get(n + PREFETCH_AHEAD) {
             prefetch_row(k2, next as usize);
         }
         let row = k2.row(j as usize);
-        for &(t, i) in &unit_pairs[start..end as usize] {
-            let entry = &mut unit_lists[t as usize][i as usize];
+        for &(t, i) in &unit.pairs[start..end as usize] {
+            let entry = &mut by_token[t as usize][i as usize];
             entry.1 *= rows::dot(row, &acts[tokens.start + t as usize]);
         }
         start = end as usize;
     }
-    for (list, y) in unit_lists.iter().zip(out.chunks_exact_mut(d.max(1))) {
+    for (list, y) in by_token.iter().zip(out.chunks_exact_mut(d.max(1))) {
         let mut pending = PendingAxpy::default();
         for (i, &(j, u)) in list.iter().enumerate() {
             if let Some(&(next, _)) = list.get(i + PREFETCH_AHEAD) {
