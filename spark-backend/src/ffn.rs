@@ -375,34 +375,78 @@ pub fn down_cols(
     Ok(())
 }
 
-/// V rows waiting to be added to one output row, four at a time ([`rows::axpy4`]: one pass
-/// over the output instead of four, the same result bit for bit).
-#[derive(Default)]
+/// V rows waiting to be added to one output row, four per pass over the output.
+///
+/// Two arithmetics: [`PendingAxpy::exact`] (the two-stage path, [`rows::axpy4`]: the same
+/// result bit for bit as one [`rows::axpy`] per row, which that path's rows shared by several
+/// tokens rely on) and [`PendingAxpy::folded`] (the fused path, [`rows::axpy_folded`]: q8_0
+/// block scales folded into the coefficients, and the first pass writes the output from zero,
+/// so the caller need not zero-fill it).
 struct PendingAxpy<'a> {
     rows: [Option<(rows::Row<'a>, f32)>; 4],
     len: usize,
+    /// `None` for the exact arithmetic; for the folded one, where its next pass starts.
+    folded: Option<rows::Start>,
 }
 
 impl<'a> PendingAxpy<'a> {
-    /// Queues `y += alpha * row`, running the queue when it holds four rows.
+    /// `y += sum alpha * row` in [`rows::axpy`]'s arithmetic.
+    fn exact() -> Self {
+        Self {
+            rows: [None; 4],
+            len: 0,
+            folded: None,
+        }
+    }
+
+    /// `y = sum alpha * row` (y's old values unread) in [`rows::axpy_folded`]'s arithmetic.
+    fn folded() -> Self {
+        Self {
+            folded: Some(rows::Start::Zero),
+            ..Self::exact()
+        }
+    }
+
+    /// Queues `alpha * row` for `y`, running the queue when it holds four rows.
     #[inline]
     fn push(&mut self, row: rows::Row<'a>, alpha: f32, y: &mut [f32]) {
         self.rows[self.len] = Some((row, alpha));
         self.len += 1;
         if self.len == 4 {
-            if let [Some(a), Some(b), Some(c), Some(d)] = self.rows {
-                rows::axpy4([a.0, b.0, c.0, d.0], [a.1, b.1, c.1, d.1], y);
-            }
-            self.len = 0;
+            self.run(y);
         }
     }
 
-    /// Runs what is left in the queue, in order.
+    /// Runs what is left in the queue, in order (for a folded queue that never ran: writes
+    /// the zeros, or the rows' sum, over `y`).
     fn flush(&mut self, y: &mut [f32]) {
-        for (row, alpha) in self.rows[..self.len].iter().flatten() {
-            rows::axpy(*row, *alpha, y);
-        }
+        self.run(y);
+    }
+
+    fn run(&mut self, y: &mut [f32]) {
+        let n = self.len;
         self.len = 0;
+        let Some(&Some((first, _))) = self.rows.first().filter(|_| n > 0) else {
+            if self.folded == Some(rows::Start::Zero) {
+                y.fill(0.0);
+                self.folded = Some(rows::Start::Accumulate);
+            }
+            return;
+        };
+        let rows = self.rows.map(|e| e.map_or(first, |(row, _)| row));
+        let alphas = self.rows.map(|e| e.map_or(0.0, |(_, alpha)| alpha));
+        match self.folded {
+            Some(start) => {
+                rows::axpy_folded(&rows[..n], &alphas[..n], y, start);
+                self.folded = Some(rows::Start::Accumulate);
+            }
+            None if n == 4 => rows::axpy4(rows, alphas, y),
+            None => {
+                for (row, alpha) in rows.into_iter().zip(alphas).take(n) {
+                    rows::axpy(row, alpha, y);
+                }
+            }
+        }
     }
 }
 
@@ -437,7 +481,7 @@ fn down_tile(
     if out.len() == 1 {
         // One token: every neuron applies to it; four V rows per pass over the output.
         let y = &mut out[0][offset..offset + w];
-        let mut pending = PendingAxpy::default();
+        let mut pending = PendingAxpy::exact();
         for i in 0..scratch.active.len() {
             pending.push(
                 active_cols(v, &scratch.active, i, &cols),

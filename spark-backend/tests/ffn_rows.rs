@@ -308,3 +308,93 @@ fn row_type_sizes_and_ids_equal_the_linked_ggml() {
         assert_eq!(ty.row_bytes(n), Some(want), "{ty:?}: row of {n}");
     }
 }
+
+/// The folded q8_0 accumulation written out from its definition: per block, the coefficient
+/// `alpha * d` rounded to f32, then one fused multiply-add per weight.
+fn folded_q8_0_reference(row: &[u8], alpha: f32, y: &mut [f32]) {
+    for (b, yb) in y.chunks_exact_mut(32).enumerate() {
+        let block = &row[34 * b..34 * (b + 1)];
+        let c = alpha * half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        for (i, yi) in yb.iter_mut().enumerate() {
+            *yi = f32::from(block[2 + i] as i8).mul_add(c, *yi);
+        }
+    }
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn folded_axpy_equals_its_definition_bit_for_bit() {
+    // Every type, 0 to 4 rows, both starts, whole-block lengths from one block to Gemma-2 2B's
+    // D. q8_0 against the definition above (the AVX2 pass and the portable function both);
+    // other types against one exact `axpy` per row.
+    let mut rng = Rng::new(16);
+    let alphas = [0.31f32, -1.7, 2.5e-3, 0.0];
+    for ty in RowType::ALL {
+        for blocks in [1usize, 3, 9, 72] {
+            let n = ty.block_elems() * blocks;
+            let w = Weights::random(&mut rng, ty, n, 4, 0.7);
+            let m = w.matrix();
+            let all = [m.row(0), m.row(1), m.row(2), m.row(3)];
+            let y0 = rng.normals(n, 1.0);
+            for k in 0..=4 {
+                for start in [rows::Start::Accumulate, rows::Start::Zero] {
+                    let mut got = match start {
+                        // the old values must not be read
+                        rows::Start::Zero => vec![f32::NAN; n],
+                        rows::Start::Accumulate => y0.clone(),
+                    };
+                    rows::axpy_folded(&all[..k], &alphas[..k], &mut got, start);
+                    let mut want = match start {
+                        rows::Start::Zero => vec![0f32; n],
+                        rows::Start::Accumulate => y0.clone(),
+                    };
+                    let mut portable = want.clone();
+                    for (row, &a) in all[..k].iter().zip(&alphas) {
+                        if ty == RowType::Q8_0 {
+                            folded_q8_0_reference(row.bytes(), a, &mut want);
+                            rows::quant::axpy_q8_0_folded_scalar(row.bytes(), a, &mut portable);
+                        } else {
+                            rows::axpy(*row, a, &mut want);
+                            portable.clone_from(&want);
+                        }
+                    }
+                    let what = format!("{ty:?} n={n} rows={k} {start:?}");
+                    assert!(same_bits(&got, &want), "{what}");
+                    assert!(same_bits(&portable, &want), "{what} (portable)");
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn folded_q8_0_axpy_is_within_one_rounding_of_the_exact_one(
+        seed in 0u64..1_000_000,
+        blocks in 1usize..12,
+        alpha in -8.0f32..8.0,
+    ) {
+        // Folding the scale changes each term by the rounding of `alpha * d` (2^-24 relative)
+        // on top of the exact path's one rounding per fused multiply-add.
+        let mut rng = Rng::new(seed);
+        let n = 32 * blocks;
+        let w = Weights::random(&mut rng, RowType::Q8_0, n, 4, 0.7);
+        let m = w.matrix();
+        let all = [m.row(0), m.row(1), m.row(2), m.row(3)];
+        let alphas = [alpha, -0.5 * alpha, 1.3, -2.1];
+        let y0 = rng.normals(n, 1.0);
+        let mut folded = y0.clone();
+        rows::axpy_folded(&all, &alphas, &mut folded, rows::Start::Accumulate);
+        let mut exact = y0.clone();
+        rows::axpy4(all, alphas, &mut exact);
+        for e in 0..n {
+            let mag: f64 = f64::from(y0[e]).abs()
+                + (0..4).map(|j| (f64::from(alphas[j]) * w.row_f64(j).nth(e).unwrap()).abs()).sum::<f64>();
+            let diff = (f64::from(folded[e]) - f64::from(exact[e])).abs();
+            prop_assert!(diff <= 8.0 * f64::from(f32::EPSILON) * mag, "element {e}: {diff} vs {mag}");
+        }
+    }
+}

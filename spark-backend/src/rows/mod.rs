@@ -414,6 +414,74 @@ pub fn axpy4(rows: [Row<'_>; 4], alphas: [f32; 4], y: &mut [f32]) {
     }
 }
 
+/// Where an [`axpy_folded`] pass starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// From the output's current values.
+    Accumulate,
+    /// From zero: the output's old values are not read (as if it had been zero-filled first).
+    Zero,
+}
+
+/// `y = y + alphas[0] * rows[0] + ...` (up to four rows, in order; from zero with
+/// [`Start::Zero`]) in the sparse FFN's fused arithmetic: q8_0 rows fold each block's scale
+/// into the row's coefficient (per block `c = alpha * d` rounded to f32, then `y = fma(q, c, y)`
+/// per weight), one pass over `y` on AVX2, [`quant::axpy_q8_0_folded_scalar`] row by row
+/// otherwise, bit for bit the same. Rows of other types get exactly [`axpy`]. The q8_0 result
+/// differs from [`axpy`]'s (where `d * q` is exact and the FMA rounds once) by `c`'s rounding,
+/// a relative 2^-24 per term.
+#[inline]
+pub fn axpy_folded(rows: &[Row<'_>], alphas: &[f32], y: &mut [f32], start: Start) {
+    assert!(
+        rows.len() == alphas.len() && rows.len() <= 4,
+        "axpy_folded: up to four rows, one coefficient each"
+    );
+    assert!(
+        rows.iter().all(|r| r.n == y.len()),
+        "axpy_folded: output length differs from row length"
+    );
+    let q8 = rows.iter().all(|r| r.ty == RowType::Q8_0);
+    #[cfg(target_arch = "x86_64")]
+    if q8 && simd::kernels().name == "avx2" {
+        let z = start == Start::Zero;
+        let b = |i: usize| rows[i].bytes;
+        // SAFETY: AVX2, FMA and F16C were detected; every row holds y.len() q8_0 elements
+        // (checked at construction and above), which the kernel checks again by length.
+        unsafe {
+            match rows.len() {
+                0 => {}
+                1 => quant_x86::axpy_q8_0_folded([b(0)], [alphas[0]], y, z),
+                2 => quant_x86::axpy_q8_0_folded([b(0), b(1)], [alphas[0], alphas[1]], y, z),
+                3 => quant_x86::axpy_q8_0_folded(
+                    [b(0), b(1), b(2)],
+                    [alphas[0], alphas[1], alphas[2]],
+                    y,
+                    z,
+                ),
+                _ => quant_x86::axpy_q8_0_folded(
+                    [b(0), b(1), b(2), b(3)],
+                    [alphas[0], alphas[1], alphas[2], alphas[3]],
+                    y,
+                    z,
+                ),
+            }
+        }
+        if !rows.is_empty() {
+            return;
+        }
+    }
+    if start == Start::Zero {
+        y.fill(0.0);
+    }
+    for (row, &alpha) in rows.iter().zip(alphas) {
+        if q8 {
+            quant::axpy_q8_0_folded_scalar(row.bytes, alpha, y);
+        } else {
+            axpy(*row, alpha, y);
+        }
+    }
+}
+
 /// `out = row` as f32; `out.len()` must equal `row.len()`.
 #[inline]
 pub fn to_f32(row: Row<'_>, out: &mut [f32]) {

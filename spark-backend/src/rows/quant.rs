@@ -165,6 +165,26 @@ pub unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
     }
 }
 
+/// `y += alpha * row` for a q8_0 row of `y.len()` elements (a multiple of 32) in the folded
+/// arithmetic of [`super::axpy_folded`]: per block `c = alpha * d` rounded to f32, then
+/// `y = fma(q, c, y)` per weight. The portable version (and the reference the AVX2 kernel is
+/// tested against, bit for bit).
+pub fn axpy_q8_0_folded_scalar(row: &[u8], alpha: f32, y: &mut [f32]) {
+    let per = RowType::Q8_0.block_bytes();
+    let be = RowType::Q8_0.block_elems();
+    assert!(
+        y.len().is_multiple_of(be) && row.len() >= y.len() / be * per,
+        "short quantized row"
+    );
+    for (block, yb) in row.chunks_exact(per).zip(y.chunks_exact_mut(be)) {
+        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let c = alpha * d;
+        for (yi, &q) in yb.iter_mut().zip(&block[2..]) {
+            *yi = f32::from(q as i8).mul_add(c, *yi);
+        }
+    }
+}
+
 /// `out = row` for a quantized row of `out.len()` elements.
 ///
 /// # Safety

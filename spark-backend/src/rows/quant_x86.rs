@@ -179,6 +179,64 @@ pub unsafe fn axpy4_q8_0(rows: [&[u8]; 4], alphas: [f32; 4], y: &mut [f32]) {
     }
 }
 
+/// `y = y + alphas[0] * rows[0] + ... + alphas[R-1] * rows[R-1]` for `R` (1 to 4) q8_0 rows of
+/// `y.len()` elements (a multiple of 32), one pass over `y`, with each block's scale folded into
+/// the row's coefficient: for block `b` of row `i`, `c = alphas[i] * d_b` rounded once to f32,
+/// then `y = fma(q, c, y)` per weight `q`, rows in order. That saves the four scale multiplies
+/// per 32 weights of [`axpy4_q8_0`] (whose `d * q` is exact, so its one rounding is the FMA's);
+/// the results differ from it by the rounding of `c`. With `from_zero` the pass starts from
+/// zero instead of `y`'s values (which are not read): as if `y` had been zero-filled first.
+/// Equals `rows::quant::axpy_q8_0_folded_scalar` row by row, bit for bit.
+///
+/// # Safety
+/// As for [`axpy_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_q8_0_folded<const R: usize>(
+    rows: [&[u8]; R],
+    alphas: [f32; R],
+    y: &mut [f32],
+    from_zero: bool,
+) {
+    let n_blocks = y.len() / 32;
+    assert!(
+        y.len().is_multiple_of(32) && rows.iter().all(|r| r.len() >= n_blocks * Q8_0_BYTES),
+        "short quantized row"
+    );
+    let yp = y.as_mut_ptr();
+    for b in 0..n_blocks {
+        // SAFETY: block b lies inside every row and elements 32b..32b+32 inside `y` (checked
+        // above); AVX2, FMA and F16C are enabled on this function.
+        unsafe {
+            let p = yp.add(32 * b);
+            let mut acc = if from_zero {
+                [_mm256_setzero_ps(); 4]
+            } else {
+                [
+                    _mm256_loadu_ps(p),
+                    _mm256_loadu_ps(p.add(8)),
+                    _mm256_loadu_ps(p.add(16)),
+                    _mm256_loadu_ps(p.add(24)),
+                ]
+            };
+            for (row, &alpha) in rows.iter().zip(&alphas) {
+                let block = row.as_ptr().add(b * Q8_0_BYTES);
+                let d = half::f16::from_bits(block.cast::<u16>().read_unaligned()).to_f32();
+                let c = _mm256_set1_ps(alpha * d);
+                let q = block.add(2);
+                for (k, acc_k) in acc.iter_mut().enumerate() {
+                    let w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        q.add(8 * k).cast(),
+                    )));
+                    *acc_k = _mm256_fmadd_ps(w, c, *acc_k);
+                }
+            }
+            for (k, acc_k) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(p.add(8 * k), acc_k);
+            }
+        }
+    }
+}
+
 /// `y += alpha * row` for a q4_0 row of `y.len()` elements (a multiple of 32).
 ///
 /// # Safety
