@@ -413,20 +413,15 @@ impl<'a> PendingAxpy<'a> {
         self.rows[self.len] = Some((row, alpha));
         self.len += 1;
         if self.len == 4 {
-            self.run(y);
+            self.flush(y);
         }
     }
 
-    /// Runs what is left in the queue, in order (for a folded queue that never ran: writes
-    /// the zeros, or the rows' sum, over `y`).
+    /// Runs what is in the queue, in order (for a folded queue that never ran: writes the
+    /// zeros, or the rows' sum, over `y`).
     fn flush(&mut self, y: &mut [f32]) {
-        self.run(y);
-    }
-
-    fn run(&mut self, y: &mut [f32]) {
-        let n = self.len;
-        self.len = 0;
-        let Some(&Some((first, _))) = self.rows.first().filter(|_| n > 0) else {
+        let n = std::mem::take(&mut self.len);
+        let Some((first, _)) = self.rows[0].filter(|_| n > 0) else {
             if self.folded == Some(rows::Start::Zero) {
                 y.fill(0.0);
                 self.folded = Some(rows::Start::Accumulate);

@@ -442,33 +442,23 @@ pub fn axpy_folded(rows: &[Row<'_>], alphas: &[f32], y: &mut [f32], start: Start
     );
     let q8 = rows.iter().all(|r| r.ty == RowType::Q8_0);
     #[cfg(target_arch = "x86_64")]
-    if q8 && simd::kernels().name == "avx2" {
-        let z = start == Start::Zero;
-        let b = |i: usize| rows[i].bytes;
-        // SAFETY: AVX2, FMA and F16C were detected; every row holds y.len() q8_0 elements
-        // (checked at construction and above), which the kernel checks again by length.
-        unsafe {
-            match rows.len() {
-                0 => {}
-                1 => quant_x86::axpy_q8_0_folded([b(0)], [alphas[0]], y, z),
-                2 => quant_x86::axpy_q8_0_folded([b(0), b(1)], [alphas[0], alphas[1]], y, z),
-                3 => quant_x86::axpy_q8_0_folded(
-                    [b(0), b(1), b(2)],
-                    [alphas[0], alphas[1], alphas[2]],
-                    y,
-                    z,
-                ),
-                _ => quant_x86::axpy_q8_0_folded(
-                    [b(0), b(1), b(2), b(3)],
-                    [alphas[0], alphas[1], alphas[2], alphas[3]],
-                    y,
-                    z,
-                ),
-            }
+    if q8 && !rows.is_empty() && simd::kernels().name == "avx2" {
+        /// The one-pass kernel for the first `R` rows.
+        fn pass<const R: usize>(rows: &[Row<'_>], alphas: &[f32], y: &mut [f32], start: Start) {
+            let bytes: [&[u8]; R] = std::array::from_fn(|i| rows[i].bytes);
+            let alphas: [f32; R] = std::array::from_fn(|i| alphas[i]);
+            // SAFETY: AVX2, FMA and F16C were detected (the caller's condition); every row
+            // holds y.len() q8_0 elements (checked at construction and by the caller), which
+            // the kernel checks again by length.
+            unsafe { quant_x86::axpy_q8_0_folded(bytes, alphas, y, start == Start::Zero) }
         }
-        if !rows.is_empty() {
-            return;
+        match rows.len() {
+            1 => pass::<1>(rows, alphas, y, start),
+            2 => pass::<2>(rows, alphas, y, start),
+            3 => pass::<3>(rows, alphas, y, start),
+            _ => pass::<4>(rows, alphas, y, start),
         }
+        return;
     }
     if start == Start::Zero {
         y.fill(0.0);

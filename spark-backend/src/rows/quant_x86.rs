@@ -14,11 +14,32 @@ const Q8_0_BYTES: usize = RowType::Q8_0.block_bytes();
 const Q4_0_BYTES: usize = RowType::Q4_0.block_bytes();
 const _: () = assert!(RowType::Q8_0.block_elems() == 32 && RowType::Q4_0.block_elems() == 32);
 
+/// A block's f16 scale (its first two bytes) as f32.
 #[inline(always)]
-unsafe fn scale(p: *const u8) -> __m256 {
+unsafe fn scale_f32(p: *const u8) -> f32 {
     // SAFETY: caller guarantees the 2 scale bytes are readable.
     let h = unsafe { p.cast::<u16>().read_unaligned() };
-    _mm256_set1_ps(half::f16::from_bits(h).to_f32())
+    half::f16::from_bits(h).to_f32()
+}
+
+#[inline(always)]
+unsafe fn scale(p: *const u8) -> __m256 {
+    // SAFETY: forwarded contract.
+    _mm256_set1_ps(unsafe { scale_f32(p) })
+}
+
+/// The 32 int8 weights of one q8_0 block (after its scale) as four vectors of 8 f32, unscaled.
+#[inline(always)]
+unsafe fn q8_0_ints(q: *const u8) -> [__m256; 4] {
+    // SAFETY: caller guarantees 32 readable bytes at q and AVX2.
+    unsafe {
+        let mut out = [_mm256_setzero_ps(); 4];
+        for (k, o) in out.iter_mut().enumerate() {
+            let b = _mm_loadl_epi64(q.add(8 * k).cast());
+            *o = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        }
+        out
+    }
 }
 
 /// The 32 weights of one q8_0 block as four vectors of 8.
@@ -27,11 +48,10 @@ unsafe fn q8_0_block(p: *const u8) -> [__m256; 4] {
     // SAFETY: caller guarantees a whole 34-byte block at p and AVX2.
     unsafe {
         let d = scale(p);
-        let q = p.add(2);
-        let mut out = [_mm256_setzero_ps(); 4];
-        for (k, o) in out.iter_mut().enumerate() {
-            let b = _mm_loadl_epi64(q.add(8 * k).cast());
-            *o = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), d);
+        let mut out = q8_0_ints(p.add(2));
+        // A loop, not `array::map`: a closure is not inlined into the AVX2 callers.
+        for o in &mut out {
+            *o = _mm256_mul_ps(*o, d);
         }
         out
     }
@@ -220,14 +240,9 @@ pub unsafe fn axpy_q8_0_folded<const R: usize>(
             };
             for (row, &alpha) in rows.iter().zip(&alphas) {
                 let block = row.as_ptr().add(b * Q8_0_BYTES);
-                let d = half::f16::from_bits(block.cast::<u16>().read_unaligned()).to_f32();
-                let c = _mm256_set1_ps(alpha * d);
-                let q = block.add(2);
-                for (k, acc_k) in acc.iter_mut().enumerate() {
-                    let w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                        q.add(8 * k).cast(),
-                    )));
-                    *acc_k = _mm256_fmadd_ps(w, c, *acc_k);
+                let c = _mm256_set1_ps(alpha * scale_f32(block));
+                for (acc_k, w_k) in acc.iter_mut().zip(q8_0_ints(block.add(2))) {
+                    *acc_k = _mm256_fmadd_ps(w_k, c, *acc_k);
                 }
             }
             for (k, acc_k) in acc.into_iter().enumerate() {
