@@ -10,10 +10,12 @@
 //! next test at the same depth, as llama-bench does) and the test timed on top. The parent
 //! alternates the modes and models over the repetitions, so slow phases of a shared machine hit
 //! all of them alike, and prints mean +- standard deviation (of the per-repetition tokens per
-//! second, llama-bench's `avg_ts`/`stddev_ts`) and the sparse/dense ratio.
+//! second, llama-bench's `avg_ts`/`stddev_ts`), the sparse/dense ratio and, when the run has one
+//! stock (non-Spark) model such as Gemma-2, each Spark row's ratio to it (ratios of the means).
 //!
 //! Progress goes to stderr; stdout carries only the table (`-o md`) or the records
-//! (`-o csv|json|jsonl`, llama-bench's field names plus `spark_mode` and `spark_ratio_vs_dense`).
+//! (`-o csv|json|jsonl`, llama-bench's field names plus `spark_mode`, `spark_ratio_vs_dense` and
+//! `spark_ratio_vs_stock`).
 
 use crate::error::{CliError, Result};
 use crate::gguf_info;
@@ -331,7 +333,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 plan.push((model.clone(), mode, mode.name()));
             }
         } else {
-            plan.push((model.clone(), Mode::Dense, "stock"));
+            plan.push((model.clone(), Mode::Dense, STOCK));
         }
     }
     let total = plan.len() * args.reps as usize;
@@ -784,6 +786,9 @@ fn bench_tokens(n: usize, n_vocab: i32) -> Vec<i32> {
         .collect()
 }
 
+/// The mode label of a model without Spark tensors (run through its own stock graph).
+const STOCK: &str = "stock";
+
 /// One output record: one test of one (model, mode), over all repetitions.
 #[derive(Debug, Clone, PartialEq)]
 struct Row {
@@ -802,6 +807,9 @@ struct Row {
     samples_ns: Vec<u64>,
     /// avg_ts of this sparse row over avg_ts of the dense row of the same model and test.
     ratio_vs_dense: Option<f64>,
+    /// avg_ts of this row of a Spark model over avg_ts of the stock model's row of the same
+    /// test, when the run has exactly one stock (non-Spark) model.
+    ratio_vs_stock: Option<f64>,
 }
 
 impl Row {
@@ -825,8 +833,8 @@ impl Row {
         (m.round() as u64, s.round() as u64)
     }
 
-    /// llama-bench's fields that apply, in its order, then Spark's; `spark_ratio_vs_dense` is
-    /// null where there is no dense row to compare with.
+    /// llama-bench's fields that apply, in its order, then Spark's; `spark_ratio_vs_dense` and
+    /// `spark_ratio_vs_stock` are null where there is no row to compare with.
     fn fields(&self) -> Vec<(&'static str, Value)> {
         let (avg_ns, stddev_ns) = self.ns();
         let (avg_ts, stddev_ts) = self.ts();
@@ -854,6 +862,7 @@ impl Row {
             ("samples_ts", json!(self.samples_ts())),
             ("spark_mode", json!(self.mode)),
             ("spark_ratio_vs_dense", json!(self.ratio_vs_dense)),
+            ("spark_ratio_vs_stock", json!(self.ratio_vs_stock)),
         ]
     }
 }
@@ -890,6 +899,7 @@ fn build_rows(
                 test_time: rfc3339(runs.first().map_or_else(unix_now, |r| r.started)),
                 samples_ns: runs.iter().map(|r| r.ns).collect(),
                 ratio_vs_dense: None,
+                ratio_vs_stock: None,
             });
         }
     }
@@ -897,21 +907,39 @@ fn build_rows(
     Ok(rows)
 }
 
-/// Fills `ratio_vs_dense` of every sparse row that has a dense row of the same model and test.
+/// Fills `ratio_vs_dense` of every sparse row that has a dense row of the same model and test,
+/// and `ratio_vs_stock` of every row of a Spark model when the run has exactly one stock model
+/// with a row of the same test (with several, which one a ratio refers to would be a guess).
 fn set_ratios(rows: &mut [Row]) {
-    for i in 0..rows.len() {
-        if rows[i].mode != Mode::Sparse.name() {
-            continue;
-        }
-        let ratio = rows
+    let one_stock_model = {
+        let mut files: Vec<&str> = rows
             .iter()
-            .find(|r| {
-                r.mode == Mode::Dense.name()
-                    && r.model_filename == rows[i].model_filename
-                    && r.test == rows[i].test
-            })
-            .map(|d| rows[i].ts().0 / d.ts().0);
-        rows[i].ratio_vs_dense = ratio;
+            .filter(|r| r.mode == STOCK)
+            .map(|r| r.model_filename.as_str())
+            .collect();
+        files.sort_unstable();
+        files.dedup();
+        files.len() == 1
+    };
+    for i in 0..rows.len() {
+        let row = &rows[i];
+        let ratio_to = |other: &dyn Fn(&Row) -> bool| {
+            rows.iter()
+                .find(|r| r.test == row.test && other(r))
+                .map(|r| row.ts().0 / r.ts().0)
+        };
+        let vs_dense = if row.mode == Mode::Sparse.name() {
+            ratio_to(&|r| r.mode == Mode::Dense.name() && r.model_filename == row.model_filename)
+        } else {
+            None
+        };
+        let vs_stock = if one_stock_model && row.mode != STOCK {
+            ratio_to(&|r| r.mode == STOCK)
+        } else {
+            None
+        };
+        rows[i].ratio_vs_dense = vs_dense;
+        rows[i].ratio_vs_stock = vs_stock;
     }
 }
 
@@ -1013,7 +1041,7 @@ fn column(name: &'static str, width: i32, value: fn(&Row) -> String) -> Column {
 
 /// llama-bench's markdown table (model, size, params, backend, threads, n_batch when not 2048,
 /// n_ubatch, type_k/type_v when not f16, test, t/s) with Spark's mode column before the test and
-/// the sparse/dense ratio after t/s.
+/// the sparse/dense ratio after t/s, then the ratio to the stock model when there is one.
 fn render_md(rows: &[Row]) -> String {
     let mut columns: Vec<Column> = vec![
         column("model", -30, |r| r.model_type.clone()),
@@ -1040,6 +1068,12 @@ fn render_md(rows: &[Row]) -> String {
         r.ratio_vs_dense
             .map_or(String::new(), |x| format!("{x:.2}x"))
     }));
+    if rows.iter().any(|r| r.ratio_vs_stock.is_some()) {
+        columns.push(column("vs stock", 8, |r| {
+            r.ratio_vs_stock
+                .map_or(String::new(), |x| format!("{x:.2}x"))
+        }));
+    }
     // Two models of the same type: tell them apart by file name.
     let ambiguous = |r: &Row| {
         rows.iter()
@@ -1323,6 +1357,7 @@ mod tests {
             test_time: "2025-04-24T11:57:09Z".into(),
             samples_ns: vec![1_000_000_000, 2_000_000_000],
             ratio_vs_dense: None,
+            ratio_vs_stock: None,
         };
         let dense = Row {
             backends: "CPU".into(),
@@ -1359,6 +1394,51 @@ mod tests {
         assert!((rows[0].ratio_vs_dense.unwrap() - 3.0).abs() < 1e-9);
         assert_eq!(rows[1].ratio_vs_dense, None);
         assert_eq!(rows[2].ratio_vs_dense, None);
+    }
+
+    #[test]
+    fn ratios_compare_spark_rows_with_the_one_stock_model_of_the_same_test() {
+        let mut rows = fixed_rows();
+        // the stock row measured the sparse rows' test: 2 t/s (128 tokens in 64 s)
+        rows[2].test = rows[0].test;
+        rows[2].samples_ns = vec![64_000_000_000];
+        set_ratios(&mut rows);
+        assert!((rows[0].ratio_vs_stock.unwrap() - 48.0).abs() < 1e-9);
+        assert!((rows[1].ratio_vs_stock.unwrap() - 16.0).abs() < 1e-9);
+        assert_eq!(rows[2].ratio_vs_stock, None);
+        assert!((rows[0].ratio_vs_dense.unwrap() - 3.0).abs() < 1e-9);
+        let v: Value = serde_json::from_str(&render(Output::Json, &rows)).unwrap();
+        assert_eq!(v[0]["spark_ratio_vs_stock"], 48.0);
+        assert!(v[2].get("spark_ratio_vs_stock").is_none());
+        let md = render(Output::Md, &rows);
+        let header = md.lines().next().unwrap();
+        assert!(header.trim_end().ends_with("| vs stock |"), "{md}");
+        let last_cell = |l: &str| {
+            l.trim_matches('|')
+                .rsplit('|')
+                .next()
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(last_cell(md.lines().nth(2).unwrap()), "48.00x", "{md}");
+        assert_eq!(last_cell(md.lines().nth(4).unwrap()), "", "{md}");
+
+        // a second stock model: which one a ratio would refer to is ambiguous, so none is given
+        let mut other = rows[2].clone();
+        other.model_filename = "h.gguf".into();
+        rows.push(other);
+        set_ratios(&mut rows);
+        assert!(rows.iter().all(|r| r.ratio_vs_stock.is_none()));
+        assert!(!render(Output::Md, &rows).contains("vs stock"));
+        // the same stock model's rows of other tests do not count as a second model
+        let mut rows = fixed_rows();
+        let mut again = rows[2].clone();
+        again.test = rows[0].test;
+        again.samples_ns = vec![64_000_000_000];
+        rows.insert(3, again);
+        set_ratios(&mut rows);
+        assert!((rows[0].ratio_vs_stock.unwrap() - 48.0).abs() < 1e-9);
     }
 
     #[test]

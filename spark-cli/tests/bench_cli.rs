@@ -195,6 +195,42 @@ fn jsonl_and_csv_of_a_stock_model() {
     assert_eq!(ub, ["\"4\"", "\"8\""]);
 }
 
+#[test]
+fn spark_rows_carry_their_ratio_to_the_stock_model() {
+    let (spark_m, stock_m) = (tiny().to_str().unwrap(), tiny_dense().to_str().unwrap());
+    let (stdout, _) = ok(&[
+        "bench", "-m", spark_m, "-m", stock_m, "-p", "8", "-n", "0", "-r", "1", "-t", "1", "-o",
+        "json", "-q",
+    ]);
+    let rows: Vec<Value> = serde_json::from_str(&stdout).unwrap();
+    let row = |mode: &str| rows.iter().find(|r| r["spark_mode"] == mode).unwrap();
+    let (sparse, dense, stock) = (row("sparse"), row("dense"), row("stock"));
+    let ts = |r: &Value| r["avg_ts"].as_f64().unwrap();
+    for r in [sparse, dense] {
+        let got = r["spark_ratio_vs_stock"].as_f64().unwrap();
+        assert!((got - ts(r) / ts(stock)).abs() < 1e-9 * got, "{r}");
+    }
+    assert!(stock.get("spark_ratio_vs_stock").is_none());
+
+    // the table gets a "vs stock" column, filled on the Spark model's rows
+    let (stdout, _) = ok(&[
+        "bench", "-m", spark_m, "-m", stock_m, "--modes", "sparse", "-p", "8", "-n", "0", "-r",
+        "1", "-t", "1", "-q",
+    ]);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].trim_end().ends_with("| vs stock |"), "{stdout}");
+    let last = |l: &str| {
+        l.trim_matches('|')
+            .rsplit('|')
+            .next()
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert!(last(lines[2]).ends_with('x'), "{stdout}");
+    assert_eq!(last(lines[3]), "", "{stdout}");
+}
+
 fn assert_fails(args: &[&str], needles: &[&str]) {
     let out = spark(args);
     let stderr = text(&out.stderr);
