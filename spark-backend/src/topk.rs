@@ -166,29 +166,36 @@ fn shifted_sums(x: &[f32], shift: f64) -> (f64, f64, usize) {
 
 /// The portable [`shifted_sums`] (the reference the AVX2 version is tested against).
 fn shifted_sums_scalar(x: &[f32], shift: f64) -> (f64, f64, usize) {
-    const L: usize = 8;
-    let mut a1 = [0f64; L];
-    let mut a2 = [0f64; L];
-    let chunks = x.chunks_exact(L);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for i in 0..L {
-            let d = f64::from(c[i]) - shift;
-            a1[i] += d;
-            a2[i] += d * d;
-        }
+    let mut lanes = Lanes::default();
+    for c in x.chunks(8) {
+        lanes.add(c, shift);
     }
-    for (i, &v) in tail.iter().enumerate() {
-        let d = f64::from(v) - shift;
-        a1[i] += d;
-        a2[i] += d * d;
-    }
-    (lane_tree(&a1), lane_tree(&a2), x.len())
+    lanes.finish(x.len())
 }
 
-/// The fixed reduction of [`shifted_sums`]' eight lanes.
-fn lane_tree(a: &[f64; 8]) -> f64 {
-    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+/// The eight lanes of [`shifted_sums`]: sums of `x - shift` and of its square.
+#[derive(Default)]
+struct Lanes {
+    a1: [f64; 8],
+    a2: [f64; 8],
+}
+
+impl Lanes {
+    /// Entry `i` of `xs` (at most eight) into lane `i`.
+    #[inline(always)]
+    fn add(&mut self, xs: &[f32], shift: f64) {
+        for (i, &v) in xs.iter().enumerate() {
+            let d = f64::from(v) - shift;
+            self.a1[i] += d;
+            self.a2[i] += d * d;
+        }
+    }
+
+    /// The two sums by the fixed reduction tree, with the entry count.
+    fn finish(&self, n: usize) -> (f64, f64, usize) {
+        let tree = |a: &[f64; 8]| ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        (tree(&self.a1), tree(&self.a2), n)
+    }
 }
 
 /// [`shifted_sums`] with the eight lanes in two AVX registers per sum: per lane the same
@@ -217,21 +224,16 @@ unsafe fn shifted_sums_avx2(x: &[f32], shift: f64) -> (f64, f64, usize) {
         a2_lo = _mm256_add_pd(a2_lo, _mm256_mul_pd(d_lo, d_lo));
         a2_hi = _mm256_add_pd(a2_hi, _mm256_mul_pd(d_hi, d_hi));
     }
-    let mut a1 = [0f64; 8];
-    let mut a2 = [0f64; 8];
+    let mut lanes = Lanes::default();
     // SAFETY: each array holds 8 f64, two unaligned 4-lane stores each.
     unsafe {
-        _mm256_storeu_pd(a1.as_mut_ptr(), a1_lo);
-        _mm256_storeu_pd(a1.as_mut_ptr().add(4), a1_hi);
-        _mm256_storeu_pd(a2.as_mut_ptr(), a2_lo);
-        _mm256_storeu_pd(a2.as_mut_ptr().add(4), a2_hi);
+        _mm256_storeu_pd(lanes.a1.as_mut_ptr(), a1_lo);
+        _mm256_storeu_pd(lanes.a1.as_mut_ptr().add(4), a1_hi);
+        _mm256_storeu_pd(lanes.a2.as_mut_ptr(), a2_lo);
+        _mm256_storeu_pd(lanes.a2.as_mut_ptr().add(4), a2_hi);
     }
-    for (i, &v) in tail.iter().enumerate() {
-        let d = f64::from(v) - shift;
-        a1[i] += d;
-        a2[i] += d * d;
-    }
-    (lane_tree(&a1), lane_tree(&a2), x.len())
+    lanes.add(tail, shift);
+    lanes.finish(x.len())
 }
 
 fn finish_stats(s1: f64, s2: f64, n: usize, shift: f64) -> (f64, f64) {
