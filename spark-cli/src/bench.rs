@@ -1386,6 +1386,47 @@ mod tests {
         rows
     }
 
+    /// The golden sets: [`fixed_rows`]; the same with a stock row of the sparse rows' test
+    /// (ratios to stock), a second Spark model of the same type (file names in the model column),
+    /// several samples, `-b 256` and an f32 cache; no rows at all.
+    fn golden_sets() -> Vec<(&'static str, Vec<Row>)> {
+        let mut variant = fixed_rows();
+        variant[2].test = variant[0].test;
+        variant[2].samples_ns = vec![64_000_000_000, 63_000_000_001, 65_500_000_123];
+        let mut other = variant[0].clone();
+        other.model_filename = "other/\u{df} model,1.gguf".into();
+        other.samples_ns = vec![3_333_333_333, 7, 1_000_000_000_000];
+        variant.push(other);
+        for r in &mut variant {
+            r.n_batch = 256;
+            r.cache_type = "f32";
+        }
+        set_ratios(&mut variant);
+        vec![
+            ("fixed", fixed_rows()),
+            ("variant", variant),
+            ("empty", Vec::new()),
+        ]
+    }
+
+    /// Every renderer's exact bytes on fixed samples (spark-cli/testdata/bench/SET.FORMAT,
+    /// written by the renderers before the bench module was split by job).
+    #[test]
+    fn renderers_match_golden_outputs() {
+        for (set, rows) in golden_sets() {
+            for (format, ext) in [
+                (Output::Md, "md"),
+                (Output::Csv, "csv"),
+                (Output::Json, "json"),
+                (Output::Jsonl, "jsonl"),
+            ] {
+                let path = format!("{}/testdata/bench/{set}.{ext}", env!("CARGO_MANIFEST_DIR"));
+                let want = std::fs::read_to_string(&path).expect("golden file");
+                assert_eq!(render(format, &rows), want, "{path}");
+            }
+        }
+    }
+
     #[test]
     fn ratios_compare_sparse_with_dense_of_the_same_test() {
         let rows = fixed_rows();
