@@ -18,6 +18,7 @@ pub mod ffi;
 pub mod ffn;
 pub mod ffn_op;
 pub mod ffn_shapes;
+pub mod isa;
 pub mod op;
 pub mod params;
 pub mod plugin;

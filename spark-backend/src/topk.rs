@@ -157,8 +157,9 @@ pub fn mean_std(x: &[f32]) -> Option<(f64, f64)> {
 /// sums non-finite. The AVX2 version ([`shifted_sums_avx2`]) gives the same bits.
 fn shifted_sums(x: &[f32], shift: f64) -> (f64, f64, usize) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, the one feature the function requires.
+    if crate::isa::current() == crate::isa::Isa::Avx2 {
+        // SAFETY: the CPU has AVX2 (and FMA, F16C), AVX2 being the one feature the function
+        // requires.
         return unsafe { shifted_sums_avx2(x, shift) };
     }
     shifted_sums_scalar(x, shift)

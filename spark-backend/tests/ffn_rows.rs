@@ -42,8 +42,8 @@ fn check_float_kernels(k: &simd::Kernels, w: &[f32], x: &[f32], alpha: f32) {
         let tol = 1e-6 * mag + 1e-30;
         assert!(
             (f64::from(got) - exact).abs() <= tol,
-            "{} {ty:?} n={n}: dot {got} vs {exact}",
-            k.name
+            "{:?} {ty:?} n={n}: dot {got} vs {exact}",
+            k.isa
         );
         let mut y: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
         // SAFETY: as above; y has n elements.
@@ -53,8 +53,8 @@ fn check_float_kernels(k: &simd::Kernels, w: &[f32], x: &[f32], alpha: f32) {
             let scale = f64::from(x[i] * 0.5).abs() + (f64::from(alpha) * wd[i]).abs();
             assert!(
                 (f64::from(y[i]) - want).abs() <= 1e-6 * scale + 1e-30,
-                "{} {ty:?} axpy n={n} i={i}",
-                k.name
+                "{:?} {ty:?} axpy n={n} i={i}",
+                k.isa
             );
         }
         if let Some(conv) = conv {
@@ -63,8 +63,8 @@ fn check_float_kernels(k: &simd::Kernels, w: &[f32], x: &[f32], alpha: f32) {
             unsafe { conv(&bytes, &mut out) };
             assert!(
                 out.iter().zip(&wd).all(|(&a, &b)| f64::from(a) == b),
-                "{} {ty:?} to_f32",
-                k.name
+                "{:?} {ty:?} to_f32",
+                k.isa
             );
         }
     }

@@ -7,6 +7,7 @@
 //! the kernel's output independent of thread count and batch composition.
 
 use super::layout::ElemType;
+use crate::isa::Isa;
 use std::ops::Range;
 
 /// A set of cache rows: row `j` starts at `base + offset(j)`, element `i` of a row at
@@ -52,40 +53,6 @@ unsafe fn load1(ty: ElemType, p: *const u8) -> f32 {
     }
 }
 
-/// True when the AVX2 + FMA + F16C paths can run on this CPU.
-pub fn simd_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Which implementation to use (chosen once per kernel call).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    /// Portable scalar loops.
-    Scalar,
-    /// AVX2 + FMA + F16C.
-    Avx2,
-}
-
-impl Isa {
-    /// The best implementation this CPU supports.
-    pub fn detect() -> Self {
-        if simd_available() {
-            Isa::Avx2
-        } else {
-            Isa::Scalar
-        }
-    }
-}
-
 /// `n` queries side by side: query `m` is `q[m * stride ..]` (as many values as dims scored).
 #[derive(Clone, Copy, Debug)]
 pub struct Queries<'a> {
@@ -125,7 +92,7 @@ pub unsafe fn dots(
     debug_assert!(n_q == 0 || out.out.len() >= (n_q - 1) * out.ld + rows_idx.len());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && rows.is_dense() {
-        // SAFETY: Isa::Avx2 is only chosen when the CPU has AVX2, FMA and F16C; the caller's
+        // SAFETY: Isa::Avx2 is only detected on a CPU with AVX2, FMA and F16C; the caller's
         // contract covers every address the function reads or writes.
         unsafe { avx2::dots(rows, dims, rows_idx, q, out) };
         return;
@@ -172,7 +139,8 @@ pub unsafe fn accumulate(isa: Isa, rows: Rows, rows_idx: &[u32], w: &[f32], out:
     debug_assert_eq!(w.len(), rows_idx.len());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && rows.is_dense() {
-        // SAFETY: Isa::Avx2 is only chosen when the CPU supports it; addresses per the contract.
+        // SAFETY: Isa::Avx2 is only detected on a CPU with AVX2, FMA and F16C; addresses per
+        // the contract.
         unsafe { avx2::accumulate(rows, rows_idx, w, out) };
         return;
     }

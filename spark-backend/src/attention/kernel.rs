@@ -16,9 +16,10 @@
 //! the same bits whatever queries they are blocked with), so the output is bit-identical for
 //! every tiling, thread count and schedule (and for any batch composition).
 
-use super::dot::{self, Isa, Queries, Rows, Scores};
+use super::dot::{self, Queries, Rows, Scores};
 use super::layout::{AttnLayout, ElemType, Strided};
 use super::math;
+use crate::isa::Isa;
 use crate::topk;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -195,7 +196,7 @@ pub unsafe fn run_units(
     units: &mut dyn Iterator<Item = usize>,
     mut observer: Option<&mut dyn FnMut(&RowSelection)>,
 ) -> Tally {
-    let isa = Isa::detect();
+    let isa = crate::isa::current();
     let n = n_units(l, ti);
     let mut tally = Tally::default();
     let mut work = |sc: &mut Scratch| {

@@ -403,7 +403,7 @@ pub fn axpy(row: Row<'_>, alpha: f32, y: &mut [f32]) {
 pub fn axpy4(rows: [Row<'_>; 4], alphas: [f32; 4], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if rows.iter().all(|r| r.ty == RowType::Q8_0 && r.n == y.len())
-        && simd::kernels().name == "avx2"
+        && crate::isa::current() == crate::isa::Isa::Avx2
     {
         // SAFETY: AVX2, FMA and F16C were detected; every row holds y.len() q8_0 elements
         // (checked at construction and above), which the kernel checks again by length.
@@ -442,7 +442,7 @@ pub fn axpy_folded(rows: &[Row<'_>], alphas: &[f32], y: &mut [f32], start: Start
     );
     let q8 = rows.iter().all(|r| r.ty == RowType::Q8_0);
     #[cfg(target_arch = "x86_64")]
-    if q8 && !rows.is_empty() && simd::kernels().name == "avx2" {
+    if q8 && !rows.is_empty() && crate::isa::current() == crate::isa::Isa::Avx2 {
         /// The one-pass kernel for the first `R` rows.
         fn pass<const R: usize>(rows: &[Row<'_>], alphas: &[f32], y: &mut [f32], start: Start) {
             let bytes: [&[u8]; R] = std::array::from_fn(|i| rows[i].bytes);

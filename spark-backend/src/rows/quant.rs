@@ -138,7 +138,7 @@ const CHUNK: usize = 256;
 /// `row` must hold `y.len()` elements of `ty` (checked by length).
 pub unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::kernels().name == "avx2" {
+    if crate::isa::current() == crate::isa::Isa::Avx2 {
         // SAFETY: AVX2, FMA and F16C were detected; the kernels check lengths.
         match ty {
             RowType::Q8_0 => return unsafe { super::quant_x86::axpy_q8_0(row, alpha, y) },
@@ -191,7 +191,7 @@ pub fn axpy_q8_0_folded_scalar(row: &[u8], alpha: f32, y: &mut [f32]) {
 /// `row` must hold `out.len()` elements of `ty` (checked by length).
 pub unsafe fn dequantize(ty: RowType, row: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::kernels().name == "avx2" {
+    if crate::isa::current() == crate::isa::Isa::Avx2 {
         // SAFETY: AVX2, FMA and F16C were detected; the kernels check lengths.
         match ty {
             RowType::Q8_0 => return unsafe { super::quant_x86::to_f32_q8_0(row, out) },

@@ -1,11 +1,12 @@
 //! Dot products and axpy for rows stored as f32, f16 or bf16 against f32 activations.
 //!
-//! Each operation has a portable scalar version and an AVX2+FMA+F16C version; [`kernels`] picks
-//! one set once per process from the CPU's features. All versions accumulate in f32 with a
-//! fixed order that does not depend on threads, so results are reproducible run to run.
+//! Each operation has a portable scalar version and an AVX2+FMA+F16C version; [`kernels`] gives
+//! the set of the process's instruction set ([`crate::isa::current`], chosen once). All
+//! versions accumulate in f32 with a fixed order that does not depend on threads, so results
+//! are reproducible run to run.
 //! Rows are little-endian bytes (`&[u8]`); `n` elements are read from the start of the row.
 
-use std::sync::OnceLock;
+use crate::isa::{self, Isa};
 
 /// `sum_i row[i] * x[i]` over `x.len()` elements of a row of bytes.
 pub type DotFn = unsafe fn(row: &[u8], x: &[f32]) -> f32;
@@ -17,8 +18,8 @@ pub type ToF32Fn = unsafe fn(row: &[u8], out: &mut [f32]);
 /// One implementation of every float-row operation.
 #[derive(Clone, Copy)]
 pub struct Kernels {
-    /// Name of the instruction set used ("avx2" or "scalar").
-    pub name: &'static str,
+    /// The instruction set of these implementations.
+    pub isa: Isa,
     /// Dot product, f32 rows.
     pub dot_f32: DotFn,
     /// Dot product, f16 rows.
@@ -39,7 +40,7 @@ pub struct Kernels {
 
 /// The portable implementations (the reference the SIMD versions are tested against).
 pub const SCALAR: Kernels = Kernels {
-    name: "scalar",
+    isa: Isa::Scalar,
     dot_f32: scalar::dot_f32,
     dot_f16: scalar::dot_f16,
     dot_bf16: scalar::dot_bf16,
@@ -53,31 +54,20 @@ pub const SCALAR: Kernels = Kernels {
 /// The AVX2+FMA+F16C implementations, when this CPU has those features.
 pub fn avx2() -> Option<Kernels> {
     #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            return Some(Kernels {
-                name: "avx2",
-                dot_f32: x86::dot_f32,
-                dot_f16: x86::dot_f16,
-                dot_bf16: x86::dot_bf16,
-                axpy_f32: x86::axpy_f32,
-                axpy_f16: x86::axpy_f16,
-                axpy_bf16: x86::axpy_bf16,
-                f16_to_f32: x86::f16_to_f32,
-                bf16_to_f32: x86::bf16_to_f32,
-            });
-        }
+    if Isa::detect() == Isa::Avx2 {
+        return Some(x86::KERNELS);
     }
     None
 }
 
-/// The best implementation for this CPU, chosen on first use.
+/// The implementations of the process's instruction set ([`isa::current`]).
+#[inline]
 pub fn kernels() -> &'static Kernels {
-    static CHOSEN: OnceLock<Kernels> = OnceLock::new();
-    CHOSEN.get_or_init(|| avx2().unwrap_or(SCALAR))
+    match isa::current() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => &x86::KERNELS,
+        _ => &SCALAR,
+    }
 }
 
 /// Portable reference versions. Safe to call with any inputs that satisfy the length contract
@@ -169,7 +159,23 @@ pub mod scalar {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::Kernels;
+    use crate::isa::Isa;
     use std::arch::x86_64::*;
+
+    /// The table of this module's functions. Only handed out where the CPU has AVX2, FMA and
+    /// F16C (`super::avx2`, `super::kernels`).
+    pub(super) const KERNELS: Kernels = Kernels {
+        isa: Isa::Avx2,
+        dot_f32,
+        dot_f16,
+        dot_bf16,
+        axpy_f32,
+        axpy_f16,
+        axpy_bf16,
+        f16_to_f32,
+        bf16_to_f32,
+    };
 
     /// Horizontal sum of 8 lanes in a fixed order.
     #[inline]
@@ -327,8 +333,8 @@ mod x86 {
         }
     }
 
-    // The entry points: `unsafe` because they require AVX2+FMA+F16C, which `super::avx2`
-    // checks before handing them out.
+    // The entry points: `unsafe` because they require AVX2+FMA+F16C, which `super::avx2` and
+    // `super::kernels` check before handing them out.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
         // SAFETY: features enabled on this function; lengths checked inside.
