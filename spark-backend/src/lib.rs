@@ -16,8 +16,6 @@ pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod ffn;
-pub mod ffn_op;
-pub mod ffn_shapes;
 pub mod isa;
 pub mod op;
 pub mod params;

@@ -130,10 +130,10 @@ unsafe extern "C" fn reg_get_proc_address(
 /// The C function the entry exports under `name`, or `None` for an unknown name.
 pub fn proc_address(name: &str) -> Option<*mut c_void> {
     let f: *mut c_void = match name {
-        "spark_ffn_up" => crate::ffn_op::spark_ffn_up as *mut c_void,
-        "spark_ffn_down" => crate::ffn_op::spark_ffn_down as *mut c_void,
-        "spark_ffn_fused" => crate::ffn_op::spark_ffn_fused as *mut c_void,
-        "spark_ffn_sum" => crate::ffn_op::spark_ffn_sum as *mut c_void,
+        "spark_ffn_up" => crate::ffn::op::spark_ffn_up as *mut c_void,
+        "spark_ffn_down" => crate::ffn::op::spark_ffn_down as *mut c_void,
+        "spark_ffn_fused" => crate::ffn::op::spark_ffn_fused as *mut c_void,
+        "spark_ffn_sum" => crate::ffn::op::spark_ffn_sum as *mut c_void,
         "spark_attn" => crate::attn_op::spark_attn as *mut c_void,
         "spark_stats_reset" => spark_stats_reset as *mut c_void,
         "spark_stats_get" => spark_stats_get as *mut c_void,

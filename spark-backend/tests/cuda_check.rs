@@ -9,7 +9,7 @@ mod ffn_common;
 use ffn_common::{op_case, OpCase, Rng, Weights};
 use llama_cpp_sys_2 as sys;
 use spark_backend::cuda::check;
-use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;
 use spark_backend::KernelError;

@@ -6,8 +6,8 @@
 mod ffn_common;
 
 use ffn_common::{assert_close, batch, op_case, ref_up, up_scale, OpCase, Rng, Weights};
-use spark_backend::ffn::{self, fused, FfnWeights};
-use spark_backend::ffn_op::{spark_ffn_fused, spark_ffn_sum};
+use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_sum};
+use spark_backend::ffn::{self, fused, two_stage, FfnWeights};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;
 use spark_backend::stats;
@@ -107,7 +107,7 @@ fn fused_and_two_stage_paths_agree_and_dense_when_k_at_least_f() {
         let h = rng.normals(n_tokens * d, 1.0);
         for k in [20, f, f + 5] {
             let mut two = vec![0f32; n_tokens * d];
-            let kept_two = ffn::sparse_ffn(
+            let kept_two = two_stage::sparse_ffn(
                 &batch(&h, d, n_tokens),
                 &FfnWeights {
                     k1: &k1.matrix(),

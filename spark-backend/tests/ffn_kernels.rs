@@ -7,8 +7,8 @@ mod ffn_common;
 use ffn_common::{
     assert_close, batch, op_case, ref_down, ref_scores, ref_up, up_scale, OpCase, Rng, Weights,
 };
-use spark_backend::ffn::{self, FfnWeights, Scratch, UpInputs};
-use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_up};
+use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_up};
+use spark_backend::ffn::{self, two_stage, FfnWeights, Scratch, UpInputs};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::{quant, RowType};
 use spark_backend::stats;
@@ -85,7 +85,7 @@ fn stages_match_float64_for_every_type_and_shape() {
                 // Stage 2 on our scores (same selection as the reference by construction).
                 let mut u = vec![0f32; n_tokens * f];
                 let mut sc = Scratch::new();
-                ffn::up_range(
+                two_stage::up_range(
                     &UpInputs {
                         scores: &scores,
                         batch: batch(&h, d, n_tokens),
@@ -109,7 +109,7 @@ fn stages_match_float64_for_every_type_and_shape() {
                 let mut out = vec![0f32; n_tokens * d];
                 {
                     let mut rows: Vec<&mut [f32]> = out.chunks_mut(d).collect();
-                    ffn::down_range(&u, &v.matrix(), 0..d, &mut rows, &mut sc).unwrap();
+                    two_stage::down_range(&u, &v.matrix(), 0..d, &mut rows, &mut sc).unwrap();
                 }
                 let want = ref_down(&u, n_tokens, &v);
                 let uabs: Vec<f32> = u.iter().map(|x| x.abs()).collect();
@@ -139,7 +139,7 @@ fn serial_ffn_matches_float64_end_to_end_for_f32() {
         let v = Weights::random(&mut rng, RowType::F32, d, f, 0.3);
         let h = rng.normals(n_tokens * d, 1.0);
         let mut out = vec![0f32; n_tokens * d];
-        let kept = ffn::sparse_ffn(
+        let kept = two_stage::sparse_ffn(
             &batch(&h, d, n_tokens),
             &FfnWeights {
                 k1: &k1.matrix(),
@@ -193,7 +193,7 @@ fn dense_when_k_at_least_f_and_inactive_rows_are_skipped() {
     let mut scores = vec![0f32; f];
     ffn::predictor_scores(&k1.matrix(), &batch(&h, d, 1), &mut scores).unwrap();
     let mut u = vec![0f32; f];
-    let kept = ffn::up_range(
+    let kept = two_stage::up_range(
         &UpInputs {
             scores: &scores,
             batch: batch(&h, d, 1),
@@ -223,7 +223,7 @@ fn dense_when_k_at_least_f_and_inactive_rows_are_skipped() {
     let vb = quant::quantize_rows(RowType::F32, &vbad, d).unwrap();
     let vm = spark_backend::rows::RowMatrix::packed(RowType::F32, d, f, &vb).unwrap();
     let mut out = vec![0f32; d];
-    ffn::down_range(&u2, &vm, 0..d, &mut [&mut out[..]], &mut Scratch::new()).unwrap();
+    two_stage::down_range(&u2, &vm, 0..d, &mut [&mut out[..]], &mut Scratch::new()).unwrap();
     assert!(out.iter().all(|x| x.is_finite()));
 }
 
@@ -275,7 +275,7 @@ fn ops_are_bit_identical_for_any_thread_count() {
             }
             // And equal to the library's serial stages.
             let mut u = vec![0f32; n_tokens * f];
-            ffn::up_range(
+            two_stage::up_range(
                 &UpInputs {
                     scores: &s,
                     batch: batch(&h, d, n_tokens),
@@ -412,7 +412,7 @@ fn batch_union_loads_each_row_once_and_matches_single_token_calls() {
         let v = Weights::random(&mut rng, ty, d, f, 0.3);
         let h = rng.normals(n_tokens * d, 1.0);
         let mut batched = vec![0f32; n_tokens * d];
-        ffn::sparse_ffn(
+        two_stage::sparse_ffn(
             &batch(&h, d, n_tokens),
             &FfnWeights {
                 k1: &k1.matrix(),
@@ -425,7 +425,7 @@ fn batch_union_loads_each_row_once_and_matches_single_token_calls() {
         .unwrap();
         for t in 0..n_tokens {
             let mut one = vec![0f32; d];
-            ffn::sparse_ffn(
+            two_stage::sparse_ffn(
                 &batch(&h[t * d..(t + 1) * d], d, 1),
                 &FfnWeights {
                     k1: &k1.matrix(),
@@ -458,12 +458,12 @@ fn large_batches_tile_the_output_without_changing_any_value() {
         let mut batch = vec![0f32; n_tokens * d];
         {
             let mut rows: Vec<&mut [f32]> = batch.chunks_mut(d).collect();
-            ffn::down_range(&u, &v.matrix(), 0..d, &mut rows, &mut Scratch::new()).unwrap();
+            two_stage::down_range(&u, &v.matrix(), 0..d, &mut rows, &mut Scratch::new()).unwrap();
         }
         for t in 0..n_tokens {
             let ut: Vec<f32> = (0..f).map(|j| u[j * n_tokens + t]).collect();
             let mut one = vec![0f32; d];
-            ffn::down_range(
+            two_stage::down_range(
                 &ut,
                 &v.matrix(),
                 0..d,

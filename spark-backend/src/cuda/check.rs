@@ -3,10 +3,10 @@
 //! data, which lives on the device. Each FFN launcher turns `dst`, its sources and the
 //! userdata into a plan here (or a [`KernelError`]) before any CUDA call, so the checks are
 //! pure functions the tests run on host-only tensors. They accept what the CPU ops accept
-//! (`crate::ffn_op`), restricted to the weight types of [`options::GPU_WEIGHT_TYPES`].
+//! (`crate::ffn::op`), restricted to the weight types of [`options::GPU_WEIGHT_TYPES`].
 
 use super::options::{self, block_layout};
-use crate::ffn_shapes::{self as shapes, StageDims};
+use crate::ffn::shapes::{self, StageDims};
 use crate::tensor::{views, TensorView, GGML_TYPE_F32};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;

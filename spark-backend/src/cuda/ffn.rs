@@ -1,5 +1,5 @@
 //! CUDA launchers of the four Spark FFN ops (`kernels/ffn.cu`), matching the CPU ops of
-//! `crate::ffn_op` (docs/INTERFACES.md): same outputs and layouts, exact zeros for dropped
+//! `crate::ffn::op` (docs/INTERFACES.md): same outputs and layouts, exact zeros for dropped
 //! neurons, chunk partials summed in increasing neuron order, deterministic.
 //!
 //! Per op, the kernels enqueued on ggml's stream:

@@ -130,22 +130,22 @@ pub struct Launcher {
 pub const LAUNCHERS: &[Launcher] = &[
     Launcher {
         name: "spark_ffn_fused",
-        fun: crate::ffn_op::spark_ffn_fused,
+        fun: crate::ffn::op::spark_ffn_fused,
         launch: super::ffn::launch_fused,
     },
     Launcher {
         name: "spark_ffn_sum",
-        fun: crate::ffn_op::spark_ffn_sum,
+        fun: crate::ffn::op::spark_ffn_sum,
         launch: super::ffn::launch_sum,
     },
     Launcher {
         name: "spark_ffn_up",
-        fun: crate::ffn_op::spark_ffn_up,
+        fun: crate::ffn::op::spark_ffn_up,
         launch: super::ffn::launch_up,
     },
     Launcher {
         name: "spark_ffn_down",
-        fun: crate::ffn_op::spark_ffn_down,
+        fun: crate::ffn::op::spark_ffn_down,
         launch: super::ffn::launch_down,
     },
     Launcher {

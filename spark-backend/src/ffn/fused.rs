@@ -19,7 +19,7 @@
 //! V rows are added in [`rows::axpy_folded`]'s arithmetic (a q8_0 row's block scales folded into
 //! its coefficient: ~15 % fewer instructions per weight than [`rows::axpy`], docs/PERF.md), and
 //! each token's partial row is written from zero by its first pass (no zero-fill). The
-//! summation order and that arithmetic differ from [`super::down_range`]'s (one pass over all
+//! summation order and that arithmetic differ from [`super::two_stage::down_range`]'s (one pass over all
 //! neurons, [`rows::axpy`]), so the fused and two-stage paths agree to rounding, not bit for
 //! bit.
 

@@ -1,5 +1,5 @@
 //! The CUDA FFN kernels (src/cuda/kernels/ffn.cu) run on the CPU through emu.h, over the launch
-//! sequences of src/cuda/ffn.rs, and compared with the CPU ops (`spark_backend::ffn_op`) run by
+//! sequences of src/cuda/ffn.rs, and compared with the CPU ops (`spark_backend::ffn::op`) run by
 //! ggml on the same host tensors.
 //!
 //! The plans come from the launchers' own validation (`spark_backend::cuda::check::{fused,
@@ -17,7 +17,7 @@ use super::ffn_common::{Ggml, Rng, Weights};
 use llama_cpp_sys_2 as sys;
 use spark_backend::cuda::{check, options};
 use spark_backend::ffn;
-use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;
 use spark_backend::topk;

@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 use llama_cpp_sys_2 as sys;
+use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::Batch;
-use spark_backend::ffn_op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::{quant, RowMatrix, RowType};
 use std::ffi::c_void;

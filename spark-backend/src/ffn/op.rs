@@ -7,12 +7,13 @@
 //! of the shapes only, defined once below and used both to compute and to NaN-fill), and the
 //! threads of a call take them from a shared counter (`crate::op::Claims`): up, blocks of
 //! [`UP_BLOCK`] neurons (rows of `u`); down, blocks of about [`DOWN_COLS`] columns of every
-//! token row; fused, one chunk's partial for up to `ffn::fused::UNIT_TOKENS` tokens; sum,
+//! token row; fused, one chunk's partial for up to `super::fused::UNIT_TOKENS` tokens; sum,
 //! blocks of elements ([`sum_block`]). Each element is computed by one thread in an order that
 //! does not depend on the block, so results do not depend on `nth` or on the schedule.
 
-use crate::ffn::{self, fused::FusedInputs, Batch, Scratch, UpInputs};
-use crate::ffn_shapes::{self as shapes, StageDims};
+use super::fused::{self, FusedInputs};
+use super::shapes::{self, StageDims};
+use super::{two_stage, Batch, Scratch, UpInputs};
 use crate::op::{Claims, SparkOp};
 use crate::params;
 use crate::rows::{RowMatrix, RowType};
@@ -68,7 +69,7 @@ crate::op::custom_op! {
 
 crate::op::custom_op! {
     /// `spark_ffn_fused`: stages 2 and 3 over P fixed neuron chunks; `dst [D, n_tokens, P]`
-    /// holds one partial output per chunk (the graph picks P: `ffn::fused::default_chunks(F)`).
+    /// holds one partial output per chunk (the graph picks P: `fused::default_chunks(F)`).
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..4]` are the
@@ -272,12 +273,12 @@ impl SparkOp for Up<'_> {
             let mut kept = 0;
             for (i, c) in claims.enumerate() {
                 if i == 0 {
-                    ffn::up_prepare(&up, sc)?;
+                    two_stage::up_prepare(&up, sc)?;
                 }
                 let neurons = self.block(c);
                 // SAFETY: chunk c was claimed by this thread (SparkOp contract).
                 let u = unsafe { self.rows(&neurons) };
-                kept += ffn::up_block(&up, neurons, u, sc)?;
+                kept += two_stage::up_block(&up, neurons, u, sc)?;
             }
             Ok::<_, KernelError>(kept)
         })?;
@@ -363,12 +364,12 @@ impl SparkOp for Down<'_> {
             let sc = &mut sc.borrow_mut();
             for (i, c) in claims.enumerate() {
                 if i == 0 {
-                    ffn::down_prepare(self.u, self.v.n_rows(), self.n_tokens, sc)?;
+                    two_stage::down_prepare(self.u, self.v.n_rows(), self.n_tokens, sc)?;
                 }
                 let dims = self.block(c);
                 // SAFETY: chunk c was claimed by this thread (SparkOp contract).
                 let mut rows = unsafe { self.rows(&dims) };
-                ffn::down_cols(&self.v, dims, &mut rows, sc)?;
+                two_stage::down_cols(&self.v, dims, &mut rows, sc)?;
             }
             Ok(())
         })
@@ -382,8 +383,8 @@ impl SparkOp for Down<'_> {
     }
 }
 
-/// `spark_ffn_fused`, checked. Work chunk `u` (of `ffn::fused::n_units`) is the rows of neuron
-/// chunk `c`'s partial plane for tokens `t0..t1`, `(c, t0..t1) = ffn::fused::unit_bounds(u)`.
+/// `spark_ffn_fused`, checked. Work chunk `u` (of `fused::n_units`) is the rows of neuron
+/// chunk `c`'s partial plane for tokens `t0..t1`, `(c, t0..t1) = fused::unit_bounds(u)`.
 pub(crate) struct Fused<'a> {
     inputs: StageInputs<'a>,
     v: RowMatrix<'a>,
@@ -400,7 +401,7 @@ impl Fused<'_> {
     /// The caller owns unit `u` and drops the slice before the op call returns.
     unsafe fn unit<'s>(&self, u: usize) -> (usize, Range<usize>, &'s mut [f32]) {
         let (d, n_tokens) = (self.v.n_cols(), self.inputs.batch.n_tokens);
-        let (c, tokens) = ffn::fused::unit_bounds(n_tokens, u);
+        let (c, tokens) = fused::unit_bounds(n_tokens, u);
         let start = (c * n_tokens + tokens.start) * d;
         // SAFETY: rows `tokens` of plane c (contiguous f32) lie inside dst (shape and strides
         // checked in prepare; c < P and tokens within n_tokens for u < n_units); the caller owns
@@ -434,7 +435,7 @@ impl SparkOp for Fused<'_> {
     }
 
     fn n_chunks(&self) -> usize {
-        ffn::fused::n_units(self.p, self.inputs.batch.n_tokens)
+        fused::n_units(self.p, self.inputs.batch.n_tokens)
     }
 
     unsafe fn run(&self, ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
@@ -447,11 +448,11 @@ impl SparkOp for Fused<'_> {
             let mut kept = 0;
             for (i, u) in claims.enumerate() {
                 if i == 0 {
-                    ffn::fused::prepare(&inputs, self.p, sc)?;
+                    fused::prepare(&inputs, self.p, sc)?;
                 }
                 // SAFETY: unit u was claimed by this thread (SparkOp contract).
                 let (c, tokens, rows) = unsafe { self.unit(u) };
-                kept += ffn::fused::unit_partial(&inputs, self.p, c, tokens, rows, sc)?;
+                kept += fused::unit_partial(&inputs, self.p, c, tokens, rows, sc)?;
             }
             Ok::<_, KernelError>(kept)
         })?;
@@ -522,7 +523,7 @@ impl SparkOp for Sum<'_> {
             let range = self.block(c);
             // SAFETY: chunk c was claimed by this thread (SparkOp contract).
             let mine = unsafe { self.elements(&range) };
-            ffn::fused::sum_partials(self.partials, self.len, range, mine)?;
+            fused::sum_partials(self.partials, self.len, range, mine)?;
         }
         Ok(())
     }
