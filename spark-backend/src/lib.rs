@@ -11,7 +11,6 @@
 //! ops also run on the GPU through CUDA launchers ([`cuda`]).
 
 pub mod attention;
-pub mod attn_op;
 pub mod cuda;
 pub mod error;
 pub mod ffi;

@@ -134,7 +134,7 @@ pub fn proc_address(name: &str) -> Option<*mut c_void> {
         "spark_ffn_down" => crate::ffn::op::spark_ffn_down as *mut c_void,
         "spark_ffn_fused" => crate::ffn::op::spark_ffn_fused as *mut c_void,
         "spark_ffn_sum" => crate::ffn::op::spark_ffn_sum as *mut c_void,
-        "spark_attn" => crate::attn_op::spark_attn as *mut c_void,
+        "spark_attn" => crate::attention::op::spark_attn as *mut c_void,
         "spark_stats_reset" => spark_stats_reset as *mut c_void,
         "spark_stats_get" => spark_stats_get as *mut c_void,
         _ => return None,

@@ -4,7 +4,7 @@
 mod attention_support;
 
 use attention_support::{reference_output, reference_row, Case, MaskKind, Spec, Ty};
-use spark_backend::attention::SparseAttention;
+use spark_backend::attention::{AttnCall, SparseAttention};
 use spark_backend::params::AttnParams;
 use std::collections::BTreeMap;
 
@@ -247,7 +247,8 @@ fn each_token_gets_the_same_bits_alone_as_in_a_batch() {
         let mut dst = case.dst_view(&mut vec![0f32; case.out_len()]);
         dst.ne[2] = 1;
         dst.data = out.as_mut_ptr().cast();
-        let op = SparseAttention::new(&q, &k, &v, &mask, &dst, &params).unwrap();
+        let call = AttnCall { q, k, v, mask, dst };
+        let op = SparseAttention::new(&call, &params).unwrap();
         // SAFETY: views into the case's buffers (offset to token t) and `out`.
         unsafe { op.run_observed(0, 1, &mut |_| {}) };
         let want = &batch[t * row_len..(t + 1) * row_len];

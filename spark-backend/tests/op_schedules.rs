@@ -14,7 +14,7 @@ mod ffn_common;
 use attention_support::{build_op, Case, Ctx, Spec};
 use ffn_common::{op_case, OpCase, Rng};
 use llama_cpp_sys_2 as sys;
-use spark_backend::attn_op::spark_attn;
+use spark_backend::attention::op::spark_attn;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::{self, Batch};
 use spark_backend::op::fault::{self, ClaimEvent};

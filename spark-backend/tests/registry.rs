@@ -88,7 +88,7 @@ fn registration_is_idempotent_and_ggml_finds_the_entry() {
     }
     assert_eq!(
         lookup(reg, "spark_attn"),
-        spark_backend::attn_op::spark_attn as *mut c_void
+        spark_backend::attention::op::spark_attn as *mut c_void
     );
     assert!(lookup(reg, "spark_nonexistent").is_null());
     assert!(lookup(reg, "").is_null());

@@ -1,4 +1,6 @@
-//! Checked shapes, types and strides of the `spark_attn` arguments (docs/INTERFACES.md).
+//! One `spark_attn` call as the CPU op and the CUDA launcher read it (docs/INTERFACES.md): its
+//! tensors as views ([`AttnCall`], from `dst` and the userdata, metadata only) and their checked
+//! shapes, types and strides ([`AttnLayout`]).
 //!
 //! Dimensions (ggml order, ne0 fastest), with `S` the number of KV streams (1 unless llama.cpp
 //! splits the batch into streams):
@@ -10,6 +12,8 @@
 use crate::params::AttnParams;
 use crate::tensor::TensorView;
 use crate::KernelError;
+use llama_cpp_sys_2 as sys;
+use std::ffi::c_void;
 
 pub use crate::tensor::GGML_TYPE_F32;
 /// ggml type id of f16.
@@ -73,6 +77,61 @@ impl Strided {
     }
 }
 
+/// The tensors of one `spark_attn` call, as views (metadata only).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnCall {
+    /// Queries (`src[0]`).
+    pub q: TensorView,
+    /// K cache view (`src[1]`).
+    pub k: TensorView,
+    /// V cache view (`src[2]`).
+    pub v: TensorView,
+    /// Mask (`src[3]`).
+    pub mask: TensorView,
+    /// The output.
+    pub dst: TensorView,
+}
+
+impl AttnCall {
+    /// Reads the views of `dst` and its four sources and the params struct, reading no tensor
+    /// data: the one reading of a `spark_attn` call for the CPU op (`super::op`) and the CUDA
+    /// launcher (`super::cuda`), with the same messages.
+    ///
+    /// # Safety
+    /// `dst` must be null or a live `ggml_tensor` whose `src[0..4]` are null or live;
+    /// `userdata` null or a live `AttnParams` (in host memory).
+    pub unsafe fn read(
+        dst: *const sys::ggml_tensor,
+        userdata: *const c_void,
+    ) -> Result<(Self, AttnParams), KernelError> {
+        // SAFETY: per the contract, dst is null or live.
+        let dst_ref =
+            unsafe { dst.as_ref() }.ok_or_else(|| KernelError::Shape("dst is null".into()))?;
+        if userdata.is_null() {
+            return Err(KernelError::Param(
+                "spark_attn_params (userdata) is null".into(),
+            ));
+        }
+        // SAFETY: a non-null userdata is a live AttnParams (contract); read unaligned to be safe.
+        let params = unsafe { userdata.cast::<AttnParams>().read_unaligned() };
+        let src = |i: usize, name: &str| -> Result<TensorView, KernelError> {
+            // SAFETY: sources are null (reported) or live; from_raw copies struct fields only.
+            unsafe { TensorView::from_raw(dst_ref.src[i]) }
+                .map_err(|e| KernelError::Shape(format!("{name}: {e}")))
+        };
+        let call = Self {
+            q: src(0, "q")?,
+            k: src(1, "k")?,
+            v: src(2, "v")?,
+            mask: src(3, "mask")?,
+            // SAFETY: dst is live; metadata only.
+            dst: unsafe { TensorView::from_raw(dst) }
+                .map_err(|e| KernelError::Shape(format!("dst: {e}")))?,
+        };
+        Ok((call, params))
+    }
+}
+
 /// The checked arguments of one `spark_attn` call.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnLayout {
@@ -113,16 +172,10 @@ fn shape_err(msg: String) -> KernelError {
 }
 
 impl AttnLayout {
-    /// Checks the arguments against the contract above and `params` (k >= 1, 0 < r < H,
+    /// Checks the call's tensors against the contract above and `params` (k >= 1, 0 < r < H,
     /// softcap finite and >= 0). Errors name the offending argument.
-    pub fn new(
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
-        mask: &TensorView,
-        dst: &TensorView,
-        params: &AttnParams,
-    ) -> Result<Self, KernelError> {
+    pub fn new(call: &AttnCall, params: &AttnParams) -> Result<Self, KernelError> {
+        let AttnCall { q, k, v, mask, dst } = call;
         if q.ty != GGML_TYPE_F32 {
             return Err(KernelError::UnsupportedType {
                 tensor: "q",
@@ -239,6 +292,16 @@ mod tests {
         }
     }
 
+    fn call(
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        mask: TensorView,
+        dst: TensorView,
+    ) -> AttnCall {
+        AttnCall { q, k, v, mask, dst }
+    }
+
     fn params() -> AttnParams {
         AttnParams {
             layer: 0,
@@ -253,7 +316,7 @@ mod tests {
         let q = view(0, [8, 4, 3, 1]);
         let k = view(1, [8, 2, 10, 1]);
         let m = view(0, [10, 3, 1, 1]);
-        let l = AttnLayout::new(&q, &k, &k, &m, &q, &params()).unwrap();
+        let l = AttnLayout::new(&call(q, k, k, m, q), &params()).unwrap();
         assert_eq!(
             (
                 l.head_dim,
@@ -274,27 +337,27 @@ mod tests {
         let m = view(0, [10, 3, 1, 1]);
         let p = params();
         let bad_k = view(1, [8, 3, 10, 1]);
-        assert!(AttnLayout::new(&q, &bad_k, &bad_k, &m, &q, &p)
+        assert!(AttnLayout::new(&call(q, bad_k, bad_k, m, q), &p)
             .unwrap_err()
             .to_string()
             .contains("multiple"));
         let q16 = view(1, [8, 4, 3, 1]);
         assert!(matches!(
-            AttnLayout::new(&q16, &k, &k, &m, &q, &p),
+            AttnLayout::new(&call(q16, k, k, m, q), &p),
             Err(KernelError::UnsupportedType { tensor: "q", .. })
         ));
         let kq = view(8, [8, 2, 10, 1]);
         assert!(matches!(
-            AttnLayout::new(&q, &kq, &k, &m, &q, &p),
+            AttnLayout::new(&call(q, kq, k, m, q), &p),
             Err(KernelError::UnsupportedType { tensor: "k", .. })
         ));
         let short_mask = view(0, [10, 2, 1, 1]);
-        assert!(AttnLayout::new(&q, &k, &k, &short_mask, &q, &p)
+        assert!(AttnLayout::new(&call(q, k, k, short_mask, q), &p)
             .unwrap_err()
             .to_string()
             .contains("mask"));
         let v_other = view(1, [8, 2, 9, 1]);
-        assert!(AttnLayout::new(&q, &k, &v_other, &m, &q, &p)
+        assert!(AttnLayout::new(&call(q, k, v_other, m, q), &p)
             .unwrap_err()
             .to_string()
             .contains("v "));
@@ -312,7 +375,7 @@ mod tests {
                 softcap: c,
             };
             assert!(matches!(
-                AttnLayout::new(&q, &k, &k, &m, &q, &p),
+                AttnLayout::new(&call(q, k, k, m, q), &p),
                 Err(KernelError::Param(_))
             ));
         }

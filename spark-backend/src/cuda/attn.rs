@@ -14,9 +14,8 @@
 //! ggml's stream, and, only when `super::device_stats` is on, a copy of the kept counts and a
 //! stream synchronization for the statistics table.
 
-use crate::attention::layout::{AttnLayout, ElemType, Strided};
+use crate::attention::layout::{AttnCall, AttnLayout, ElemType, Strided};
 use crate::params::AttnParams;
-use crate::tensor::TensorView;
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
@@ -261,15 +260,8 @@ fn strides(t: &Strided, name: &str) -> Result<[i64; 4], KernelError> {
 impl AttnPlan {
     /// Checks a call from its tensors' metadata and `params` and plans its launches. Errors are
     /// those of the CPU op ([`AttnLayout::new`]) or name what the CUDA kernels cannot take.
-    pub fn new(
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
-        mask: &TensorView,
-        dst: &TensorView,
-        params: &AttnParams,
-    ) -> Result<Self, KernelError> {
-        let layout = AttnLayout::new(q, k, v, mask, dst, params)?;
+    pub fn new(call: &AttnCall, params: &AttnParams) -> Result<Self, KernelError> {
+        let layout = AttnLayout::new(call, params)?;
         Self::from_layout(layout)
     }
 
@@ -517,7 +509,7 @@ impl AttnPlan {
 
 /// Checks a `spark_attn` node from metadata only (shapes, strides, types, data addresses as
 /// numbers; the params struct in host memory) and plans it: the CPU op's checks and messages
-/// (`crate::attn_op`), then the CUDA kernels' own limits.
+/// (`crate::attention::op`), then the CUDA kernels' own limits.
 ///
 /// # Safety
 /// `dst` is null or a live tensor whose `src[0..4]` are null or live; `userdata` is null or
@@ -527,8 +519,8 @@ pub unsafe fn check(
     userdata: *const c_void,
 ) -> Result<AttnPlan, KernelError> {
     // SAFETY: forwarded contract.
-    let (call, params) = unsafe { crate::attn_op::read_call(dst, userdata)? };
-    AttnPlan::new(&call.q, &call.k, &call.v, &call.mask, &call.dst, &params)
+    let (call, params) = unsafe { AttnCall::read(dst, userdata)? };
+    AttnPlan::new(&call, &params)
 }
 
 #[cfg(feature = "cuda")]
@@ -641,6 +633,7 @@ pub(crate) use gpu::launch_attn;
 mod tests {
     use super::*;
     use crate::attention::layout::GGML_TYPE_F16;
+    use crate::tensor::TensorView;
     use crate::tensor::GGML_TYPE_F32;
 
     fn view(ty: u32, ne: [usize; 4], addr: usize) -> TensorView {
@@ -673,7 +666,17 @@ mod tests {
             r: 128,
             softcap: 50.0,
         };
-        AttnPlan::new(&q, &k, &k, &m, &q, &p).unwrap()
+        AttnPlan::new(
+            &AttnCall {
+                q,
+                k,
+                v: k,
+                mask: m,
+                dst: q,
+            },
+            &p,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -763,15 +766,33 @@ mod tests {
             r: 2,
             softcap: 0.0,
         };
-        let e = AttnPlan::new(&q, &k, &k, &m, &q, &p)
-            .unwrap_err()
-            .to_string();
+        let e = AttnPlan::new(
+            &AttnCall {
+                q,
+                k,
+                v: k,
+                mask: m,
+                dst: q,
+            },
+            &p,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("head dim 1024"), "{e}");
         let q = view(GGML_TYPE_F32, [8, 2, 1, 1], 0x1000);
         let k = view(GGML_TYPE_F16, [8, 1, 16, 1], 0x2001);
-        let e = AttnPlan::new(&q, &k, &k, &m, &q, &p)
-            .unwrap_err()
-            .to_string();
+        let e = AttnPlan::new(
+            &AttnCall {
+                q,
+                k,
+                v: k,
+                mask: m,
+                dst: q,
+            },
+            &p,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("k: address"), "{e}");
     }
 }

@@ -150,7 +150,7 @@ pub const LAUNCHERS: &[Launcher] = &[
     },
     Launcher {
         name: "spark_attn",
-        fun: crate::attn_op::spark_attn,
+        fun: crate::attention::op::spark_attn,
         launch: super::attn::launch_attn,
     },
 ];

@@ -36,7 +36,7 @@
 //!    `gpu.stream` with `stream.launch_builder`), and
 //!    `launch::cuda_launcher!(launch_attn => AttnPlan);`.
 //! 3. `mod attn;` below and one row `Launcher { name: "spark_attn", fun:
-//!    crate::attn_op::spark_attn, launch: super::attn::launch_attn }` in `launch::LAUNCHERS`.
+//!    crate::attention::op::spark_attn, launch: super::attn::launch_attn }` in `launch::LAUNCHERS`.
 //!
 //! Failures at launch (bad tensors, compile or driver errors, a panic) print one line through
 //! `crate::op::report` (the CPU ops' format and rate limit), NaN-fill dst on the stream and

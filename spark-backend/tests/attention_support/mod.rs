@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 use llama_cpp_sys_2 as sys;
-use spark_backend::attention::SparseAttention;
-use spark_backend::attn_op::spark_attn;
+use spark_backend::attention::op::spark_attn;
+use spark_backend::attention::{AttnCall, SparseAttention};
 use spark_backend::params::AttnParams;
 use spark_backend::tensor::TensorView;
 use spark_backend::topk::norm_ppf;
@@ -356,13 +356,14 @@ impl Case {
         out: &mut [f32],
         params: &AttnParams,
     ) -> Result<SparseAttention, KernelError> {
-        let (q, k, v, m) = (
-            self.q_view(),
-            self.k_view(),
-            self.v_view(),
-            self.mask_view(),
-        );
-        SparseAttention::new(&q, &k, &v, &m, &self.dst_view(out), params)
+        let call = AttnCall {
+            q: self.q_view(),
+            k: self.k_view(),
+            v: self.v_view(),
+            mask: self.mask_view(),
+            dst: self.dst_view(out),
+        };
+        SparseAttention::new(&call, params)
     }
 
     pub fn q_at(&self, s: usize, t: usize, n: usize) -> &[f32] {

@@ -20,6 +20,7 @@ mod ffn;
 mod ffn_common;
 
 use attention_support::{Case, MaskKind, Spec, Ty};
+use spark_backend::attention::AttnCall;
 use spark_backend::cuda::attn::{AttnKernel, AttnPlan};
 use spark_backend::tensor::TensorView;
 use std::path::PathBuf;
@@ -136,15 +137,14 @@ fn run_emulated(exe: &PathBuf, case: &mut Case) -> GpuRun {
     let m_off = img.push(&case.mask);
     let d_off = img.push(&vec![0xff; case.out_len() * 4]); // NaN until written
     let params = case.spec.params();
-    let plan = AttnPlan::new(
-        &at(&q, q_off),
-        &at(&k, k_off),
-        &at(&v, v_off),
-        &at(&m, m_off),
-        &at(&d, d_off),
-        &params,
-    )
-    .expect("plan");
+    let call = AttnCall {
+        q: at(&q, q_off),
+        k: at(&k, k_off),
+        v: at(&v, v_off),
+        mask: at(&m, m_off),
+        dst: at(&d, d_off),
+    };
+    let plan = AttnPlan::new(&call, &params).expect("plan");
     let s_off = img.push(&vec![0xa5; plan.scratch_bytes()]); // garbage, as fresh device memory
     let launches = plan.launches(s_off as u64).expect("launches");
 

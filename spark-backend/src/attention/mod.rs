@@ -14,19 +14,24 @@
 //! from f16 on load), the top-k statistics f64 (`crate::topk`), the softmax max-subtracted with
 //! an f64 normaliser, softplus as `max(x, 0) + ln(1 + e^-|x|)`.
 //!
-//! [`SparseAttention`] validates the tensors of one call and runs any share of it; the C entry
-//! point is `crate::attn_op::spark_attn`.
+//! [`SparseAttention`] validates the tensors of one call and runs any share of it.
+//!
+//! Everything about it lives in this folder: `layout.rs` reads a call's tensors
+//! ([`AttnCall`]) and checks their shapes ([`AttnLayout`], one set of checks for the CPU op and
+//! the CUDA launcher); `kernel.rs` the CPU kernel over work units, with its inner loops in
+//! `dot.rs` (dot products and value accumulation, scalar and AVX2) and `math.rs` (exp, tanh,
+//! softplus); `op.rs` the ggml custom op `spark_attn` (the C entry point).
 
 mod dot;
 mod kernel;
 pub mod layout;
 mod math;
+pub mod op;
 
 pub use kernel::{RowSelection, Tally, Tiling};
-pub use layout::{AttnLayout, ElemType};
+pub use layout::{AttnCall, AttnLayout, ElemType};
 
 use crate::params::AttnParams;
-use crate::tensor::TensorView;
 use crate::KernelError;
 
 /// One validated `spark_attn` call: the tensors and parameters, cut into work units for a
@@ -38,17 +43,10 @@ pub struct SparseAttention {
 }
 
 impl SparseAttention {
-    /// Validates `q`, `k`, `v`, `mask` and `dst` (see [`layout`]) and `params`; the work units
-    /// are those of a call on one thread until [`with_threads`](Self::with_threads).
-    pub fn new(
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
-        mask: &TensorView,
-        dst: &TensorView,
-        params: &AttnParams,
-    ) -> Result<Self, KernelError> {
-        let layout = AttnLayout::new(q, k, v, mask, dst, params)?;
+    /// Validates the call's tensors (see [`layout`]) and `params`; the work units are those of
+    /// a call on one thread until [`with_threads`](Self::with_threads).
+    pub fn new(call: &AttnCall, params: &AttnParams) -> Result<Self, KernelError> {
+        let layout = AttnLayout::new(call, params)?;
         Ok(Self {
             layout,
             tiling: Tiling::new(&layout, 1),
