@@ -4,15 +4,13 @@
 //! (bfloat16 as numpy stores it through `ml_dtypes`), `u1`, and 0-d little-endian unicode (`<U…`)
 //! for the config; C order only. Everything else is a clear error.
 //!
-//! Writing is here too, so the workspace has one NPY header writer: [`header`] (any `descr` and
-//! shape, C order) and [`write_f32_2d`] (what `spark eval --logits-out` writes).
-
-use std::io::{self, Write};
+//! The writer is spark-gguf's (`spark_gguf::npy`, re-exported here): [`header`] (any `descr` and
+//! shape, C order) and [`write_f32_2d`] (what `spark eval --logits-out` writes). The tests below
+//! read what it writes.
 
 use crate::error::{Error, Result};
 
-/// Magic bytes at the start of every `.npy` file.
-pub const NPY_MAGIC: &[u8; 6] = b"\x93NUMPY";
+pub use spark_gguf::npy::{header, write_f32_2d, NPY_ALIGN, NPY_MAGIC};
 
 /// The element type of a stored array, as its NPY `descr` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,73 +170,6 @@ pub fn parse_header(entry: &str, bytes: &[u8]) -> Result<NpyHeader> {
         return Err(Error::entry(entry, "shape is too large"));
     }
     Ok(header)
-}
-
-/// Data alignment of the files [`header`] writes (numpy's `ARRAY_ALIGN`).
-pub const NPY_ALIGN: usize = 64;
-
-/// The `.npy` header of a C-order array whose elements have NPY type `descr` (e.g. `"<f4"`,
-/// `"|u1"`, `"<U17"`; no quotes or backslashes) and whose numpy shape is `shape` (empty for a 0-d
-/// array): magic, format version 1.0, the header length, and the dict
-/// `{'descr': …, 'fortran_order': False, 'shape': …, }` padded with spaces and ended by a newline
-/// so that the array data starts at a multiple of [`NPY_ALIGN`] bytes. Shapes are spelt as
-/// Python does: `()`, `(5,)`, `(2, 3)`. As numpy does, a dict too long for version 1.0's 16-bit
-/// length (a shape with thousands of dimensions) is written as version 2.0 instead.
-pub fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
-    let dims = match shape {
-        [] => String::new(),
-        [n] => format!("{n},"),
-        _ => shape
-            .iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join(", "),
-    };
-    let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({dims}), }}");
-    // Header bytes (data offset) with a preamble of `p` bytes: magic, version, length field
-    // (2 bytes in version 1.0, 4 in 2.0), then the dict, its padding and the newline.
-    let padded = |p: usize| (p + dict.len() + 1).div_ceil(NPY_ALIGN) * NPY_ALIGN;
-    let (version, preamble) = if padded(10) - 10 <= usize::from(u16::MAX) {
-        (1u8, 10)
-    } else {
-        (2u8, 12)
-    };
-    let total = padded(preamble);
-    let mut h = Vec::with_capacity(total);
-    h.extend_from_slice(NPY_MAGIC);
-    h.extend_from_slice(&[version, 0]);
-    let text_len = total - preamble;
-    if version == 1 {
-        h.extend_from_slice(&(text_len as u16).to_le_bytes());
-    } else {
-        h.extend_from_slice(&(text_len as u32).to_le_bytes());
-    }
-    h.extend_from_slice(dict.as_bytes());
-    h.resize(total - 1, b' ');
-    h.push(b'\n');
-    h
-}
-
-/// Writes `data` (row-major, `rows * cols` values) as a little-endian float32 `.npy` array of
-/// shape `(rows, cols)`; an `InvalidInput` error when the lengths disagree.
-pub fn write_f32_2d<W: Write>(
-    out: &mut W,
-    rows: usize,
-    cols: usize,
-    data: &[f32],
-) -> io::Result<()> {
-    if rows.checked_mul(cols) != Some(data.len()) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("npy: {} values for shape ({rows}, {cols})", data.len()),
-        ));
-    }
-    out.write_all(&header("<f4", &[rows, cols]))?;
-    let mut buf = Vec::with_capacity(data.len() * 4);
-    for v in data {
-        buf.extend_from_slice(&v.to_le_bytes());
-    }
-    out.write_all(&buf)
 }
 
 /// A value in the header's Python dict literal.
@@ -564,14 +495,5 @@ mod tests {
         write_f32_2d(&mut empty, 0, 7, &[]).unwrap();
         assert_eq!(parse_header("x", &empty).unwrap().shape, vec![0, 7]);
         assert_eq!(empty.len(), 128);
-    }
-
-    #[test]
-    fn f32_2d_rejects_wrong_length() {
-        let mut out = Vec::new();
-        let e = write_f32_2d(&mut out, 2, 2, &[1.0]).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        assert!(write_f32_2d(&mut out, usize::MAX, 2, &[1.0]).is_err());
-        assert!(out.is_empty());
     }
 }

@@ -1,7 +1,6 @@
 //! `spark eval`: logits for every position of a token sequence, saved as a `.npy` file.
 
 use crate::error::{CliError, Result};
-use crate::npy;
 use crate::session::{decode, ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -100,7 +99,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         }
     }
     write_atomically(&args.logits_out, Existing::Replace, |w| {
-        npy::write_f32_2d(w, tokens.len(), n_vocab_usize, &logits)
+        spark_gguf::npy::write_f32_2d(w, tokens.len(), n_vocab_usize, &logits)
     })?;
     if !args.quiet {
         eprintln!(

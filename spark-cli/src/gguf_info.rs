@@ -1,11 +1,12 @@
-//! A metadata-only look at a GGUF file (through ggml's own reader) before llama.cpp loads it:
-//! gives clear errors for missing or unreadable files and tells which architecture the file is.
+//! A metadata-only look at a GGUF file (through spark-gguf's bounds-checked reader and its
+//! schema) before llama.cpp loads it: gives clear errors for missing or unreadable files and
+//! tells which architecture the file is and, for Spark-Gemma2 and Gemma-2, its dimensions.
 
 use crate::error::{CliError, Result};
-use llama_cpp_sys_2 as sys;
 use spark_gguf::keys;
-use spark_gguf::schema::{arch_key, suffix, SPARK_ARCH};
-use std::ffi::{CStr, CString};
+use spark_gguf::schema::{Hparams, SPARK_ARCH};
+use spark_gguf::GgufFile;
+use std::ffi::CString;
 use std::path::Path;
 
 /// What the CLI needs to know about a model file before loading it.
@@ -13,20 +14,47 @@ use std::path::Path;
 pub struct ModelInfo {
     /// [`keys::GENERAL_ARCHITECTURE`].
     pub arch: String,
-    /// [`suffix::BLOCK_COUNT`] of `arch` (L), when present as a u32.
-    pub n_layer: Option<u32>,
-    /// [`suffix::FEED_FORWARD_LENGTH`] of `arch` (F), when present as a u32.
-    pub n_ff: Option<u32>,
-    /// [`suffix::SPARK_FFN_K`] of `arch` (k_f), when present as a u32.
-    pub ffn_k: Option<u32>,
-    /// [`suffix::SPARK_ATTN_K`] of `arch` (k_a), when present as a u32.
-    pub attn_k: Option<u32>,
+    /// The dimensions ([`Hparams::from_metadata`]) when the architecture is one of the schema's
+    /// (spark-gemma2, gemma2) and its keys are all there with their types; `None` otherwise,
+    /// and llama.cpp's loader has the last word on such a file.
+    pub hparams: Option<Hparams>,
 }
 
 impl ModelInfo {
     /// Whether the file is a Spark-Gemma2 model.
     pub fn is_spark(&self) -> bool {
         self.arch == SPARK_ARCH
+    }
+
+    /// L, the block count.
+    pub fn n_layer(&self) -> Option<u32> {
+        self.dim(|h| h.n_layers)
+    }
+
+    /// F, the FFN width.
+    pub fn n_ff(&self) -> Option<u32> {
+        self.dim(|h| h.d_ff)
+    }
+
+    /// k_f, the FFN neurons kept per token (Spark-Gemma2 only).
+    pub fn ffn_k(&self) -> Option<u32> {
+        self.spark_dim(|h| h.ffn_k)
+    }
+
+    /// k_a, the positions kept per query (Spark-Gemma2 only).
+    pub fn attn_k(&self) -> Option<u32> {
+        self.spark_dim(|h| h.attn_k)
+    }
+
+    fn dim(&self, field: impl Fn(&Hparams) -> u64) -> Option<u32> {
+        // The schema reads these keys as u32, so the conversion never fails.
+        self.hparams
+            .as_ref()
+            .and_then(|h| u32::try_from(field(h)).ok())
+    }
+
+    fn spark_dim(&self, field: impl Fn(&Hparams) -> u64) -> Option<u32> {
+        self.is_spark().then(|| self.dim(field)).flatten()
     }
 }
 
@@ -41,36 +69,25 @@ pub fn read(path: &Path) -> Result<ModelInfo> {
     if !path.is_file() {
         return Err(CliError::new(format!("not a file: {}", path.display())));
     }
-    let c_path = path_cstring(path)?;
-    let params = sys::gguf_init_params {
-        no_alloc: true,
-        ctx: std::ptr::null_mut(),
-    };
-    // SAFETY: `c_path` is a valid NUL-terminated string; with no_alloc and a null ctx ggml reads
-    // only the metadata and returns null on any error.
-    let ctx = unsafe { sys::gguf_init_from_file(c_path.as_ptr(), params) };
-    if ctx.is_null() {
-        return Err(CliError::new(format!(
-            "not a readable GGUF file: {}",
-            path.display()
-        )));
-    }
-    let guard = GgufGuard(ctx);
-    let arch = get_str(guard.0, keys::GENERAL_ARCHITECTURE).ok_or_else(|| {
+    let file = GgufFile::open(path).map_err(|e| {
         CliError::new(format!(
-            "{}: no {} string",
-            path.display(),
-            keys::GENERAL_ARCHITECTURE
+            "not a readable GGUF file: {} ({e})",
+            path.display()
         ))
     })?;
-    let u32_key = |s: &str| get_u32(guard.0, &arch_key(&arch, s));
-    Ok(ModelInfo {
-        n_layer: u32_key(suffix::BLOCK_COUNT),
-        n_ff: u32_key(suffix::FEED_FORWARD_LENGTH),
-        ffn_k: u32_key(suffix::SPARK_FFN_K),
-        attn_k: u32_key(suffix::SPARK_ATTN_K),
-        arch,
-    })
+    let arch = file
+        .get(keys::GENERAL_ARCHITECTURE)
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| {
+            CliError::new(format!(
+                "{}: no {} string",
+                path.display(),
+                keys::GENERAL_ARCHITECTURE
+            ))
+        })?
+        .to_string();
+    let hparams = Hparams::from_metadata(&arch, |k| file.get(k)).ok();
+    Ok(ModelInfo { arch, hparams })
 }
 
 /// A path as a C string for llama.cpp / ggml.
@@ -81,43 +98,104 @@ pub fn path_cstring(path: &Path) -> Result<CString> {
     CString::new(s).map_err(|_| CliError::new(format!("path contains a NUL byte: {s:?}")))
 }
 
-/// Frees the gguf context on drop.
-struct GgufGuard(*mut sys::gguf_context);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spark_gguf::schema::{arch_key, suffix};
+    use spark_gguf::{Array, GgufWriter, Value};
 
-impl Drop for GgufGuard {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from gguf_init_from_file, is non-null and is freed only here.
-        unsafe { sys::gguf_free(self.0) }
+    /// A GGUF with metadata only.
+    fn write(dir: &Path, name: &str, metadata: &[(String, Value)]) -> std::path::PathBuf {
+        let path = dir.join(name);
+        GgufWriter::create(&path, true, metadata, &[], 32)
+            .and_then(GgufWriter::finish)
+            .expect("write the test file");
+        path
     }
-}
 
-fn find_key(ctx: *mut sys::gguf_context, key: &str) -> Option<i64> {
-    let key = CString::new(key).ok()?;
-    // SAFETY: ctx is a live gguf context and key a valid C string.
-    let id = unsafe { sys::gguf_find_key(ctx, key.as_ptr()) };
-    (id >= 0).then_some(id)
-}
-
-fn get_str(ctx: *mut sys::gguf_context, key: &str) -> Option<String> {
-    let id = find_key(ctx, key)?;
-    // SAFETY: id is a valid key index of ctx; the type is checked before reading the value, and
-    // the returned string is owned by ctx, which outlives this copy.
-    unsafe {
-        if sys::gguf_get_kv_type(ctx, id) != sys::GGUF_TYPE_STRING {
-            return None;
-        }
-        let p = sys::gguf_get_val_str(ctx, id);
-        (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
+    fn kv(key: impl Into<String>, v: Value) -> (String, Value) {
+        (key.into(), v)
     }
-}
 
-fn get_u32(ctx: *mut sys::gguf_context, key: &str) -> Option<u32> {
-    let id = find_key(ctx, key)?;
-    // SAFETY: id is a valid key index of ctx and the type is checked before reading.
-    unsafe {
-        if sys::gguf_get_kv_type(ctx, id) != sys::GGUF_TYPE_UINT32 {
-            return None;
+    /// A spark-gemma2 header with every key the schema requires.
+    fn spark_metadata() -> Vec<(String, Value)> {
+        let a = |s: &str| arch_key(SPARK_ARCH, s);
+        let mut m = vec![kv(
+            keys::GENERAL_ARCHITECTURE,
+            Value::String(SPARK_ARCH.into()),
+        )];
+        for (s, v) in [
+            (suffix::EMBEDDING_LENGTH, 64),
+            (suffix::BLOCK_COUNT, 3),
+            (suffix::HEAD_COUNT, 4),
+            (suffix::HEAD_COUNT_KV, 2),
+            (suffix::KEY_LENGTH, 16),
+            (suffix::VALUE_LENGTH, 16),
+            (suffix::FEED_FORWARD_LENGTH, 256),
+            (suffix::SPARK_FFN_K, 20),
+            (suffix::SPARK_FFN_R, 32),
+            (suffix::SPARK_ATTN_K, 8),
+            (suffix::SPARK_ATTN_R, 8),
+        ] {
+            m.push(kv(a(s), Value::U32(v)));
         }
-        Some(sys::gguf_get_val_u32(ctx, id))
+        m.push(kv(
+            keys::TOKENIZER_TOKENS,
+            Value::Array(Array::String(vec!["a".into(), "b".into()])),
+        ));
+        m
+    }
+
+    #[test]
+    fn spark_dimensions_come_from_the_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let info = read(&write(dir.path(), "s.gguf", &spark_metadata())).unwrap();
+        assert!(info.is_spark());
+        assert_eq!(
+            (info.n_layer(), info.n_ff(), info.ffn_k(), info.attn_k()),
+            (Some(3), Some(256), Some(20), Some(8))
+        );
+        assert_eq!(info.hparams.as_ref().unwrap().vocab, 2);
+    }
+
+    #[test]
+    fn other_architectures_and_incomplete_metadata_have_no_dimensions() {
+        let dir = tempfile::tempdir().unwrap();
+        let llama = [kv(
+            keys::GENERAL_ARCHITECTURE,
+            Value::String("llama".into()),
+        )];
+        let info = read(&write(dir.path(), "l.gguf", &llama)).unwrap();
+        assert_eq!((info.arch.as_str(), info.is_spark()), ("llama", false));
+        assert_eq!((&info.hparams, info.n_layer()), (&None, None));
+        // a block count of the wrong type: the architecture is known, the dimensions are not
+        let mut m = spark_metadata();
+        m[2].1 = Value::U64(3);
+        let info = read(&write(dir.path(), "w.gguf", &m)).unwrap();
+        assert!(info.is_spark());
+        assert_eq!((info.n_layer(), info.ffn_k()), (None, None));
+    }
+
+    #[test]
+    fn unreadable_files_are_named_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.gguf");
+        let e = read(&missing).unwrap_err().to_string();
+        assert_eq!(e, format!("model file not found: {}", missing.display()));
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert_eq!(e, format!("not a file: {}", dir.path().display()));
+        let bogus = dir.path().join("bogus.gguf");
+        std::fs::write(&bogus, b"definitely not a gguf file").unwrap();
+        let e = read(&bogus).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("not a readable GGUF file: {} (", bogus.display())),
+            "{e}"
+        );
+        let no_arch = write(dir.path(), "n.gguf", &[kv("x", Value::U32(1))]);
+        let e = read(&no_arch).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("{}: no general.architecture string", no_arch.display())
+        );
     }
 }

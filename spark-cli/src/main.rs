@@ -8,7 +8,6 @@ mod eval;
 mod gguf_info;
 mod kld;
 mod llama_log;
-mod npy;
 mod perplexity;
 mod quantize;
 mod run;

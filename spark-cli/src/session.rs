@@ -116,6 +116,46 @@ pub enum CacheType {
     F32,
 }
 
+impl CacheType {
+    /// ggml's name of the type, as `--cache-type` and llama-bench's type_k/type_v spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheType::F16 => "f16",
+            CacheType::F32 => "f32",
+        }
+    }
+
+    /// The type for llama.cpp's context parameters.
+    fn kv_type(self) -> KvCacheType {
+        match self {
+            CacheType::F16 => KvCacheType::F16,
+            CacheType::F32 => KvCacheType::F32,
+        }
+    }
+}
+
+/// The thread count in effect: `threads` (`-t`), or all cores.
+pub fn thread_count(threads: Option<i32>) -> i32 {
+    threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(1))
+    })
+}
+
+/// The sizes of a context: llama.cpp's n_ctx, n_batch and n_ubatch, and swa_full when it is
+/// not left at llama.cpp's default. Threads and KV cache type come from the session's
+/// [`RuntimeArgs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextShape {
+    /// Context size in tokens (at least 1).
+    pub n_ctx: u32,
+    /// Logical batch size: tokens per llama_decode call.
+    pub n_batch: u32,
+    /// Physical batch size.
+    pub n_ubatch: u32,
+    /// Whether sliding-window layers keep a full-size KV cache (`None`: llama.cpp's default).
+    pub swa_full: Option<bool>,
+}
+
 /// A loaded model, its metadata and the kernel source in effect.
 pub struct Session {
     /// The llama.cpp backend (must outlive the model).
@@ -175,30 +215,40 @@ impl Session {
         })
     }
 
-    /// A context with room for `n_tokens` tokens (or `-c`, when larger).
+    /// A context with room for `n_tokens` tokens (or `-c`, when larger), processing prompts in
+    /// batches of `-b` tokens (at most the context).
     pub fn context(&self, n_tokens: u32) -> Result<LlamaContext<'_>> {
         let n_ctx = self.args.ctx.max(n_tokens).max(1);
         let n_batch = self.args.runtime.batch.clamp(1, n_ctx);
-        let threads = self.args.runtime.threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(1))
-        });
+        self.new_context(ContextShape {
+            n_ctx,
+            n_batch,
+            n_ubatch: n_batch,
+            swa_full: None,
+        })
+    }
+
+    /// A context of the given shape with the session's threads and KV cache type; a failure
+    /// carries llama.cpp's own reason when it logged one.
+    pub fn new_context(&self, shape: ContextShape) -> Result<LlamaContext<'_>> {
+        let threads = thread_count(self.args.runtime.threads);
         if threads < 1 {
             return Err(CliError::new(format!(
                 "--threads must be at least 1, got {threads}"
             )));
         }
-        let cache = match self.args.runtime.cache_type {
-            CacheType::F16 => KvCacheType::F16,
-            CacheType::F32 => KvCacheType::F32,
-        };
-        let params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(n_ctx))
-            .with_n_batch(n_batch)
-            .with_n_ubatch(n_batch)
+        let cache = self.args.runtime.cache_type.kv_type();
+        let mut params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(shape.n_ctx.max(1)))
+            .with_n_batch(shape.n_batch)
+            .with_n_ubatch(shape.n_ubatch)
             .with_n_threads(threads)
             .with_n_threads_batch(threads)
             .with_type_k(cache)
             .with_type_v(cache);
+        if let Some(swa_full) = shape.swa_full {
+            params = params.with_swa_full(swa_full);
+        }
         llama_log::clear_errors();
         self.model.new_context(&self.backend, params).map_err(|e| {
             let cause = llama_log::last_error().unwrap_or_else(|| e.to_string());
@@ -211,11 +261,11 @@ impl Session {
         if !self.args.spark.stats {
             return;
         }
-        let n_layer = self.info.n_layer.unwrap_or_else(|| self.model.n_layer());
+        let n_layer = self.info.n_layer().unwrap_or_else(|| self.model.n_layer());
         let targets = spark::Targets {
-            n_ff: self.info.n_ff,
-            ffn_k: self.args.spark.k.ffn_k.or(self.info.ffn_k),
-            attn_k: self.args.spark.k.attn_k.or(self.info.attn_k),
+            n_ff: self.info.n_ff(),
+            ffn_k: self.args.spark.k.ffn_k.or(self.info.ffn_k()),
+            attn_k: self.args.spark.k.attn_k.or(self.info.attn_k()),
         };
         spark::print_stats(&self.source, n_layer, targets);
     }

@@ -17,6 +17,7 @@ pub mod atomic;
 mod error;
 mod ggml_type;
 pub mod keys;
+pub mod npy;
 pub mod quant;
 pub mod reader;
 pub mod schema;
