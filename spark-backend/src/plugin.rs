@@ -70,7 +70,7 @@ pub extern "C" fn ggml_backend_init() -> sys::ggml_backend_reg_t {
         }
         let reg = registry::reg();
         // GPU launchers for the Spark ops when the host has ggml-cuda with the hook.
-        crate::cuda::register_launchers();
+        crate::cuda::register_launchers(registry::LAUNCHERS);
         reg
     })
 }

@@ -13,6 +13,7 @@
 //! `ggml-backend-impl.h` (API version [`GGML_BACKEND_API_VERSION`]); `tests/registry.rs` pins
 //! their layout against the header through a C probe compiled by `build.rs`.
 
+use crate::cuda::{KernelSource, Launcher};
 use crate::ffi;
 use crate::stats::{self, LayerStats};
 use llama_cpp_sys_2 as sys;
@@ -169,6 +170,45 @@ pub unsafe extern "C" fn spark_stats_get(layer: c_int, out: *mut LayerStats) -> 
     })
 }
 
+/// The CUDA launcher of every Spark op, registered with ggml-cuda (`crate::cuda`) by
+/// [`register`] and by the plugin; empty without the `cuda` feature. Adding an op is one row.
+#[cfg(feature = "cuda")]
+pub const LAUNCHERS: &[Launcher] = &[
+    Launcher {
+        name: "spark_ffn_fused",
+        fun: crate::ffn::op::spark_ffn_fused,
+        launch: crate::ffn::gpu::launch_fused,
+    },
+    Launcher {
+        name: "spark_ffn_sum",
+        fun: crate::ffn::op::spark_ffn_sum,
+        launch: crate::ffn::gpu::launch_sum,
+    },
+    Launcher {
+        name: "spark_ffn_up",
+        fun: crate::ffn::op::spark_ffn_up,
+        launch: crate::ffn::gpu::launch_up,
+    },
+    Launcher {
+        name: "spark_ffn_down",
+        fun: crate::ffn::op::spark_ffn_down,
+        launch: crate::ffn::gpu::launch_down,
+    },
+    Launcher {
+        name: "spark_attn",
+        fun: crate::attention::op::spark_attn,
+        launch: crate::attention::gpu::launch_attn,
+    },
+];
+
+/// The CUDA launcher of every Spark op: none without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub const LAUNCHERS: &[Launcher] = &[];
+
+/// Every CUDA C source of the launchers (`.cu`, one module each per device), next to its op.
+pub const KERNEL_SOURCES: &[KernelSource] =
+    &[crate::ffn::cuda::KERNELS, crate::attention::cuda::KERNELS];
+
 static REGISTER: Once = Once::new();
 static REGISTERED: AtomicBool = AtomicBool::new(false);
 
@@ -182,7 +222,7 @@ pub fn register() {
         unsafe { sys::ggml_backend_register(reg()) };
         REGISTERED.store(true, Ordering::Release);
         // GPU launchers for the Spark ops when this process has ggml-cuda with the hook.
-        crate::cuda::register_launchers();
+        crate::cuda::register_launchers(LAUNCHERS);
     });
 }
 

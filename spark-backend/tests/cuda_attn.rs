@@ -1,5 +1,5 @@
 //! The CUDA `spark_attn` launcher without a GPU: its metadata-only validation
-//! (`spark_backend::cuda::attn::check`) accepts what the CPU op accepts and rejects bad calls
+//! (`spark_backend::attention::cuda::check`) accepts what the CPU op accepts and rejects bad calls
 //! with the CPU op's wording; the launcher reports the op's one line and returns non-zero
 //! without touching the (host) tensors; attn.cu compiles through NVRTC for sm_75/80/90 and has
 //! every kernel the plan launches. The kernels' arithmetic is checked on the CPU by
@@ -9,7 +9,7 @@ mod attention_support;
 
 use attention_support::{build_op, Case, Ctx, Spec, Ty};
 use llama_cpp_sys_2 as sys;
-use spark_backend::cuda::attn::{self, AttnKernel, AttnPlan, OUTPUT_CHUNKS};
+use spark_backend::attention::cuda::{self as attn, AttnKernel, AttnPlan, OUTPUT_CHUNKS};
 use spark_backend::params::AttnParams;
 use spark_backend::KernelError;
 use std::ffi::c_void;
@@ -158,8 +158,8 @@ fn rejects_what_only_the_gpu_cannot_take() {
 #[cfg(feature = "cuda")]
 #[test]
 fn the_launcher_reports_the_ops_line_and_leaves_the_tensors_alone() {
-    use spark_backend::cuda::launch::LAUNCHERS;
     use spark_backend::op::fault;
+    use spark_backend::registry::LAUNCHERS;
     let launcher = LAUNCHERS
         .iter()
         .find(|l| l.name == "spark_attn")
@@ -219,7 +219,7 @@ fn the_launcher_reports_the_ops_line_and_leaves_the_tensors_alone() {
 fn attn_cu_compiles_for_sm_75_80_90_with_every_planned_kernel() {
     use spark_backend::cuda::driver::{compile, nvrtc_version};
     use spark_backend::cuda::options::Target;
-    use spark_backend::cuda::KERNEL_SOURCES;
+    use spark_backend::registry::KERNEL_SOURCES;
     nvrtc_version().unwrap_or_else(|e| {
         panic!(
             "needs NVRTC ({e}): source target/cuda-tools/env.sh; LD_LIBRARY_PATH=$SPARK_NVRTC_LIB"

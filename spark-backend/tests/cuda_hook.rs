@@ -7,6 +7,7 @@
 use llama_cpp_sys_2 as sys;
 use spark_backend::cuda::hook::{CustomLaunch, REGISTER_PROC};
 use spark_backend::cuda::{self, Registration, NO_HOOK};
+use spark_backend::registry::LAUNCHERS;
 use spark_backend::registry::{BackendReg, BackendRegIface};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::Path;
@@ -40,11 +41,14 @@ fn the_hook_signatures_are_checked_against_the_patched_header_once_patch_0008_ex
 fn without_a_cuda_backend_nothing_is_registered_or_said() {
     // This test process links the CPU-only ggml: no "CUDA" entry.
     assert!(cuda::hook::cuda_reg().is_none());
-    assert_eq!(cuda::register_launchers(), Registration::NoCudaBackend);
+    assert_eq!(
+        cuda::register_launchers(LAUNCHERS),
+        Registration::NoCudaBackend
+    );
     assert_eq!(Registration::NoCudaBackend.message(), None);
     // SAFETY: None is always allowed.
     assert_eq!(
-        unsafe { cuda::try_register(None) },
+        unsafe { cuda::try_register(None, LAUNCHERS) },
         Registration::NoCudaBackend
     );
 }
@@ -113,7 +117,7 @@ fn as_reg(r: &BackendReg) -> sys::ggml_backend_reg_t {
 fn a_cuda_backend_without_the_hook_gets_one_line_and_nothing_registered() {
     let reg = fake_cuda(procs_without_hook);
     // SAFETY: a live entry whose get_proc_address resolves nothing.
-    let got = unsafe { cuda::try_register(Some(as_reg(&reg))) };
+    let got = unsafe { cuda::try_register(Some(as_reg(&reg)), LAUNCHERS) };
     assert_eq!(got, Registration::NotRegistered(NO_HOOK.into()));
     let line = got.message().unwrap();
     assert_eq!(
@@ -130,7 +134,7 @@ fn a_cuda_backend_with_the_hook_gets_the_launchers_only_where_they_can_run() {
     let reg = fake_cuda(procs_with_hook);
     CALLS.lock().unwrap().clear();
     // SAFETY: a live entry resolving the hook to fake_register (the hook's type).
-    let got = unsafe { cuda::try_register(Some(as_reg(&reg))) };
+    let got = unsafe { cuda::try_register(Some(as_reg(&reg)), LAUNCHERS) };
     let calls = CALLS.lock().unwrap().clone();
     #[cfg(not(feature = "cuda"))]
     {
@@ -150,7 +154,7 @@ fn a_cuda_backend_with_the_hook_gets_the_launchers_only_where_they_can_run() {
             assert!(calls.is_empty(), "{calls:?}");
         }
         Ok(version) => {
-            let names: Vec<&str> = cuda::launch::LAUNCHERS.iter().map(|l| l.name).collect();
+            let names: Vec<&str> = LAUNCHERS.iter().map(|l| l.name).collect();
             assert_eq!(
                 got,
                 Registration::Registered {
@@ -159,7 +163,7 @@ fn a_cuda_backend_with_the_hook_gets_the_launchers_only_where_they_can_run() {
                 }
             );
             assert_eq!(calls.len(), names.len());
-            for (l, (f, launch)) in cuda::launch::LAUNCHERS.iter().zip(&calls) {
+            for (l, (f, launch)) in LAUNCHERS.iter().zip(&calls) {
                 assert_eq!(*f, l.fun as usize, "{}", l.name);
                 assert_eq!(*launch, l.launch as usize, "{}", l.name);
                 let proc = spark_backend::registry::proc_address(l.name).unwrap();

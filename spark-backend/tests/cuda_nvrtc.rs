@@ -7,7 +7,8 @@
 
 use spark_backend::cuda::driver::{compile, nvrtc_version};
 use spark_backend::cuda::options::Target;
-use spark_backend::cuda::{KernelSource, HEADERS, KERNEL_SOURCES};
+use spark_backend::cuda::{KernelSource, HEADERS};
+use spark_backend::registry::KERNEL_SOURCES;
 use std::path::{Path, PathBuf};
 
 /// sm_75 (Turing, the paper's T4), sm_80 (Ampere), sm_90 (Hopper: the lent H100/H200).
@@ -23,14 +24,27 @@ fn require_nvrtc() -> String {
 }
 
 fn kernels_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cuda/kernels")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// The files in `src/cuda/kernels` ending in `ext`, sorted.
+/// Every file under `dir` (recursively).
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.expect("dir entry").path();
+        if p.is_dir() {
+            walk(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+/// The files under `src` ending in `ext` (the kernels live next to their op), sorted by name.
 fn files(ext: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = std::fs::read_dir(kernels_dir())
-        .expect("src/cuda/kernels")
-        .map(|e| e.expect("dir entry").path())
+    let mut paths = Vec::new();
+    walk(&kernels_dir(), &mut paths);
+    let mut out: Vec<(String, String)> = paths
+        .into_iter()
         .filter(|p| p.extension().is_some_and(|e| e == ext))
         .map(|p| {
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
@@ -100,7 +114,7 @@ fn the_tables_embed_every_kernel_file_as_it_is_on_disk() {
         listed.sort();
         assert_eq!(
             listed, names,
-            "cuda/mod.rs KERNEL_SOURCES/HEADERS vs src/cuda/kernels/*.{ext}"
+            "registry::KERNEL_SOURCES / cuda::HEADERS vs src/**/*.{ext}"
         );
         for (name, text) in &on_disk {
             let embedded = table.iter().find(|s| s.name == name).unwrap();

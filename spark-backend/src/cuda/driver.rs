@@ -3,8 +3,7 @@
 //! fallback), one compiled module per (device, source) cached for the process, and the borrowed
 //! ggml stream a launch enqueues on.
 
-use super::options::{nvrtc_options, Target};
-use super::KernelSource;
+use super::options::{nvrtc_options, KernelSource, Target, HEADERS};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{sys as nvrtc_sys, Ptx};
 use std::collections::HashMap;
@@ -79,13 +78,13 @@ fn check(rc: nvrtc_sys::nvrtcResult, what: &str) -> Result<(), String> {
     }
 }
 
-/// Compiles `source` (with every header of [`super::HEADERS`] available to `#include "..."`)
+/// Compiles `source` (with every header of [`HEADERS`] available to `#include "..."`)
 /// for `target` with [`nvrtc_options`]. Requires libnvrtc ([`nvrtc_version`] is Ok).
 pub fn compile(source: &KernelSource, target: Target) -> Result<Image, String> {
     let cstr = |s: &str| CString::new(s).map_err(|_| format!("{s:?} contains NUL"));
     let src = cstr(source.text)?;
     let name = cstr(source.name)?;
-    let headers = super::HEADERS
+    let headers = HEADERS
         .iter()
         .map(|h| Ok((cstr(h.text)?, cstr(h.name)?)))
         .collect::<Result<Vec<_>, String>>()?;
@@ -180,26 +179,26 @@ pub struct Device {
 }
 
 impl Device {
-    /// `kernel` of source `source` (one of [`super::KERNEL_SOURCES`], by name), compiling and
-    /// loading the source at its first use on this device.
-    pub fn function(&self, source: &'static str, kernel: &str) -> Result<CudaFunction, String> {
+    /// `kernel` of `source`, compiling and loading the source at its first use on this device
+    /// (modules are cached by source name).
+    pub fn function(
+        &self,
+        source: &'static KernelSource,
+        kernel: &str,
+    ) -> Result<CudaFunction, String> {
         let module = {
             let mut modules = lock(&self.modules);
             modules
-                .entry(source)
+                .entry(source.name)
                 .or_insert_with(|| self.load(source))
                 .clone()?
         };
         module
             .load_function(kernel)
-            .map_err(|e| format!("{source}: kernel {kernel}: {e:?}"))
+            .map_err(|e| format!("{}: kernel {kernel}: {e:?}", source.name))
     }
 
-    fn load(&self, source: &'static str) -> Result<Arc<CudaModule>, String> {
-        let src = super::KERNEL_SOURCES
-            .iter()
-            .find(|s| s.name == source)
-            .ok_or_else(|| format!("no kernel source {source}"))?;
+    fn load(&self, src: &'static KernelSource) -> Result<Arc<CudaModule>, String> {
         let (major, minor) = self.target;
         let cubin = Target {
             major,
@@ -220,7 +219,7 @@ impl Device {
         })?;
         self.ctx
             .load_module(Ptx::from_binary(image.bytes))
-            .map_err(|e| format!("loading {source} ({}): {e:?}", cubin.arch()))
+            .map_err(|e| format!("loading {} ({}): {e:?}", src.name, cubin.arch()))
     }
 
     /// The context.

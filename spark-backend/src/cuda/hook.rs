@@ -1,5 +1,6 @@
 //! The ggml-cuda hook of patch 0008 as Rust sees it: the launcher type ggml-cuda calls for a
-//! `GGML_OP_CUSTOM` node and the registration function it exports through its registry entry.
+//! `GGML_OP_CUSTOM` node, the registration function it exports through its registry entry, and
+//! what is registered per op ([`Launcher`]).
 //! Declared by hand here; `build.rs` compiles a C probe that checks a C function with exactly
 //! these signatures against the typedefs of the patched `ggml-cuda.h` once they exist
 //! (`tests/cuda_hook.rs`).
@@ -21,6 +22,17 @@ pub type CustomLaunch = unsafe extern "C" fn(
 /// ggml_backend_cuda_custom_launch_t launch);`
 pub type RegisterCustomOp =
     unsafe extern "C" fn(fun: sys::ggml_custom_op_t, launch: Option<CustomLaunch>) -> bool;
+
+/// A Spark op's CPU function and its CUDA launcher.
+#[derive(Clone, Copy)]
+pub struct Launcher {
+    /// The op's registry name.
+    pub name: &'static str,
+    /// The `ggml_custom_op_t` the graph passes to `ggml_custom_4d` (the registry's proc).
+    pub fun: unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut c_void),
+    /// What ggml-cuda calls instead for that node.
+    pub launch: CustomLaunch,
+}
 
 /// The name of ggml-cuda's registry entry (`GGML_CUDA_NAME`).
 pub const CUDA_REG_NAME: &CStr = c"CUDA";

@@ -1,14 +1,17 @@
-//! The one entry protocol of every CUDA launcher (the CUDA counterpart of `crate::op::enter`)
-//! and the table of launchers registered with ggml-cuda.
+//! The one entry protocol of every CUDA launcher (the CUDA counterpart of `crate::op::enter`),
+//! and what every launcher does with its plan: one scratch allocation, kernel launches on
+//! ggml's stream, kept counts copied back for the statistics.
 
 use super::driver::Gpu;
-use super::hook::{CustomLaunch, RegisterCustomOp};
+use super::options::KernelSource;
 use crate::ffi::panic_message;
 use crate::op::report;
 use crate::params;
 use crate::KernelError;
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, LaunchConfig};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_int, c_void};
+use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// A Spark op's CUDA launcher, as [`enter`] sees it.
@@ -115,67 +118,74 @@ macro_rules! cuda_launcher {
 }
 pub(crate) use cuda_launcher;
 
-/// A CPU custom op function and its CUDA launcher.
-#[derive(Clone, Copy)]
-pub struct Launcher {
-    /// The op's registry name.
-    pub name: &'static str,
-    /// The `ggml_custom_op_t` the graph passes to `ggml_custom_4d` (the registry's proc).
-    pub fun: unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut c_void),
-    /// What ggml-cuda calls instead for that node.
-    pub launch: CustomLaunch,
+/// A kernel's arguments as a plan holds them, pushed onto a launch in the kernel's parameter
+/// order.
+pub(crate) trait KernelArgs {
+    /// Pushes every argument, in order.
+    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>);
 }
 
-/// Every launcher registered with ggml-cuda. Adding an op is one row here.
-pub const LAUNCHERS: &[Launcher] = &[
-    Launcher {
-        name: "spark_ffn_fused",
-        fun: crate::ffn::op::spark_ffn_fused,
-        launch: super::ffn::launch_fused,
-    },
-    Launcher {
-        name: "spark_ffn_sum",
-        fun: crate::ffn::op::spark_ffn_sum,
-        launch: super::ffn::launch_sum,
-    },
-    Launcher {
-        name: "spark_ffn_up",
-        fun: crate::ffn::op::spark_ffn_up,
-        launch: super::ffn::launch_up,
-    },
-    Launcher {
-        name: "spark_ffn_down",
-        fun: crate::ffn::op::spark_ffn_down,
-        launch: super::ffn::launch_down,
-    },
-    Launcher {
-        name: "spark_attn",
-        fun: crate::attention::op::spark_attn,
-        launch: super::attn::launch_attn,
-    },
-];
-
-/// Registers every launcher through ggml-cuda's hook; the names registered, or why none was.
+/// Enqueues kernel `name` of `source` on `gpu`'s stream: `grid` blocks of `block` threads.
 ///
 /// # Safety
-/// `register` is the hook's registration function of this process's ggml-cuda.
-pub(crate) unsafe fn register_all(register: RegisterCustomOp) -> Result<Vec<&'static str>, String> {
-    let mut done = Vec::new();
-    let mut refused = Vec::new();
-    for l in LAUNCHERS {
-        // SAFETY: a function of the hook's type (contract) given two valid function pointers
-        // of the declared types, which live for the whole process.
-        if unsafe { register(Some(l.fun), Some(l.launch)) } {
-            done.push(l.name);
-        } else {
-            refused.push(l.name);
-        }
-    }
-    if done.is_empty() {
-        return Err(format!(
-            "ggml-cuda refused every launcher ({})",
-            refused.join(", ")
-        ));
-    }
-    Ok(done)
+/// `args` are the kernel's parameters in order with their C types, and every device address
+/// among them is live device memory of `gpu`'s device with the shapes the kernel reads, until
+/// the stream has run the work.
+pub(crate) unsafe fn enqueue<A: KernelArgs + ?Sized>(
+    gpu: &Gpu,
+    source: &'static KernelSource,
+    name: &str,
+    grid: (u32, u32, u32),
+    block: u32,
+    args: &A,
+) -> Result<(), String> {
+    let f = gpu.device.function(source, name)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    args.push(&mut b);
+    let cfg = LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: per the contract.
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| format!("{name}: launch failed: {e:?}"))
+}
+
+/// One stream-ordered scratch allocation (`cuMemAllocAsync`) of `bytes` bytes and its device
+/// address; dropping it frees it on the stream, after the work enqueued before.
+pub(crate) fn scratch(gpu: &Gpu, bytes: usize) -> Result<(CudaSlice<u8>, u64), String> {
+    // SAFETY: uninitialised device memory; the plans' kernels write every scratch element
+    // before any kernel reads it.
+    let s = unsafe { gpu.stream.alloc::<u8>(bytes) }
+        .map_err(|e| format!("scratch of {bytes} bytes: {e:?}"))?;
+    let p = {
+        let (p, _sync) = s.device_ptr(&gpu.stream);
+        p
+    };
+    Ok((s, p))
+}
+
+/// Copies the bytes `range` of `scratch` (u32 counts) to the host, in stream order.
+pub(crate) fn copy_counts(
+    gpu: &Gpu,
+    scratch: &CudaSlice<u8>,
+    range: Range<usize>,
+) -> Result<Vec<u8>, String> {
+    gpu.stream
+        .clone_dtoh(&scratch.slice(range))
+        .map_err(|e| format!("statistics: {e:?}"))
+}
+
+/// Waits for the stream, then the sum of the little-endian u32 counts in `bytes` (copied by
+/// [`copy_counts`]).
+pub(crate) fn sum_counts(gpu: &Gpu, bytes: &[u8]) -> Result<u64, String> {
+    gpu.stream
+        .synchronize()
+        .map_err(|e| format!("statistics: {e:?}"))?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .sum())
 }

@@ -1,11 +1,13 @@
-//! CUDA launchers for the Spark ops, run by ggml-cuda on its own stream (feature `cuda`).
+//! The CUDA side shared by every Spark op's launcher (the launchers themselves and their plans
+//! live with their op: `crate::ffn::{cuda, gpu}`, `crate::attention::{cuda, gpu}`).
 //!
 //! ggml-cuda with patch 0008 runs a `GGML_OP_CUSTOM` node on the GPU when the node's
 //! `ggml_custom_op_t` has a registered launcher ([`hook`]): it calls
 //! `launch(dst, device, stream, userdata)` with `device` current and every tensor's data on
-//! that device, instead of running the CPU op. [`register_launchers`] (called by the plugin's
-//! `ggml_backend_init` and by `registry::register`, after the Spark entry exists) registers one
-//! launcher per Spark op; the graph is unchanged (it still resolves the CPU ops by name).
+//! that device, instead of running the CPU op. [`register_launchers`] (called with the table
+//! `crate::registry::LAUNCHERS` by the plugin's `ggml_backend_init` and by
+//! `registry::register`, after the Spark entry exists) registers one launcher per Spark op; the
+//! graph is unchanged (it still resolves the CPU ops by name).
 //!
 //! Outcomes, each said at most once per process on stderr:
 //! - no "CUDA" registry entry in the process: nothing registered, nothing printed;
@@ -16,42 +18,44 @@
 //!
 //! # Layout (the seam for adding an op)
 //! - `hook.rs` (always built): the hook's C types, declared by hand and pinned against the
-//!   patched `ggml-cuda.h` by the C probe of `build.rs` (`tests/cuda_hook.rs`).
-//! - `check.rs` (always built): validation from tensor metadata only, a pure function per op
-//!   returning a plan of device addresses and shapes; unit-tested on host tensors.
-//! - `options.rs` (always built): the NVRTC options, one function for run time and tests, with
-//!   ggml's type ids and block layouts as `-D` macros.
+//!   patched `ggml-cuda.h` by the C probe of `build.rs` (`tests/cuda_hook.rs`), and the pair
+//!   (CPU function, launcher) registered per op ([`Launcher`]).
+//! - `check.rs` (always built): what every plan checks from tensor metadata only (packed
+//!   weights of the GPU's types, aligned f32 rows, 32-bit sizes).
+//! - `options.rs` (always built): what NVRTC compiles ([`KernelSource`]) with which options,
+//!   one function for run time and tests, with ggml's type ids and block layouts as `-D`
+//!   macros; `common.cuh`, CUDA C every kernel source may include (dequantization, warp sums,
+//!   integer names), embedded as [`HEADERS`].
 //! - feature `cuda` only: `driver.rs` (library checks, NVRTC to CUBIN/PTX, per-device module
-//!   cache, the borrowed stream [`driver::Gpu`], NaN fill), `launch.rs` (the entry protocol
-//!   `launch::enter`, the `cuda_launcher!` macro, the table `launch::LAUNCHERS`), `ffn.rs` (the
-//!   FFN launchers), `kernels/*.cu` and `kernels/*.cuh` (CUDA C, embedded with `include_str!`).
+//!   cache, the borrowed stream [`driver::Gpu`], NaN fill) and `launch.rs` (the entry protocol
+//!   `launch::enter` and the `cuda_launcher!` macro).
 //!
-//! To add an op (e.g. `spark_attn`, in `attn.rs` + `kernels/attn.cu`):
-//! 1. `kernels/attn.cu` includes `"common.cuh"` (dequantization, warp sums, integer names)
-//!    and defines `extern "C" __global__` kernels; add it to [`KERNEL_SOURCES`]
-//!    (`tests/cuda_nvrtc.rs` compiles every `.cu` in `kernels/` for sm_75/80/90 and checks
-//!    the table lists them all).
-//! 2. `attn.rs`: a plan type implementing `launch::CudaOp` (`check` = metadata-only
-//!    validation; `launch` gets `device.function("attn.cu", "kernel")` and enqueues on
-//!    `gpu.stream` with `stream.launch_builder`), and
-//!    `launch::cuda_launcher!(launch_attn => AttnPlan);`.
-//! 3. `mod attn;` below and one row `Launcher { name: "spark_attn", fun:
-//!    crate::attention::op::spark_attn, launch: super::attn::launch_attn }` in `launch::LAUNCHERS`.
+//! To add an op (say `spark_foo`, in the op's folder `src/foo/`):
+//! 1. `foo/foo.cu` (may `#include "common.cuh"`) defines `extern "C" __global__` kernels;
+//!    `foo/cuda.rs` embeds it as a [`KernelSource`] and holds the plan: metadata-only checks
+//!    (with [`check`]) and the launch sequence as data, pure functions the tests run on host
+//!    tensors; add the source to `crate::registry::KERNEL_SOURCES` (`tests/cuda_nvrtc.rs`
+//!    compiles every `.cu` under `src/` for sm_75/80/90 and checks the table lists them all).
+//! 2. `foo/gpu.rs` (feature `cuda`): the plan implements `launch::CudaOp` (`check`, and
+//!    `launch`, which gets `device.function(&KERNELS, "kernel")` and enqueues on `gpu.stream`
+//!    with `stream.launch_builder`), and `launch::cuda_launcher!(launch_foo => FooPlan);`.
+//! 3. One row `Launcher { name: "spark_foo", fun: crate::foo::op::spark_foo, launch:
+//!    crate::foo::gpu::launch_foo }` in `crate::registry::LAUNCHERS`.
 //!
 //! Failures at launch (bad tensors, compile or driver errors, a panic) print one line through
 //! `crate::op::report` (the CPU ops' format and rate limit), NaN-fill dst on the stream and
 //! return non-zero. Launchers never read tensor data on the host and never synchronize the
 //! stream, except to count kept neurons when [`device_stats`] is on.
 
-pub mod attn;
 pub mod check;
 pub mod hook;
 pub mod options;
 
+pub use hook::Launcher;
+pub use options::{KernelSource, HEADERS};
+
 #[cfg(feature = "cuda")]
 pub mod driver;
-#[cfg(feature = "cuda")]
-mod ffn;
 #[cfg(feature = "cuda")]
 pub mod launch;
 
@@ -59,33 +63,6 @@ use llama_cpp_sys_2 as sys;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
-
-/// A CUDA C file compiled by NVRTC.
-#[derive(Debug, Clone, Copy)]
-pub struct KernelSource {
-    /// File name under `src/cuda/kernels/` (also the name NVRTC reports errors under).
-    pub name: &'static str,
-    /// Its text.
-    pub text: &'static str,
-}
-
-/// Every kernel source (`.cu`), one module each per device.
-pub const KERNEL_SOURCES: &[KernelSource] = &[
-    KernelSource {
-        name: "ffn.cu",
-        text: include_str!("kernels/ffn.cu"),
-    },
-    KernelSource {
-        name: "attn.cu",
-        text: include_str!("kernels/attn.cu"),
-    },
-];
-
-/// Every header (`.cuh`) the sources may `#include "name"`.
-pub const HEADERS: &[KernelSource] = &[KernelSource {
-    name: "common.cuh",
-    text: include_str!("kernels/common.cuh"),
-}];
 
 /// What [`register_launchers`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,9 +104,10 @@ pub const NO_FEATURE: &str =
 pub const NO_HOOK: &str =
     "this ggml-cuda has no custom-op hook (ggml_backend_cuda_register_custom_op: patch 0008)";
 
-/// Registers the CUDA launchers with this process's ggml-cuda, once per process (later calls
-/// return the first outcome); prints the outcome's [`message`](Registration::message) once.
-pub fn register_launchers() -> Registration {
+/// Registers `launchers` with this process's ggml-cuda, once per process (later calls return
+/// the first outcome: the process has one table, `crate::registry::LAUNCHERS`); prints the
+/// outcome's [`message`](Registration::message) once.
+pub fn register_launchers(launchers: &'static [Launcher]) -> Registration {
     static DONE: OnceLock<Registration> = OnceLock::new();
     DONE.get_or_init(|| {
         let outcome = crate::ffi::guard(
@@ -137,7 +115,7 @@ pub fn register_launchers() -> Registration {
             Registration::NotRegistered("internal error".into()),
             || {
                 // SAFETY: cuda_reg returns a live registry entry or None.
-                unsafe { try_register(hook::cuda_reg()) }
+                unsafe { try_register(hook::cuda_reg(), launchers) }
             },
         );
         if let Some(line) = outcome.message() {
@@ -148,14 +126,17 @@ pub fn register_launchers() -> Registration {
     .clone()
 }
 
-/// Registers the launchers with the CUDA registry entry `reg` (None: no CUDA backend), without
+/// Registers `launchers` with the CUDA registry entry `reg` (None: no CUDA backend), without
 /// printing and without the once-per-process cache: the work of [`register_launchers`],
 /// callable by tests with a stand-in entry.
 ///
 /// # Safety
 /// `reg` is None or a live registry entry whose proc `ggml_backend_cuda_register_custom_op`,
 /// if present, is a function of the hook's type.
-pub unsafe fn try_register(reg: Option<sys::ggml_backend_reg_t>) -> Registration {
+pub unsafe fn try_register(
+    reg: Option<sys::ggml_backend_reg_t>,
+    launchers: &[Launcher],
+) -> Registration {
     let Some(reg) = reg else {
         return Registration::NoCudaBackend;
     };
@@ -164,25 +145,41 @@ pub unsafe fn try_register(reg: Option<sys::ggml_backend_reg_t>) -> Registration
         return Registration::NotRegistered(NO_HOOK.into());
     };
     // SAFETY: forwarded contract.
-    unsafe { register_with(register) }
+    unsafe { register_with(register, launchers) }
 }
 
 #[cfg(not(feature = "cuda"))]
-unsafe fn register_with(_register: hook::RegisterCustomOp) -> Registration {
+unsafe fn register_with(
+    _register: hook::RegisterCustomOp,
+    _launchers: &[Launcher],
+) -> Registration {
     Registration::NotRegistered(NO_FEATURE.into())
 }
 
 #[cfg(feature = "cuda")]
-unsafe fn register_with(register: hook::RegisterCustomOp) -> Registration {
+unsafe fn register_with(register: hook::RegisterCustomOp, launchers: &[Launcher]) -> Registration {
     let nvrtc = match driver::libraries() {
         Ok(v) => v,
         Err(why) => return Registration::NotRegistered(why),
     };
-    // SAFETY: forwarded contract.
-    match unsafe { launch::register_all(register) } {
-        Ok(ops) => Registration::Registered { nvrtc, ops },
-        Err(why) => Registration::NotRegistered(why),
+    let mut done = Vec::new();
+    let mut refused = Vec::new();
+    for l in launchers {
+        // SAFETY: a function of the hook's type (contract) given two valid function pointers
+        // of the declared types, which live for the whole process.
+        if unsafe { register(Some(l.fun), Some(l.launch)) } {
+            done.push(l.name);
+        } else {
+            refused.push(l.name);
+        }
     }
+    if done.is_empty() {
+        return Registration::NotRegistered(format!(
+            "ggml-cuda refused every launcher ({})",
+            refused.join(", ")
+        ));
+    }
+    Registration::Registered { nvrtc, ops: done }
 }
 
 /// Whether the launchers count kept neurons on the device for the statistics table (a stream

@@ -1,5 +1,6 @@
-//! The NVRTC options every Spark kernel is compiled with, at run time and in the tests (one
-//! function, [`nvrtc_options`]): the target architecture and the ggml type ids, block sizes and
+//! What NVRTC compiles (a [`KernelSource`] of an op's folder, with the [`HEADERS`] it may
+//! include) and the options every Spark kernel is compiled with, at run time and in the tests
+//! (one function, [`nvrtc_options`]): the target architecture and the ggml type ids, block sizes and
 //! block byte sizes as `-D` macros, read from the linked ggml (`ggml_blck_size`,
 //! `ggml_type_size`) so that no block layout is typed by hand twice; the CUDA C structs
 //! `static_assert` their sizes against these macros (`kernels/common.cuh`).
@@ -47,6 +48,21 @@ pub fn type_macros() -> Vec<String> {
     }
     out
 }
+
+/// A CUDA C file compiled by NVRTC.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelSource {
+    /// File name (also the name NVRTC reports errors under, and the module cache's key).
+    pub name: &'static str,
+    /// Its text.
+    pub text: &'static str,
+}
+
+/// Every header (`.cuh`) the sources may `#include "name"`.
+pub const HEADERS: &[KernelSource] = &[KernelSource {
+    name: "common.cuh",
+    text: include_str!("common.cuh"),
+}];
 
 /// What NVRTC produces for a device of compute capability `major.minor`: a CUBIN for exactly
 /// that architecture (`sm_XY`; the driver never has to JIT a PTX ISA newer than it knows) or,

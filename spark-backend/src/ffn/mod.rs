@@ -15,14 +15,19 @@
 //! The files: this one holds what both paths share (inputs, activation, thresholds, per-thread
 //! buffers, prefetching); `fused.rs` and `two_stage.rs` the CPU kernels of each path;
 //! `shapes.rs` the shape rules of the four ops' tensors (one set for the CPU ops and the CUDA
-//! launchers); `op.rs` the ggml custom ops (the C entry points).
+//! launchers); `op.rs` the ggml custom ops (the C entry points); `cuda.rs` the CUDA plans (checks
+//! and launch sequences, pure functions) and `ffn.cu` their kernels; `gpu.rs` the launchers
+//! ggml-cuda calls (feature `cuda`).
 
 use crate::rows::{self, Activation, RowMatrix};
 use crate::topk;
 use crate::KernelError;
 use std::ops::Range;
 
+pub mod cuda;
 pub mod fused;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu;
 pub mod op;
 pub mod shapes;
 pub mod two_stage;

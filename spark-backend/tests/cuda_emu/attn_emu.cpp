@@ -1,11 +1,11 @@
-// Runs a launch sequence of kernels/attn.cu on the CPU (emu.h), for tests/cuda_emu/main.rs.
+// Runs a launch sequence of src/attention/attn.cu on the CPU (emu.h), for tests/cuda_emu/main.rs.
 //
 // Job file (little-endian): u64 memory size, the memory image; u32 launch count; per launch:
 // u32 kernel (0 scores, 1 select, 2 output, 3 reduce), u32 grid x, y, z, u32 block x, u32 args
 // size, the args bytes with the ten address fields given as offsets into the memory image.
 // Writes the memory image after the launches to the output file.
 #include "emu.h"
-#include "../../src/cuda/kernels/attn.cu"
+#include "../../src/attention/attn.cu"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-// A CPU emulation of the small part of CUDA C that kernels/attn.cu and kernels/ffn.cu use, so that g++ can compile
+// A CPU emulation of the small part of CUDA C that src/attention/attn.cu and src/ffn/ffn.cu use, so that g++ can compile
 // the kernel file unchanged and run it (tests/cuda_emu/main.rs). Not fast, not general:
 // - one std::thread per CUDA thread of a block, blocks one after another;
 // - `__shared__` is static storage (one block at a time), `__syncthreads` a std::barrier;

@@ -1,13 +1,12 @@
-//! The CUDA FFN kernels (src/cuda/kernels/ffn.cu) run on the CPU through emu.h, over the launch
-//! sequences of src/cuda/ffn.rs, and compared with the CPU ops (`spark_backend::ffn::op`) run by
-//! ggml on the same host tensors.
+//! The CUDA FFN kernels (src/ffn/ffn.cu) run on the CPU through emu.h, over the launch
+//! sequences the launchers enqueue, and compared with the CPU ops (`spark_backend::ffn::op`) run
+//! by ggml on the same host tensors.
 //!
-//! The plans come from the launchers' own validation (`spark_backend::cuda::check::{fused,
-//! up, down, sum}`, metadata only) on those tensors; their host addresses are translated into
-//! offsets of a memory image holding copies of the tensors. The launch sequences themselves
-//! (kernel, grid, block, arguments in order, scratch buffers) are MIRRORED here from
-//! `cuda/ffn.rs` (`up_stage`, `v_tiled`, the four `CudaOp::launch`es): there they are built
-//! straight onto a cudarc stream, with no pure plan to reuse. Keep the two in step.
+//! The plans come from the launchers' own validation (`spark_backend::ffn::cuda::{fused, up,
+//! down, sum}`, metadata only) on those tensors; their host addresses are translated into
+//! offsets of a memory image holding copies of the tensors and the plan's scratch, and the
+//! plans' own launch sequences (`launches`: kernel, grid, block, arguments in order) run over
+//! it: the same launches the GPU launchers enqueue (src/ffn/gpu.rs).
 //!
 //! Checked per case: the kept-neuron set of every token (the nonzero entries of u, the compacted
 //! lists and the threshold kernel's kept counts) equals the CPU op's exactly; u, the chunk
@@ -15,18 +14,15 @@
 
 use super::ffn_common::{Ggml, Rng, Weights};
 use llama_cpp_sys_2 as sys;
-use spark_backend::cuda::{check, options};
+use spark_backend::cuda::options;
 use spark_backend::ffn;
+use spark_backend::ffn::cuda::{self as check, Arg, FfnKernel, Launch, SPARSE_MAX_TOKENS};
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;
-use spark_backend::topk;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
-
-/// `cuda/ffn.rs`'s `SPARSE_MAX_TOKENS` (private there).
-const SPARSE_MAX_TOKENS: usize = 8;
 
 /// Relative tolerance against the sum of the absolute products (the kernels' u against an f64
 /// reference, their V sums against one from their own u; the CPU comparison adds u's
@@ -49,6 +45,8 @@ fn emulator() -> Option<&'static PathBuf> {
         let out = Command::new("g++")
             .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas"])
             .args(options::type_macros())
+            .arg("-I")
+            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cuda"))
             .arg("-o")
             .arg(&exe)
             .arg(dir.join("ffn_emu.cpp"))
@@ -63,41 +61,6 @@ fn emulator() -> Option<&'static PathBuf> {
         }
     })
     .as_ref()
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Arg {
-    Ptr(u64),
-    I32(i32),
-    I64(i64),
-    F64(f64),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kernel {
-    Threshold = 0,
-    Up = 1,
-    Compact = 2,
-    VSparse = 3,
-    VTiled = 4,
-    Sum = 5,
-}
-
-struct Launch {
-    kernel: Kernel,
-    grid: (u32, u32, u32),
-    block: u32,
-    args: Vec<Arg>,
-}
-
-fn launch(kernel: Kernel, grid: (usize, usize, usize), args: Vec<Arg>) -> Launch {
-    assert!(grid.0 >= 1 && grid.1 >= 1 && grid.2 >= 1 && grid.1 <= 65535 && grid.2 <= 65535);
-    Launch {
-        kernel,
-        grid: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
-        block: 256,
-        args,
-    }
 }
 
 /// A memory image: regions at 256-byte aligned offsets (offset 0 unused), with the host
@@ -146,164 +109,6 @@ impl Image {
     }
 }
 
-fn int(v: usize) -> Arg {
-    Arg::I32(i32::try_from(v).unwrap())
-}
-
-/// Mirror of ffn.rs `up_stage`: threshold (theta, kept scratch) then up into `u`.
-fn up_stage(st: &check::StagePlan, theta: u64, kept: u64, u: u64) -> Vec<Launch> {
-    let dense = i32::from(st.dense());
-    let q = if st.dense() {
-        0.0
-    } else {
-        topk::norm_ppf(1.0 - st.k as f64 / st.f as f64)
-    };
-    vec![
-        launch(
-            Kernel::Threshold,
-            (st.n_tokens, 1, 1),
-            vec![
-                Arg::Ptr(st.s),
-                int(st.f),
-                Arg::I32(dense),
-                Arg::F64(q),
-                Arg::Ptr(theta),
-                Arg::Ptr(kept),
-            ],
-        ),
-        launch(
-            Kernel::Up,
-            (st.f.div_ceil(8), 1, 1),
-            vec![
-                Arg::Ptr(st.s),
-                int(st.f),
-                int(st.n_tokens),
-                Arg::Ptr(theta),
-                Arg::I32(dense),
-                Arg::Ptr(st.h),
-                Arg::I64(st.h_stride as i64),
-                int(st.r_f()),
-                Arg::Ptr(st.k2.ptr),
-                Arg::I64(st.k2.row_stride as i64),
-                Arg::I32(st.k2.ty as i32),
-                int(st.k2.cols),
-                Arg::Ptr(u),
-            ],
-        ),
-    ]
-}
-
-/// Mirror of ffn.rs `v_tiled`.
-#[allow(clippy::too_many_arguments)]
-fn v_tiled(
-    u: u64,
-    f: usize,
-    t: usize,
-    p: usize,
-    v: &check::GpuWeight,
-    out: u64,
-    out_row: usize,
-    plane: usize,
-) -> Launch {
-    launch(
-        Kernel::VTiled,
-        (v.cols.div_ceil(64), t.div_ceil(32), p),
-        vec![
-            Arg::Ptr(u),
-            int(f),
-            int(t),
-            int(p),
-            Arg::Ptr(v.ptr),
-            Arg::I64(v.row_stride as i64),
-            Arg::I32(v.ty as i32),
-            int(v.cols),
-            Arg::Ptr(out),
-            Arg::I64(out_row as i64),
-            Arg::I64(plane as i64),
-        ],
-    )
-}
-
-/// Scratch of a fused launch (image offsets).
-struct FusedScratch {
-    u: u64,
-    theta: u64,
-    kept: u64,
-    idx: u64,
-    count: u64,
-}
-
-/// Mirror of `FusedPlan::launch`.
-fn fused_launches(pl: &check::FusedPlan, sc: &FusedScratch) -> Vec<Launch> {
-    let st = &pl.stage;
-    let (f, t, p, d) = (st.f, st.n_tokens, pl.p, st.d);
-    let mut l = up_stage(st, sc.theta, sc.kept, sc.u);
-    if t <= SPARSE_MAX_TOKENS {
-        l.push(launch(
-            Kernel::Compact,
-            (p, t, 1),
-            vec![
-                Arg::Ptr(sc.u),
-                int(f),
-                int(t),
-                int(p),
-                Arg::Ptr(sc.idx),
-                Arg::Ptr(sc.count),
-            ],
-        ));
-        l.push(launch(
-            Kernel::VSparse,
-            (d.div_ceil(256), t, p),
-            vec![
-                Arg::Ptr(sc.u),
-                int(f),
-                int(t),
-                int(p),
-                Arg::Ptr(sc.idx),
-                Arg::Ptr(sc.count),
-                Arg::Ptr(pl.v.ptr),
-                Arg::I64(pl.v.row_stride as i64),
-                Arg::I32(pl.v.ty as i32),
-                int(d),
-                Arg::Ptr(pl.out),
-            ],
-        ));
-    } else {
-        l.push(v_tiled(sc.u, f, t, p, &pl.v, pl.out, d, d * t));
-    }
-    l
-}
-
-/// Mirror of `SumPlan::launch`.
-fn sum_launch(sp: &check::SumPlan) -> Launch {
-    launch(
-        Kernel::Sum,
-        ((sp.d * sp.n_tokens).div_ceil(256), 1, 1),
-        vec![
-            Arg::Ptr(sp.partials),
-            int(sp.d),
-            int(sp.n_tokens),
-            int(sp.p),
-            Arg::Ptr(sp.out),
-            Arg::I64(sp.out_row as i64),
-        ],
-    )
-}
-
-/// Mirror of `DownPlan::launch`.
-fn down_launch(dp: &check::DownPlan) -> Launch {
-    v_tiled(
-        dp.u,
-        dp.v.rows,
-        dp.n_tokens,
-        1,
-        &dp.v,
-        dp.out,
-        dp.out_row,
-        0,
-    )
-}
-
 /// Runs the launches over the image; returns the image after them.
 fn emulate(exe: &PathBuf, img: &Image, launches: &[Launch]) -> Vec<u8> {
     let mut job = Vec::new();
@@ -311,7 +116,8 @@ fn emulate(exe: &PathBuf, img: &Image, launches: &[Launch]) -> Vec<u8> {
     job.extend_from_slice(&img.bytes);
     job.extend_from_slice(&(launches.len() as u32).to_le_bytes());
     for l in launches {
-        for x in [l.kernel as u32, l.grid.0, l.grid.1, l.grid.2, l.block] {
+        let id = FfnKernel::ALL.iter().position(|&k| k == l.kernel).unwrap() as u32;
+        for x in [id, l.grid.0, l.grid.1, l.grid.2, l.block] {
             job.extend_from_slice(&x.to_le_bytes());
         }
         job.extend_from_slice(&(l.args.len() as u32).to_le_bytes());
@@ -599,25 +405,21 @@ fn check_fused(name: &str, c: &Case, p: usize) {
     sp.partials = img.tr(sp.partials);
     sp.out = img.tr(sp.out);
     assert_eq!(sp.partials, fp.out);
-    let sc = FusedScratch {
-        u: img.scratch(4 * f * t),
-        theta: img.scratch(4 * t),
-        kept: img.scratch(4 * t),
-        idx: img.scratch(4 * f * t),
-        count: img.scratch(4 * p * t),
-    };
-    let mut launches = fused_launches(&fp, &sc);
-    launches.push(sum_launch(&sp));
+    let layout = fp.scratch();
+    let base = img.scratch(layout.total);
+    let at = |off: usize| base + off as u64;
+    let mut launches = fp.launches(base).expect("fused launches");
+    launches.extend(sp.launches().expect("sum launches"));
     let mem = emulate(exe, &img, &launches);
 
     c.run_cpu(out);
     c.run_cpu(u);
     let (cpu_u, cpu_part, cpu_out) = (c.ggml.read(u), c.ggml.read(partials), c.ggml.read(out));
     // u is [T, F] row-major = neuron-major [F][T], as the kernels' scratch.
-    let gpu_u = f32s(&mem, sc.u, f * t);
+    let gpu_u = f32s(&mem, at(layout.u), f * t);
     let want = c.kept(&cpu_u);
     assert_eq!(c.kept(&gpu_u), want, "{name}: kept neurons (u != 0)");
-    let counts = u32s(&mem, sc.kept, t);
+    let counts = u32s(&mem, at(layout.kept), t);
     for (tt, w) in want.iter().enumerate() {
         assert_eq!(
             counts[tt] as usize,
@@ -626,8 +428,8 @@ fn check_fused(name: &str, c: &Case, p: usize) {
         );
     }
     if t <= SPARSE_MAX_TOKENS {
-        let idx = u32s(&mem, sc.idx, f * t);
-        let cnt = u32s(&mem, sc.count, p * t);
+        let idx = u32s(&mem, at(layout.idx), f * t);
+        let cnt = u32s(&mem, at(layout.count), p * t);
         for (tt, w) in want.iter().enumerate() {
             let mut list = Vec::new();
             for ch in 0..p {
@@ -639,7 +441,7 @@ fn check_fused(name: &str, c: &Case, p: usize) {
             assert_eq!(&list, w, "{name}: compacted neurons of token {tt}");
         }
     }
-    check_theta(name, c, &mem, sc.theta);
+    check_theta(name, c, &mem, at(layout.theta));
     let (uval, utight, ucpu) = c.u_ref();
     let wu = [
         close(name, "u vs f64", &gpu_u, &uval, &utight),
@@ -726,10 +528,12 @@ fn check_up_down(name: &str, c: &Case) {
     dp.v.ptr = img.tr(dp.v.ptr);
     dp.out = img.tr(dp.out);
     assert_eq!(dp.u, up.out);
-    let (theta, kept) = (img.scratch(4 * t), img.scratch(4 * t));
-    // Mirror of UpPlan::launch, then DownPlan::launch on its output (the graph's order).
-    let mut launches = up_stage(&up.stage, theta, kept, up.out);
-    launches.push(down_launch(&dp));
+    let layout = up.scratch();
+    let base = img.scratch(layout.total);
+    let (theta, kept) = (base + layout.theta as u64, base + layout.kept as u64);
+    // The up launches, then the down launches on their output (the graph's order).
+    let mut launches = up.launches(base).expect("up launches");
+    launches.extend(dp.launches().expect("down launches"));
     let mem = emulate(exe, &img, &launches);
 
     c.run_cpu(out);

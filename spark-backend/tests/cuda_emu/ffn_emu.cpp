@@ -1,13 +1,15 @@
-// Runs a launch sequence of kernels/ffn.cu on the CPU (emu.h), for tests/cuda_emu/ffn.rs.
-// Compiled with the -D type macros of src/cuda/options.rs (type_macros), as NVRTC is.
+// Runs a launch sequence of src/ffn/ffn.cu on the CPU (emu.h), for tests/cuda_emu/ffn.rs.
+// Compiled with the -D type macros of src/cuda/options.rs (type_macros), as NVRTC is, and
+// src/cuda on the include path (ffn.cu includes "common.cuh").
 //
 // Job file (little-endian): u64 memory size, the memory image; u32 launch count; per launch:
-// u32 kernel (0 threshold, 1 up, 2 compact, 3 v_sparse, 4 v_tiled, 5 sum), u32 grid x, y, z,
-// u32 block x, u32 argument count, per argument u32 kind (0 address as an offset into the
-// image, 1 int, 2 i64, 3 double) and its u64 bits. The kinds must match the kernel's parameter
-// types (checked). Writes the memory image after the launches to the output file.
+// u32 kernel (its index in FfnKernel::ALL: 0 threshold, 1 up, 2 compact, 3 v_sparse, 4 v_tiled,
+// 5 sum), u32 grid x, y, z, u32 block x, u32 argument count, per argument u32 kind (0 address
+// as an offset into the image, 1 int, 2 i64, 3 double: the variants of ffn::cuda::Arg) and its
+// u64 bits. The kinds must match the kernel's parameter types (checked). Writes the memory
+// image after the launches to the output file.
 #include "emu.h"
-#include "../../src/cuda/kernels/ffn.cu"
+#include "../../src/ffn/ffn.cu"
 
 #include <cstdio>
 #include <cstdlib>

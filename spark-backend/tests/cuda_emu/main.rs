@@ -1,13 +1,13 @@
-//! The CUDA attention kernels (src/cuda/kernels/attn.cu) run on the CPU: g++ compiles the .cu
+//! The CUDA attention kernels (src/attention/attn.cu) run on the CPU: g++ compiles the .cu
 //! unchanged through a small CUDA emulation header (emu.h: one std::thread per CUDA thread,
 //! barriers for `__syncthreads` and warp shuffles), and the launch sequence planned by
-//! `spark_backend::cuda::attn::AttnPlan` runs over a memory image holding the tensors and the
-//! scratch. The kept positions of every query must equal the CPU kernel's exactly, and the
+//! `spark_backend::attention::cuda::AttnPlan` runs over a memory image holding the tensors and
+//! the scratch. The kept positions of every query must equal the CPU kernel's exactly, and the
 //! outputs must agree with the CPU kernel to f32 rounding. This checks the kernels' logic
 //! (indexing, GQA, streams, masks, thresholds, compaction, chunking) without a GPU; it says
 //! nothing about speed, occupancy or races that only a real warp schedule would expose.
 //!
-//! The FFN kernels (src/cuda/kernels/ffn.cu) get the same treatment in `ffn.rs` (module below).
+//! The FFN kernels (src/ffn/ffn.cu) get the same treatment in `ffn.rs` (module below).
 //!
 //! Skipped (with a line on stderr) when there is no `g++`; it needs C++20's `<barrier>` (GCC 11+).
 
@@ -20,8 +20,8 @@ mod ffn;
 mod ffn_common;
 
 use attention_support::{Case, MaskKind, Spec, Ty};
+use spark_backend::attention::cuda::{AttnKernel, AttnPlan};
 use spark_backend::attention::AttnCall;
-use spark_backend::cuda::attn::{AttnKernel, AttnPlan};
 use spark_backend::tensor::TensorView;
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,24 +1,29 @@
-//! The CUDA launcher of `spark_attn` (docs/INTERFACES.md; kernels in `kernels/attn.cu`, whose
-//! header comment describes the launch sequence, grids and scratch buffers).
+//! `spark_attn` on the GPU (feature `cuda` for the launcher; the plan is always built): the
+//! CUDA plan of a call (docs/INTERFACES.md; kernels in `attn.cu`, this folder, whose header
+//! comment describes the launch sequence, grids and scratch buffers).
 //!
 //! [`AttnPlan::new`] checks the call from metadata only (the same checks as the CPU op,
-//! `crate::attention::layout::AttnLayout`, plus what the kernels need: aligned addresses, a head
-//! dim of at most [`MAX_HEAD_DIM`], 32-bit indices) and fixes the launch sequence
-//! ([`AttnPlan::launches`]) over one scratch allocation of [`AttnPlan::scratch_bytes`]. It is a
-//! pure function of the tensors' shapes, strides, types and addresses, so the tests run it on
-//! host-only tensors; the CPU emulation test (tests/cuda_emu) runs the same launches through
-//! g++.
+//! [`AttnLayout`], plus what the kernels need: aligned addresses, a head dim of at most
+//! [`MAX_HEAD_DIM`], 32-bit indices) and fixes the launch sequence ([`AttnPlan::launches`]) over
+//! one scratch allocation of [`AttnPlan::scratch_bytes`]. It is a pure function of the tensors'
+//! shapes, strides, types and addresses, so the tests run it on host-only tensors; the CPU
+//! emulation test (tests/cuda_emu) runs the same launches through g++.
 //!
-//! With the `cuda` feature, `launch_attn` is the launcher ggml-cuda calls for a `spark_attn`
-//! node (`super::launch::enter`): one stream-ordered scratch allocation, the launches on
-//! ggml's stream, and, only when `super::device_stats` is on, a copy of the kept counts and a
-//! stream synchronization for the statistics table.
+//! With the `cuda` feature, `super::gpu` holds the launcher ggml-cuda calls for a `spark_attn`
+//! node, which enqueues this plan.
 
-use crate::attention::layout::{AttnCall, AttnLayout, ElemType, Strided};
+use super::layout::{AttnCall, AttnLayout, ElemType, Strided};
+use crate::cuda::KernelSource;
 use crate::params::AttnParams;
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
+
+/// The CUDA C of the attention kernels, compiled by NVRTC at first use per device.
+pub const KERNELS: KernelSource = KernelSource {
+    name: "attn.cu",
+    text: include_str!("attn.cu"),
+};
 
 /// Largest head dim the kernels hold in shared memory (`SPARK_MAX_HEAD_DIM`).
 pub const MAX_HEAD_DIM: usize = 512;
@@ -46,7 +51,7 @@ const MAX_GRID_YZ: usize = 65_535;
 /// Largest value the kernels index with `int`.
 const MAX_INT: usize = i32::MAX as usize;
 
-/// The kernel argument block, `struct SparkAttnArgs` of kernels/attn.cu (same order, C layout),
+/// The kernel argument block, `struct SparkAttnArgs` of attn.cu (same order, C layout),
 /// passed by value to every kernel. Addresses are device addresses.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -133,7 +138,7 @@ pub struct AttnArgs {
 
 const _: () = assert!(std::mem::size_of::<AttnArgs>() == 10 * 8 + 20 * 8 + 24 * 4);
 
-/// The four kernels of kernels/attn.cu.
+/// The four kernels of attn.cu.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
     /// `spark_attn_scores`.
@@ -451,7 +456,7 @@ impl AttnPlan {
         })
     }
 
-    /// The launches of `slab` (kernels/attn.cu, "Launch sequence").
+    /// The launches of `slab` (attn.cu, "Launch sequence").
     pub fn slab_launches(&self, slab: &Slab, scratch: u64) -> Result<Vec<Launch>, KernelError> {
         let l = &self.layout;
         let args = self.args(slab, scratch)?;
@@ -509,7 +514,7 @@ impl AttnPlan {
 
 /// Checks a `spark_attn` node from metadata only (shapes, strides, types, data addresses as
 /// numbers; the params struct in host memory) and plans it: the CPU op's checks and messages
-/// (`crate::attention::op`), then the CUDA kernels' own limits.
+/// (`super::op`), then the CUDA kernels' own limits.
 ///
 /// # Safety
 /// `dst` is null or a live tensor whose `src[0..4]` are null or live; `userdata` is null or
@@ -522,112 +527,6 @@ pub unsafe fn check(
     let (call, params) = unsafe { AttnCall::read(dst, userdata)? };
     AttnPlan::new(&call, &params)
 }
-
-#[cfg(feature = "cuda")]
-mod gpu {
-    use super::{AttnArgs, AttnPlan, Launch};
-    use crate::cuda::driver::Gpu;
-    use crate::cuda::launch::{cuda_launcher, CudaOp};
-    use crate::{stats, KernelError};
-    use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
-    use llama_cpp_sys_2 as sys;
-    use std::ffi::c_void;
-
-    // SAFETY: AttnArgs is #[repr(C)], plain integers and one f32 with no padding (size
-    // asserted above), laid out as `struct SparkAttnArgs` of attn.cu, which every kernel takes
-    // by value.
-    unsafe impl DeviceRepr for AttnArgs {}
-
-    cuda_launcher! {
-        /// `spark_attn` on the GPU (kernels/attn.cu).
-        launch_attn => AttnPlan
-    }
-
-    const SOURCE: &str = "attn.cu";
-
-    impl CudaOp for AttnPlan {
-        const NAME: &'static str = "spark_attn";
-
-        unsafe fn check(
-            dst: *const sys::ggml_tensor,
-            userdata: *const c_void,
-        ) -> Result<Self, KernelError> {
-            // SAFETY: forwarded contract.
-            unsafe { super::check(dst, userdata) }
-        }
-
-        unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
-            if self.n_queries() == 0 {
-                return Ok(());
-            }
-            // SAFETY: uninitialised device memory; every kernel writes a scratch element before
-            // any kernel reads it (kernels/attn.cu).
-            let scratch = unsafe { gpu.stream.alloc::<u8>(self.scratch_bytes()) }
-                .map_err(|e| format!("scratch of {} bytes: {e:?}", self.scratch_bytes()))?;
-            let base = {
-                let (p, _sync) = scratch.device_ptr(&gpu.stream);
-                p
-            };
-            let stats = crate::cuda::device_stats();
-            let mut counts: Vec<u8> = Vec::new();
-            for slab in &self.slabs {
-                let launches = self.slab_launches(slab, base).map_err(|e| e.to_string())?;
-                for l in &launches {
-                    // SAFETY: the plan's addresses are live device memory with the checked
-                    // shapes (contract), the scratch holds scratch_bytes() bytes at base, and
-                    // the argument block is the one parameter of every attn.cu kernel.
-                    unsafe { enqueue(gpu, l)? };
-                }
-                if stats {
-                    let qs = slab.ns * slab.nt * self.layout.n_head;
-                    let off = self.scratch.count;
-                    let view = scratch.slice(off..off + 4 * qs);
-                    counts.extend(
-                        gpu.stream
-                            .clone_dtoh(&view)
-                            .map_err(|e| format!("statistics: {e:?}"))?,
-                    );
-                }
-            }
-            if stats {
-                gpu.stream
-                    .synchronize()
-                    .map_err(|e| format!("statistics: {e:?}"))?;
-                let kept: u64 = counts
-                    .chunks_exact(4)
-                    .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-                    .sum();
-                stats::record_attn(self.layout.layer, kept, self.n_queries() as u64);
-            }
-            drop(scratch); // freed on the stream, after the kernels
-            Ok(())
-        }
-    }
-
-    /// Enqueues one launch of attn.cu on ggml's stream.
-    ///
-    /// # Safety
-    /// The addresses in `l.args` are live device memory of `gpu`'s device with the shapes the
-    /// plan checked.
-    unsafe fn enqueue(gpu: &Gpu, l: &Launch) -> Result<(), String> {
-        let name = l.kernel.name();
-        let f = gpu.device.function(SOURCE, name)?;
-        let mut b = gpu.stream.launch_builder(&f);
-        b.arg(&l.args);
-        let cfg = LaunchConfig {
-            grid_dim: l.grid,
-            block_dim: (l.block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: per the contract; the kernel's one parameter is `struct SparkAttnArgs`.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| format!("{name}: launch failed: {e:?}"))
-    }
-}
-
-#[cfg(feature = "cuda")]
-pub(crate) use gpu::launch_attn;
 
 #[cfg(test)]
 mod tests {
@@ -666,17 +565,24 @@ mod tests {
             r: 128,
             softcap: 50.0,
         };
-        AttnPlan::new(
-            &AttnCall {
-                q,
-                k,
-                v: k,
-                mask: m,
-                dst: q,
-            },
-            &p,
-        )
-        .unwrap()
+        plan_of(q, k, m, &p).unwrap()
+    }
+
+    /// The plan of a call with K = V = `k` and dst = `q`.
+    fn plan_of(
+        q: TensorView,
+        k: TensorView,
+        m: TensorView,
+        p: &AttnParams,
+    ) -> Result<AttnPlan, KernelError> {
+        let call = AttnCall {
+            q,
+            k,
+            v: k,
+            mask: m,
+            dst: q,
+        };
+        AttnPlan::new(&call, p)
     }
 
     #[test]
@@ -766,33 +672,11 @@ mod tests {
             r: 2,
             softcap: 0.0,
         };
-        let e = AttnPlan::new(
-            &AttnCall {
-                q,
-                k,
-                v: k,
-                mask: m,
-                dst: q,
-            },
-            &p,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = plan_of(q, k, m, &p).unwrap_err().to_string();
         assert!(e.contains("head dim 1024"), "{e}");
         let q = view(GGML_TYPE_F32, [8, 2, 1, 1], 0x1000);
         let k = view(GGML_TYPE_F16, [8, 1, 16, 1], 0x2001);
-        let e = AttnPlan::new(
-            &AttnCall {
-                q,
-                k,
-                v: k,
-                mask: m,
-                dst: q,
-            },
-            &p,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = plan_of(q, k, m, &p).unwrap_err().to_string();
         assert!(e.contains("k: address"), "{e}");
     }
 }

@@ -1,0 +1,628 @@
+//! The FFN ops on the GPU (feature `cuda` for the launchers; the plans are always built): the
+//! CUDA plans and launchers of `spark_ffn_fused`, `spark_ffn_sum`, `spark_ffn_up` and
+//! `spark_ffn_down` (kernels in `ffn.cu`, this folder), matching the CPU ops of `super::op`
+//! (docs/INTERFACES.md): same outputs and layouts, exact zeros for dropped neurons, chunk
+//! partials summed in increasing neuron order, deterministic.
+//!
+//! A launcher checks its node from metadata only ([`fused`], [`up`], [`down`], [`sum`]: the
+//! shape rules of `super::shapes` that the CPU ops apply, plus the kernels' own limits,
+//! `crate::cuda::check`) into a plan; the plan then fixes the launch sequence (kernel, grid,
+//! block, arguments in order; [`FusedPlan::launches`] and the like) over one scratch allocation
+//! it lays out ([`ScratchLayout`]). Both are pure functions of the tensors' shapes, strides,
+//! types and addresses: the tests run them on host-only tensors, and the CPU emulation test
+//! (tests/cuda_emu) runs these very launches through g++.
+//!
+//! Per op, the kernels enqueued on ggml's stream:
+//! - `spark_ffn_fused`: threshold (one block per token) -> up (one warp per neuron; gated
+//!   values `u` [F, T] in scratch, exact zeros) -> for T <= [`SPARSE_MAX_TOKENS`] compaction per
+//!   (token, chunk) and a V accumulation over the compacted neurons (one thread per output
+//!   value), else the tiled V accumulation (32 tokens x 64 columns per block; V rows no token
+//!   of the tile uses are skipped). Both accumulate the same products in the same order.
+//! - `spark_ffn_up`: threshold -> up, straight into dst.
+//! - `spark_ffn_down`: the tiled V accumulation over all F neurons (one chunk).
+//! - `spark_ffn_sum`: one thread per output value, partials added in chunk order.
+//!
+//! With the `cuda` feature, `super::gpu` holds the launchers ggml-cuda calls, which enqueue
+//! these plans.
+
+use super::shapes::{self, StageDims};
+use crate::cuda::check::{expect_f32_rows, weight, GpuWeight};
+use crate::cuda::KernelSource;
+use crate::tensor::{views, TensorView};
+use crate::{topk, KernelError};
+use llama_cpp_sys_2 as sys;
+use std::ffi::c_void;
+
+/// The CUDA C of the FFN kernels, compiled by NVRTC at first use per device.
+pub const KERNELS: KernelSource = KernelSource {
+    name: "ffn.cu",
+    text: include_str!("ffn.cu"),
+};
+
+/// The fused path compacts active neurons per token up to this many tokens, and uses the tiled
+/// accumulation above (where nearly every V row is active for some token of a tile).
+pub const SPARSE_MAX_TOKENS: usize = 8;
+
+/// Threads per block of every FFN kernel.
+pub const THREADS: u32 = 256;
+
+/// The inputs `spark_ffn_up` and `spark_ffn_fused` share, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagePlan {
+    /// Layer (statistics, messages).
+    pub layer: i32,
+    /// k_f (>= 1; >= F is dense).
+    pub k: usize,
+    /// F.
+    pub f: usize,
+    /// D.
+    pub d: usize,
+    /// Tokens.
+    pub n_tokens: usize,
+    /// Scores [F, n_tokens], contiguous f32.
+    pub s: u64,
+    /// h [D, n_tokens] f32; row t at `h + t * h_stride` bytes.
+    pub h: u64,
+    /// Bytes between rows of h.
+    pub h_stride: u64,
+    /// K2: F rows of D - r_f.
+    pub k2: GpuWeight,
+}
+
+impl StagePlan {
+    /// F, D and the tokens, as the shared shape rules name them.
+    pub fn dims(&self) -> StageDims {
+        StageDims {
+            f: self.f,
+            d: self.d,
+            n_tokens: self.n_tokens,
+        }
+    }
+
+    /// r_f = D - (columns of K2).
+    pub fn r_f(&self) -> usize {
+        self.d - self.k2.cols
+    }
+
+    /// True when k >= F (every neuron kept, unshifted).
+    pub fn dense(&self) -> bool {
+        self.k >= self.f
+    }
+}
+
+/// `spark_ffn_fused`, checked: writes partials [D, n_tokens, P] (contiguous) at `out`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusedPlan {
+    /// Scores, h, K2, k.
+    pub stage: StagePlan,
+    /// V: F rows of D.
+    pub v: GpuWeight,
+    /// P, the number of chunks.
+    pub p: usize,
+    /// Device address of dst.
+    pub out: u64,
+}
+
+/// `spark_ffn_up`, checked: writes u [n_tokens, F] (contiguous, neuron-major) at `out`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpPlan {
+    /// Scores, h, K2, k.
+    pub stage: StagePlan,
+    /// Device address of dst.
+    pub out: u64,
+}
+
+/// `spark_ffn_down`, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DownPlan {
+    /// u [n_tokens, F], contiguous f32.
+    pub u: u64,
+    /// V: F rows of D.
+    pub v: GpuWeight,
+    /// Tokens.
+    pub n_tokens: usize,
+    /// Device address of dst [D, n_tokens].
+    pub out: u64,
+    /// Floats between dst rows.
+    pub out_row: usize,
+}
+
+/// `spark_ffn_sum`, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SumPlan {
+    /// Partials [D, n_tokens, P], contiguous f32.
+    pub partials: u64,
+    /// D.
+    pub d: usize,
+    /// Tokens.
+    pub n_tokens: usize,
+    /// P.
+    pub p: usize,
+    /// Device address of dst [D, n_tokens].
+    pub out: u64,
+    /// Floats between dst rows.
+    pub out_row: usize,
+}
+
+/// `k_f` and the layer from the userdata (a host-memory params struct; `params::read_ffn`).
+///
+/// # Safety
+/// `userdata` is null or points to a `spark_ffn_params`.
+pub unsafe fn ffn_params(userdata: *const c_void) -> Result<(i32, usize), KernelError> {
+    // SAFETY: forwarded contract.
+    let (params, k) = unsafe { crate::params::read_ffn(userdata)? };
+    Ok((params.layer, k))
+}
+
+fn stage(
+    s: &TensorView,
+    h: &TensorView,
+    k2: &TensorView,
+    params: (i32, usize),
+) -> Result<StagePlan, KernelError> {
+    let (layer, k) = params;
+    let StageDims { f, d, n_tokens } = shapes::stage(s, h, k2)?;
+    // The kernels' own limits: 32-bit sizes and 4-byte aligned f32 data.
+    expect_f32_rows(s, "scores")?;
+    expect_f32_rows(h, "h")?;
+    let k2w = weight(k2, "ffn_up")?;
+    if f == 0 || n_tokens == 0 {
+        return Err(KernelError::Shape(format!(
+            "F = {f}, n_tokens = {n_tokens}: nothing to compute"
+        )));
+    }
+    Ok(StagePlan {
+        layer,
+        k,
+        f,
+        d,
+        n_tokens,
+        s: s.data as u64,
+        h: h.data as u64,
+        h_stride: h.nb[1] as u64,
+        k2: k2w,
+    })
+}
+
+/// Checks `spark_ffn_fused`'s tensors (docs/INTERFACES.md).
+///
+/// # Safety
+/// As ggml calls a custom op: `dst` null or live with live sources, `userdata` null or a
+/// `spark_ffn_params`.
+pub unsafe fn fused(
+    dst: *const sys::ggml_tensor,
+    userdata: *const c_void,
+) -> Result<FusedPlan, KernelError> {
+    // SAFETY: forwarded contract.
+    let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
+    // SAFETY: forwarded contract.
+    let params = unsafe { ffn_params(userdata)? };
+    let stage = stage(&s, &h, &k2, params)?;
+    let p = shapes::fused_dst(stage.dims(), &v, &out)?;
+    let vw = weight(&v, "ffn_down_t")?;
+    expect_f32_rows(&out, "dst")?;
+    Ok(FusedPlan {
+        stage,
+        v: vw,
+        p,
+        out: out.data as u64,
+    })
+}
+
+/// Checks `spark_ffn_up`'s tensors.
+///
+/// # Safety
+/// As for [`fused`].
+pub unsafe fn up(
+    dst: *const sys::ggml_tensor,
+    userdata: *const c_void,
+) -> Result<UpPlan, KernelError> {
+    // SAFETY: forwarded contract.
+    let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
+    // SAFETY: forwarded contract.
+    let params = unsafe { ffn_params(userdata)? };
+    let stage = stage(&s, &h, &k2, params)?;
+    shapes::up_dst(stage.dims(), &out)?;
+    expect_f32_rows(&out, "dst")?;
+    Ok(UpPlan {
+        stage,
+        out: out.data as u64,
+    })
+}
+
+/// Checks `spark_ffn_down`'s tensors (userdata is not read).
+///
+/// # Safety
+/// `dst` null or live with live sources.
+pub unsafe fn down(dst: *const sys::ggml_tensor) -> Result<DownPlan, KernelError> {
+    // SAFETY: forwarded contract.
+    let (out, [u, v]) = unsafe { views::<2>(dst)? };
+    let (n_tokens, _, _) = shapes::down(&u, &v, &out)?;
+    expect_f32_rows(&u, "u")?;
+    let vw = weight(&v, "ffn_down_t")?;
+    expect_f32_rows(&out, "dst")?;
+    Ok(DownPlan {
+        u: u.data as u64,
+        v: vw,
+        n_tokens,
+        out: out.data as u64,
+        out_row: out.nb[1] / 4,
+    })
+}
+
+/// Checks `spark_ffn_sum`'s tensors (userdata is not read).
+///
+/// # Safety
+/// `dst` null or live with live sources.
+pub unsafe fn sum(dst: *const sys::ggml_tensor) -> Result<SumPlan, KernelError> {
+    // SAFETY: forwarded contract.
+    let (out, [partials]) = unsafe { views::<1>(dst)? };
+    let (d, n_tokens, p) = shapes::sum(&partials, &out)?;
+    expect_f32_rows(&partials, "partials")?;
+    expect_f32_rows(&out, "dst")?;
+    Ok(SumPlan {
+        partials: partials.data as u64,
+        d,
+        n_tokens,
+        p,
+        out: out.data as u64,
+        out_row: out.nb[1] / 4,
+    })
+}
+
+/// The kernels of `ffn.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnKernel {
+    /// `spark_ffn_threshold`.
+    Threshold,
+    /// `spark_ffn_up`.
+    Up,
+    /// `spark_ffn_compact`.
+    Compact,
+    /// `spark_ffn_v_sparse`.
+    VSparse,
+    /// `spark_ffn_v_tiled`.
+    VTiled,
+    /// `spark_ffn_sum`.
+    Sum,
+}
+
+impl FfnKernel {
+    /// Every kernel.
+    pub const ALL: [FfnKernel; 6] = [
+        FfnKernel::Threshold,
+        FfnKernel::Up,
+        FfnKernel::Compact,
+        FfnKernel::VSparse,
+        FfnKernel::VTiled,
+        FfnKernel::Sum,
+    ];
+
+    /// The `extern "C"` name in ffn.cu.
+    pub fn name(self) -> &'static str {
+        match self {
+            FfnKernel::Threshold => "spark_ffn_threshold",
+            FfnKernel::Up => "spark_ffn_up",
+            FfnKernel::Compact => "spark_ffn_compact",
+            FfnKernel::VSparse => "spark_ffn_v_sparse",
+            FfnKernel::VTiled => "spark_ffn_v_tiled",
+            FfnKernel::Sum => "spark_ffn_sum",
+        }
+    }
+}
+
+/// One kernel argument, passed by value (C types `T*`, `int`, `long long`, `double`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A device address.
+    Ptr(u64),
+    /// `int`.
+    I32(i32),
+    /// `long long` (`i64` in ffn.cu).
+    I64(i64),
+    /// `double`.
+    F64(f64),
+}
+
+/// One kernel launch: grid, block (x only) and the kernel's arguments in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    /// Which kernel.
+    pub kernel: FfnKernel,
+    /// Grid dimensions.
+    pub grid: (u32, u32, u32),
+    /// Threads per block.
+    pub block: u32,
+    /// The arguments, in the kernel's parameter order.
+    pub args: Vec<Arg>,
+}
+
+fn launch(kernel: FfnKernel, grid: (u32, u32, u32), args: Vec<Arg>) -> Launch {
+    Launch {
+        kernel,
+        grid,
+        block: THREADS,
+        args,
+    }
+}
+
+fn int(name: &str, v: usize) -> Result<Arg, String> {
+    i32::try_from(v)
+        .map(Arg::I32)
+        .map_err(|_| format!("{name} = {v} beyond the kernels' 32-bit indices"))
+}
+
+fn grid(name: &str, v: usize, max: usize) -> Result<u32, String> {
+    if v == 0 || v > max {
+        return Err(format!("{name}: {v} blocks outside 1..={max}"));
+    }
+    Ok(v as u32)
+}
+
+/// Largest `gridDim.x` the launches use (the kernels index blocks with `int`).
+const MAX_GRID_X: usize = i32::MAX as usize;
+/// Largest `gridDim.y` / `gridDim.z`.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// Where a launcher's scratch buffers lie in its one allocation: byte offsets, 256-byte aligned
+/// (as device allocations are). A buffer an op does not use has no bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScratchLayout {
+    /// f32 [T]: each token's threshold.
+    pub theta: usize,
+    /// u32 [T]: each token's kept count (copied to the host only for statistics).
+    pub kept: usize,
+    /// f32 [F, T]: the gated values u, neuron-major (`spark_ffn_fused`; `spark_ffn_up` writes
+    /// them into dst).
+    pub u: usize,
+    /// u32 [T, F]: per token, the nonzero-u neurons of each chunk, compacted at the chunk's
+    /// first neuron (`spark_ffn_fused` with T <= [`SPARSE_MAX_TOKENS`]).
+    pub idx: usize,
+    /// u32 [T, P]: how many neurons each (token, chunk) compacted (as `idx`).
+    pub count: usize,
+    /// Bytes in all (at least 4).
+    pub total: usize,
+}
+
+impl ScratchLayout {
+    /// Buffers of `[theta, kept, u, idx, count]` bytes, in that order.
+    fn new(bytes: [usize; 5]) -> Self {
+        let mut end = 0usize;
+        let [theta, kept, u, idx, count] = bytes.map(|b| {
+            let at = end.next_multiple_of(256);
+            end = at + b;
+            at
+        });
+        Self {
+            theta,
+            kept,
+            u,
+            idx,
+            count,
+            total: end.max(4),
+        }
+    }
+}
+
+impl StagePlan {
+    /// Threshold, then up: thresholds and kept counts at `theta` and `kept`, u [F, T] at `u`.
+    fn launches(&self, theta: u64, kept: u64, u: u64) -> Result<[Launch; 2], String> {
+        let (f, t) = (int("F", self.f)?, int("n_tokens", self.n_tokens)?);
+        let dense = Arg::I32(i32::from(self.dense()));
+        let q = if self.dense() {
+            0.0
+        } else {
+            topk::norm_ppf(1.0 - self.k as f64 / self.f as f64)
+        };
+        let threshold = launch(
+            FfnKernel::Threshold,
+            (grid("tokens", self.n_tokens, MAX_GRID_X)?, 1, 1),
+            vec![
+                Arg::Ptr(self.s),
+                f,
+                dense,
+                Arg::F64(q),
+                Arg::Ptr(theta),
+                Arg::Ptr(kept),
+            ],
+        );
+        let (r_f, d2) = (int("r_f", self.r_f())?, int("K2 columns", self.k2.cols)?);
+        let up = launch(
+            FfnKernel::Up,
+            (grid("neuron groups", self.f.div_ceil(8), MAX_GRID_X)?, 1, 1),
+            vec![
+                Arg::Ptr(self.s),
+                f,
+                t,
+                Arg::Ptr(theta),
+                dense,
+                Arg::Ptr(self.h),
+                Arg::I64(self.h_stride as i64),
+                r_f,
+                Arg::Ptr(self.k2.ptr),
+                Arg::I64(self.k2.row_stride as i64),
+                Arg::I32(self.k2.ty as i32),
+                d2,
+                Arg::Ptr(u),
+            ],
+        );
+        Ok([threshold, up])
+    }
+}
+
+/// The tiled V accumulation: chunk c of `p` ([c*F/p, (c+1)*F/p)) of u [F, T] at `u` into plane
+/// c of `out` (T rows of `out_row` floats per plane, planes `plane` floats apart).
+#[allow(clippy::too_many_arguments)]
+fn v_tiled(
+    u: u64,
+    f: usize,
+    t: usize,
+    p: usize,
+    v: &GpuWeight,
+    out: u64,
+    out_row: usize,
+    plane: usize,
+) -> Result<Launch, String> {
+    let (fi, ti, pi, di) = (
+        int("F", f)?,
+        int("n_tokens", t)?,
+        int("P", p)?,
+        int("D", v.cols)?,
+    );
+    let g = (
+        grid("column tiles", v.cols.div_ceil(64), MAX_GRID_X)?,
+        grid("token tiles", t.div_ceil(32), MAX_GRID_YZ)?,
+        grid("chunks", p, MAX_GRID_YZ)?,
+    );
+    Ok(launch(
+        FfnKernel::VTiled,
+        g,
+        vec![
+            Arg::Ptr(u),
+            fi,
+            ti,
+            pi,
+            Arg::Ptr(v.ptr),
+            Arg::I64(v.row_stride as i64),
+            Arg::I32(v.ty as i32),
+            di,
+            Arg::Ptr(out),
+            Arg::I64(out_row as i64),
+            Arg::I64(plane as i64),
+        ],
+    ))
+}
+
+impl FusedPlan {
+    /// The scratch of [`launches`](Self::launches): thresholds, kept counts and u, and for T <=
+    /// [`SPARSE_MAX_TOKENS`] the compacted neuron lists.
+    pub fn scratch(&self) -> ScratchLayout {
+        let (f, t, p) = (self.stage.f, self.stage.n_tokens, self.p);
+        let sparse = t <= SPARSE_MAX_TOKENS;
+        ScratchLayout::new([
+            4 * t,
+            4 * t,
+            4 * f * t,
+            if sparse { 4 * f * t } else { 0 },
+            if sparse { 4 * p * t } else { 0 },
+        ])
+    }
+
+    /// The launch sequence with [`scratch`](Self::scratch) at device address `scratch`.
+    pub fn launches(&self, scratch: u64) -> Result<Vec<Launch>, String> {
+        let st = &self.stage;
+        let (f, t, p, d) = (st.f, st.n_tokens, self.p, st.d);
+        let sc = self.scratch();
+        let at = |off: usize| scratch + off as u64;
+        let u = at(sc.u);
+        let mut out = Vec::from(st.launches(at(sc.theta), at(sc.kept), u)?);
+        if t <= SPARSE_MAX_TOKENS {
+            let (fi, ti, pi, di) = (
+                int("F", f)?,
+                int("n_tokens", t)?,
+                int("P", p)?,
+                int("D", d)?,
+            );
+            let (idx, count) = (Arg::Ptr(at(sc.idx)), Arg::Ptr(at(sc.count)));
+            out.push(launch(
+                FfnKernel::Compact,
+                (
+                    grid("chunks", p, MAX_GRID_X)?,
+                    grid("tokens", t, MAX_GRID_YZ)?,
+                    1,
+                ),
+                vec![Arg::Ptr(u), fi, ti, pi, idx, count],
+            ));
+            out.push(launch(
+                FfnKernel::VSparse,
+                (
+                    grid("column blocks", d.div_ceil(256), MAX_GRID_X)?,
+                    grid("tokens", t, MAX_GRID_YZ)?,
+                    grid("chunks", p, MAX_GRID_YZ)?,
+                ),
+                vec![
+                    Arg::Ptr(u),
+                    fi,
+                    ti,
+                    pi,
+                    idx,
+                    count,
+                    Arg::Ptr(self.v.ptr),
+                    Arg::I64(self.v.row_stride as i64),
+                    Arg::I32(self.v.ty as i32),
+                    di,
+                    Arg::Ptr(self.out),
+                ],
+            ));
+        } else {
+            out.push(v_tiled(u, f, t, p, &self.v, self.out, d, d * t)?);
+        }
+        Ok(out)
+    }
+}
+
+impl UpPlan {
+    /// The scratch of [`launches`](Self::launches): thresholds and kept counts.
+    pub fn scratch(&self) -> ScratchLayout {
+        let t = self.stage.n_tokens;
+        ScratchLayout::new([4 * t, 4 * t, 0, 0, 0])
+    }
+
+    /// The launch sequence with [`scratch`](Self::scratch) at device address `scratch`: u
+    /// straight into dst.
+    pub fn launches(&self, scratch: u64) -> Result<Vec<Launch>, String> {
+        let sc = self.scratch();
+        let at = |off: usize| scratch + off as u64;
+        Ok(Vec::from(self.stage.launches(
+            at(sc.theta),
+            at(sc.kept),
+            self.out,
+        )?))
+    }
+}
+
+impl DownPlan {
+    /// The launch sequence (no scratch): the tiled accumulation over all F neurons as one
+    /// chunk.
+    pub fn launches(&self) -> Result<Vec<Launch>, String> {
+        let l = v_tiled(
+            self.u,
+            self.v.rows,
+            self.n_tokens,
+            1,
+            &self.v,
+            self.out,
+            self.out_row,
+            0,
+        )?;
+        Ok(vec![l])
+    }
+}
+
+impl SumPlan {
+    /// The launch sequence (no scratch): one thread per output value.
+    pub fn launches(&self) -> Result<Vec<Launch>, String> {
+        let (di, ti, pi) = (
+            int("D", self.d)?,
+            int("n_tokens", self.n_tokens)?,
+            int("P", self.p)?,
+        );
+        let blocks = grid(
+            "element blocks",
+            (self.d * self.n_tokens).div_ceil(256),
+            MAX_GRID_X,
+        )?;
+        Ok(vec![launch(
+            FfnKernel::Sum,
+            (blocks, 1, 1),
+            vec![
+                Arg::Ptr(self.partials),
+                di,
+                ti,
+                pi,
+                Arg::Ptr(self.out),
+                Arg::I64(self.out_row as i64),
+            ],
+        )])
+    }
+}

@@ -1,0 +1,154 @@
+//! The FFN launchers ggml-cuda calls (feature `cuda`; `crate::cuda::launch::enter`): each
+//! checks its node into a plan of `super::cuda`, takes one stream-ordered scratch allocation
+//! (`cuMemAllocAsync`) of the plan's layout, enqueues the plan's launches on ggml's stream and
+//! frees the scratch on the stream; only when `crate::cuda::device_stats` is on, it copies the
+//! kept counts to the host (one stream synchronization) for the statistics table.
+
+use super::cuda::{
+    Arg, DownPlan, FusedPlan, Launch, ScratchLayout, StagePlan, SumPlan, UpPlan, KERNELS,
+};
+use crate::cuda::driver::Gpu;
+use crate::cuda::launch::{self, cuda_launcher, CudaOp, KernelArgs};
+use crate::{stats, KernelError};
+use cudarc::driver::{LaunchArgs, PushKernelArg};
+use llama_cpp_sys_2 as sys;
+use std::ffi::c_void;
+
+cuda_launcher! {
+    /// `spark_ffn_fused` on the GPU.
+    launch_fused => FusedPlan
+}
+cuda_launcher! {
+    /// `spark_ffn_sum` on the GPU.
+    launch_sum => SumPlan
+}
+cuda_launcher! {
+    /// `spark_ffn_up` on the GPU.
+    launch_up => UpPlan
+}
+cuda_launcher! {
+    /// `spark_ffn_down` on the GPU.
+    launch_down => DownPlan
+}
+
+impl KernelArgs for [Arg] {
+    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
+        for a in self {
+            match a {
+                Arg::Ptr(p) => launch.arg(p),
+                Arg::I32(i) => launch.arg(i),
+                Arg::I64(i) => launch.arg(i),
+                Arg::F64(x) => launch.arg(x),
+            };
+        }
+    }
+}
+
+/// Enqueues `launches` on the stream, in order.
+///
+/// # Safety
+/// Every address in the launches' arguments is live device memory of `gpu`'s device with the
+/// shapes the plan checked, until the stream has run the work.
+unsafe fn enqueue(gpu: &Gpu, launches: &[Launch]) -> Result<(), String> {
+    for l in launches {
+        // SAFETY: the arguments are the kernel's parameters in order with their C types (the
+        // plan builds them so; tests/cuda_emu checks kinds and counts against ffn.cu), and
+        // every address is live device memory (contract).
+        unsafe { launch::enqueue(gpu, &KERNELS, l.kernel.name(), l.grid, l.block, &l.args[..])? };
+    }
+    Ok(())
+}
+
+/// Runs a plan that thresholds tokens (`spark_ffn_fused`, `spark_ffn_up`): one scratch
+/// allocation of `layout`, the plan's launches over it, and when `crate::cuda::device_stats`
+/// is on the kept counts (u32 [T] at `layout.kept`) added to the statistics table (waits for
+/// the stream: only in that mode).
+///
+/// # Safety
+/// `launches` gives the launches of a checked plan whose tensors are live device memory of
+/// `gpu`'s device, with its scratch at the address it is given.
+unsafe fn run_stage(
+    gpu: &Gpu,
+    st: &StagePlan,
+    layout: ScratchLayout,
+    launches: impl FnOnce(u64) -> Result<Vec<Launch>, String>,
+) -> Result<(), String> {
+    let (scratch, base) = launch::scratch(gpu, layout.total)?;
+    // SAFETY: per the contract; the scratch holds layout.total bytes at base.
+    unsafe { enqueue(gpu, &launches(base)?)? };
+    if crate::cuda::device_stats() {
+        let counts =
+            launch::copy_counts(gpu, &scratch, layout.kept..layout.kept + 4 * st.n_tokens)?;
+        let total = launch::sum_counts(gpu, &counts)?;
+        stats::record_ffn(st.layer, total, st.n_tokens as u64, st.f as u64);
+    }
+    drop(scratch); // freed on the stream, after the kernels
+    Ok(())
+}
+
+impl CudaOp for FusedPlan {
+    const NAME: &'static str = "spark_ffn_fused";
+
+    unsafe fn check(
+        dst: *const sys::ggml_tensor,
+        userdata: *const c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: forwarded contract.
+        unsafe { super::cuda::fused(dst, userdata) }
+    }
+
+    unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
+        // SAFETY: the checked plan's tensors (contract).
+        unsafe { run_stage(gpu, &self.stage, self.scratch(), |base| self.launches(base)) }
+    }
+}
+
+impl CudaOp for UpPlan {
+    const NAME: &'static str = "spark_ffn_up";
+
+    unsafe fn check(
+        dst: *const sys::ggml_tensor,
+        userdata: *const c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: forwarded contract.
+        unsafe { super::cuda::up(dst, userdata) }
+    }
+
+    unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
+        // SAFETY: the checked plan's tensors (contract); dst is u [n_tokens, F] contiguous.
+        unsafe { run_stage(gpu, &self.stage, self.scratch(), |base| self.launches(base)) }
+    }
+}
+impl CudaOp for DownPlan {
+    const NAME: &'static str = "spark_ffn_down";
+
+    unsafe fn check(
+        dst: *const sys::ggml_tensor,
+        _userdata: *const c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: forwarded contract.
+        unsafe { super::cuda::down(dst) }
+    }
+
+    unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
+        // SAFETY: checked plan: u F * T floats, V F rows of D, dst T rows of out_row floats.
+        unsafe { enqueue(gpu, &self.launches()?) }
+    }
+}
+
+impl CudaOp for SumPlan {
+    const NAME: &'static str = "spark_ffn_sum";
+
+    unsafe fn check(
+        dst: *const sys::ggml_tensor,
+        _userdata: *const c_void,
+    ) -> Result<Self, KernelError> {
+        // SAFETY: forwarded contract.
+        unsafe { super::cuda::sum(dst) }
+    }
+
+    unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
+        // SAFETY: checked plan: partials [D, T, P] contiguous, dst T rows of out_row floats.
+        unsafe { enqueue(gpu, &self.launches()?) }
+    }
+}
