@@ -5,7 +5,12 @@
 #   - libclang-dev (bindgen, through clang-sys, loads libclang.so / libclang-N.so and needs
 #     clang's own headers such as stddef.h; Debian images often ship only libclang-cpp.so.N,
 #     a different library that bindgen cannot use),
-#   - a Python venv at .venv with tests/requirements.txt (NumPy reference, gguf-py, pytest).
+#   - chromium and chromium-driver (the browser test drives llama-server's web UI in a real
+#     headless Chromium through WebDriver; without recommended packages),
+#   - a Python venv at .venv with tests/requirements.txt (NumPy reference, gguf-py, pytest,
+#     selenium, openai).
+# Not from here: Node.js >= 20.19 with npm, which tools/upstream.sh needs to build llama-server's
+# web UI (Debian 12's nodejs is 18; upstream.sh says so and has --no-ui).
 # Each dependency is detected the way its user finds it, not by a loose file-name match.
 #
 # A change to this script is verified from a new machine's state: tools/README.md, "Set-up".
@@ -43,19 +48,32 @@ need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 { have_libclang && have_clang_headers; } || need_apt+=(libclang-dev)
 command -v git >/dev/null 2>&1 || need_apt+=(git)
-if [ ${#need_apt[@]} -gt 0 ]; then
-    echo "setup: installing ${need_apt[*]} with apt-get"
+# The browser test's: Debian's Chromium and its WebDriver (same source package, same version).
+need_browser=()
+command -v chromium >/dev/null 2>&1 || need_browser+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_browser+=(chromium-driver)
+installing=("${need_apt[@]}" "${need_browser[@]}")
+if [ ${#installing[@]} -gt 0 ]; then
+    echo "setup: installing ${installing[*]} with apt-get"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    if [ ${#need_apt[@]} -gt 0 ]; then
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    fi
+    if [ ${#need_browser[@]} -gt 0 ]; then
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+            "${need_browser[@]}" >/dev/null
+    fi
     # Check the result the same way, so a package that no longer provides what we need fails
     # here with a clear line instead of minutes later inside bindgen or cmake.
     command -v cmake >/dev/null 2>&1 || { echo "setup: cmake still missing" >&2; exit 1; }
     have_libclang || { echo "setup: libclang.so still missing after apt-get" >&2; exit 1; }
     have_clang_headers || { echo "setup: clang's stddef.h still missing" >&2; exit 1; }
-    echo "setup: installed ${need_apt[*]}"
+    command -v chromium >/dev/null 2>&1 || { echo "setup: chromium still missing" >&2; exit 1; }
+    command -v chromedriver >/dev/null 2>&1 || { echo "setup: chromedriver still missing" >&2; exit 1; }
+    echo "setup: installed ${installing[*]}"
 else
-    echo "setup: cmake, libclang and git present, nothing to install with apt-get"
+    echo "setup: cmake, libclang, git, chromium and chromedriver present, nothing to install with apt-get"
 fi
 
 if [ ! -x .venv/bin/python ]; then
