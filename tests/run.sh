@@ -15,6 +15,8 @@ echo "== cargo build (binaries used by the Python tests)"
 cargo build --workspace --quiet
 echo "== upstream llama.cpp tools (tools/upstream.sh: the tools on the same llama.cpp build)"
 bash tools/upstream.sh --quiet
+echo "== llama-cpp-python on that build (tools/python.sh: pinned sdist, headers checked)"
+bash tools/python.sh --quiet --no-build
 echo "== cargo test"
 cargo test --workspace --quiet
 echo "== CUDA without a GPU (tools/cuda-tools.sh: NVRTC and nvcc 13.0 from PyPI)"
