@@ -115,21 +115,56 @@ pub struct ConvertOptions {
     pub overrides: SparkOverrides,
     /// `general.name` (default: the input file's stem).
     pub name: Option<String>,
-    /// Replace an existing output.
+    /// Also write a llama-gguf-hash manifest of the tensor data here (see
+    /// [`spark_gguf::manifest`]), committed with the output.
+    pub manifest: Option<PathBuf>,
+    /// Replace an existing output (and manifest).
     pub force: bool,
     /// No progress bar, log lines or summary.
     pub quiet: bool,
 }
 
-/// Refuses an existing output unless `force` (checked before any work, and again by the writer).
-pub fn check_output(output: &Path, force: bool) -> Result<()> {
-    if !force && output.exists() {
+/// Where `--manifest` without a file name puts the manifest: beside the output, named
+/// `OUTPUT.manifest`.
+pub fn default_manifest_path(output: &Path) -> PathBuf {
+    let mut name = output.as_os_str().to_owned();
+    name.push(".manifest");
+    PathBuf::from(name)
+}
+
+/// Refuses an existing output or manifest unless `force` (checked before any work, and again
+/// by the writer).
+pub fn check_output(output: &Path, manifest: Option<&Path>, force: bool) -> Result<()> {
+    for path in std::iter::once(output).chain(manifest) {
+        if !force && path.exists() {
+            return Err(Error::Usage(format!(
+                "{}: output file exists (pass --force to replace it)",
+                path.display()
+            )));
+        }
+    }
+    if manifest == Some(output) {
         return Err(Error::Usage(format!(
-            "{}: output file exists (pass --force to replace it)",
+            "{}: the manifest cannot be the output itself",
             output.display()
         )));
     }
     Ok(())
+}
+
+/// Starts writing `output` with `metadata` and `plans`, and its manifest when one is asked for.
+pub fn create_writer(
+    output: &Path,
+    manifest: Option<&Path>,
+    force: bool,
+    metadata: &[(String, Value)],
+    plans: &[TensorPlan],
+) -> Result<GgufWriter> {
+    let mut w = GgufWriter::create(output, force, metadata, plans, 32)?;
+    if let Some(m) = manifest {
+        w.write_manifest(m)?;
+    }
+    Ok(w)
 }
 
 impl Shapes for Npz {
@@ -340,7 +375,7 @@ struct Job {
 
 /// Converts a checkpoint. On any error nothing is left at the output path.
 pub fn convert(o: &ConvertOptions) -> Result<()> {
-    check_output(&o.output, o.force)?;
+    check_output(&o.output, o.manifest.as_deref(), o.force)?;
     if o.tokenizer.is_some() && o.vocab_from.is_some() {
         return Err(Error::Usage(
             "give --tokenizer or --vocab-from, not both".into(),
@@ -432,7 +467,7 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
     for n in &notes {
         progress.log(n);
     }
-    let w = GgufWriter::create(&o.output, o.force, &md, &plans, 32)?;
+    let w = create_writer(&o.output, o.manifest.as_deref(), o.force, &md, &plans)?;
     let file_bytes = write_pipelined(w, &progress, |sink| {
         let mut cache: Option<(String, ArrayBytes<'_>)> = None;
         for job in &jobs {
@@ -452,7 +487,7 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
         }
         Ok(())
     })?;
-    progress.finish(&o.output, file_bytes);
+    progress.finish(&o.output, o.manifest.as_deref(), file_bytes);
     Ok(())
 }
 

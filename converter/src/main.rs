@@ -1,12 +1,14 @@
 //! `spark-convert`: a Spark (or dense Gemma-2) `.npz` checkpoint, or a synthetic random model,
 //! to GGUF.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
 use spark_convert::chat_template;
-use spark_convert::convert::{convert, ConvertOptions, InputDtype, SparkOverrides};
+use spark_convert::convert::{
+    convert, default_manifest_path, ConvertOptions, InputDtype, SparkOverrides,
+};
 use spark_convert::error::{Error, Result};
 use spark_convert::model::OutType;
 use spark_convert::synthetic::{generate_with_chat_template, SyntheticOptions};
@@ -61,12 +63,29 @@ struct Cli {
     /// general.name (default: the input file's stem, or the preset).
     #[arg(long)]
     name: Option<String>,
-    /// Replace an existing output file.
+    /// Also write a llama-gguf-hash manifest of the tensor data (per-tensor and whole-file
+    /// xxh64, SHA-1 and SHA-256 lines, as `llama-gguf-hash --all` prints them), committed with
+    /// the output: to OUT.gguf.manifest, or to FILE with --manifest=FILE. Check a file with
+    /// `spark-gguf validate --manifest FILE OUT.gguf`, or `llama-gguf-hash --check FILE
+    /// OUT.gguf` run in OUT.gguf's folder (the manifest names it by its file name).
+    #[arg(
+        long,
+        value_name = "FILE",
+        num_args = 0..=1,
+        require_equals = true
+    )]
+    manifest: Option<Option<PathBuf>>,
+    /// Replace an existing output file (and manifest).
     #[arg(long)]
     force: bool,
     /// No progress bar, notes or summary.
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// `--manifest` (without a file: beside the output) as a path.
+fn manifest_path(flag: Option<Option<PathBuf>>, output: &Path) -> Option<PathBuf> {
+    flag.map(|f| f.unwrap_or_else(|| default_manifest_path(output)))
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -90,10 +109,12 @@ fn run(cli: Cli) -> Result<()> {
                 "--tokenizer, --vocab-from and --input-dtype do not apply to --synthetic".into(),
             ));
         }
+        let manifest = manifest_path(cli.manifest, &output);
         return generate_with_chat_template(
             &SyntheticOptions {
                 preset,
                 output,
+                manifest,
                 seed: cli.seed,
                 outtype,
                 overrides,
@@ -116,6 +137,7 @@ fn run(cli: Cli) -> Result<()> {
         })?),
     };
     convert(&ConvertOptions {
+        manifest: manifest_path(cli.manifest, &output),
         input,
         output,
         outtype,

@@ -59,8 +59,9 @@ impl Progress {
         }
     }
 
-    /// Clears the bar and prints "wrote OUT: N tensors, X MiB in S s" (unless quiet).
-    pub fn finish(self, out: &Path, file_bytes: u64) {
+    /// Clears the bar and prints "wrote OUT: N tensors, X MiB in S s", and "wrote MANIFEST"
+    /// when there is one (unless quiet).
+    pub fn finish(self, out: &Path, manifest: Option<&Path>, file_bytes: u64) {
         self.bar.finish_and_clear();
         if !self.quiet {
             println!(
@@ -72,6 +73,9 @@ impl Progress {
                     self.start.elapsed().as_secs_f64()
                 )
             );
+            if let Some(m) = manifest {
+                println!("wrote {} (llama-gguf-hash --check)", m.display());
+            }
         }
     }
 }

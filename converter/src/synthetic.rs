@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 use spark_gguf::schema::{GEMMA2_ARCH, SPARK_ARCH};
-use spark_gguf::{quant, GgmlType, GgufError, GgufWriter, TensorPlan};
+use spark_gguf::{quant, GgmlType, GgufError, TensorPlan};
 
 use crate::config::ModelConfig;
-use crate::convert::{check_output, SparkOverrides};
+use crate::convert::{check_output, create_writer, SparkOverrides};
 use crate::emit::write_pipelined;
 use crate::error::{Error, Result};
 use crate::model::{self, OutType};
@@ -42,7 +42,9 @@ pub struct SyntheticOptions {
     pub overrides: SparkOverrides,
     /// `general.name` (default: the preset name).
     pub name: Option<String>,
-    /// Replace an existing output.
+    /// Also write a llama-gguf-hash manifest of the tensor data here, committed with the output.
+    pub manifest: Option<PathBuf>,
+    /// Replace an existing output (and manifest).
     pub force: bool,
     /// No progress bar or summary.
     pub quiet: bool,
@@ -161,7 +163,7 @@ pub fn generate_with_chat_template(
     o: &SyntheticOptions,
     chat_template: Option<&str>,
 ) -> Result<()> {
-    check_output(&o.output, o.force)?;
+    check_output(&o.output, o.manifest.as_deref(), o.force)?;
     let chat_template = chat_template
         .map(|t| crate::chat_template::check(t.to_string(), "--chat-template"))
         .transpose()?;
@@ -213,7 +215,7 @@ pub fn generate_with_chat_template(
     for n in &notes {
         progress.log(n);
     }
-    let w = GgufWriter::create(&o.output, o.force, &md, &plans, 32)?;
+    let w = create_writer(&o.output, o.manifest.as_deref(), o.force, &md, &plans)?;
     let window = (rayon::current_num_threads() * 2).max(2);
     let file_bytes = write_pipelined(w, &progress, |sink| {
         for (t, plan) in plans.iter().enumerate() {
@@ -243,7 +245,7 @@ pub fn generate_with_chat_template(
         }
         Ok(())
     })?;
-    progress.finish(&o.output, file_bytes);
+    progress.finish(&o.output, o.manifest.as_deref(), file_bytes);
     Ok(())
 }
 
@@ -282,6 +284,46 @@ mod tests {
         assert_ne!(a, b);
         fill_chunk(5, 2, 1, Init::Norm, &mut b);
         assert!(b.iter().all(|&x| (x - 1.0).abs() < 1.0));
+    }
+
+    #[test]
+    fn the_manifest_is_the_written_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = dir.path().join("t.gguf");
+        let manifest = crate::convert::default_manifest_path(&output);
+        assert_eq!(manifest, dir.path().join("t.gguf.manifest"));
+        let o = SyntheticOptions {
+            preset: "tiny".into(),
+            output: output.clone(),
+            seed: 3,
+            outtype: OutType::Q8_0,
+            overrides: SparkOverrides::default(),
+            name: None,
+            manifest: Some(manifest.clone()),
+            force: false,
+            quiet: true,
+        };
+        generate(&o).unwrap();
+        let f = spark_gguf::GgufFile::open(&output).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&manifest).unwrap(),
+            spark_gguf::manifest::manifest_of(&f, "t.gguf").unwrap()
+        );
+        // both exist now: refused without force, before any work
+        std::fs::remove_file(&output).unwrap();
+        let e = generate(&o).unwrap_err().to_string();
+        assert!(e.contains("t.gguf.manifest: output file exists"), "{e}");
+        assert!(!output.exists());
+        let e = generate(&SyntheticOptions {
+            manifest: Some(output.clone()),
+            ..o.clone()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("the manifest cannot be the output itself"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -223,6 +223,7 @@ fn check_conversion(bytes: &[u8], outtype: OutType) -> Result<bool, TestCaseErro
         chat_template: None,
         overrides: SparkOverrides::default(),
         name: None,
+        manifest: None,
         force: false,
         quiet: true,
     };

@@ -26,6 +26,7 @@ fn model(preset: &str, cell: &'static OnceLock<PathBuf>) -> &'static Path {
             outtype: OutType::F16,
             overrides: SparkOverrides::default(),
             name: None,
+            manifest: None,
             force: true,
             quiet: true,
         })

@@ -144,6 +144,22 @@ impl AtomicFile {
         }
     }
 
+    /// Flushes the buffer and fsyncs the temporary file, so that a later [`commit`](Self::commit)
+    /// only renames (used to make a second file durable before the first is committed).
+    pub fn sync(&mut self) -> Result<(), GgufError> {
+        let io = |op, source| GgufError::Io {
+            path: self.path.clone(),
+            op,
+            source,
+        };
+        self.out.flush().map_err(|e| io("write", e))?;
+        self.out
+            .get_ref()
+            .as_file()
+            .sync_all()
+            .map_err(|e| io("sync", e))
+    }
+
     /// Flushes and fsyncs the temporary file, renames it to the destination (see [`Existing`])
     /// and fsyncs the directory. On error the temporary file is removed and the destination
     /// is left as it was.

@@ -59,6 +59,10 @@ pub enum GgufError {
     /// The writer was used out of order or with a bad plan.
     #[error("GGUF writer: {0}")]
     Writer(String),
+    /// A checksum manifest is malformed, or a file does not match it (the message names the
+    /// manifest, its line, the file and the tensor concerned).
+    #[error("{0}")]
+    Manifest(String),
     /// The output file exists and overwriting was not allowed.
     #[error("{0}: output file exists (pass overwrite to replace it)")]
     Exists(PathBuf),

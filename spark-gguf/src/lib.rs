@@ -1,6 +1,7 @@
 //! GGUF v3 for Spark: a validating memory-mapped reader, a streaming writer, tensor encodings
-//! bit-identical to gguf-py, the Spark schema table (SPEC sections 2 and 3) and a validator that
-//! applies llama.cpp's rules plus the schema.
+//! bit-identical to gguf-py, the Spark schema table (SPEC sections 2 and 3), a validator that
+//! applies llama.cpp's rules plus the schema, per-tensor checksums in `llama-gguf-hash`'s
+//! manifest format, and the workspace's NPY writer.
 //!
 //! ```no_run
 //! use spark_gguf::{reader::GgufFile, validate::validate};
@@ -17,6 +18,7 @@ pub mod atomic;
 mod error;
 mod ggml_type;
 pub mod keys;
+pub mod manifest;
 pub mod npy;
 pub mod quant;
 pub mod reader;

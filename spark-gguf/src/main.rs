@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use spark_gguf::manifest::{verify, Manifest};
 use spark_gguf::{validate::validate, GgufFile};
 
 /// Inspect and validate GGUF files (llama.cpp's rules plus the Spark schema).
@@ -28,6 +29,10 @@ enum Command {
     Validate {
         /// The GGUF file.
         file: PathBuf,
+        /// Also check the tensor data against this llama-gguf-hash manifest (the entries that
+        /// name FILE's file name); the first tensor that does not match is named.
+        #[arg(long, value_name = "MANIFEST")]
+        manifest: Option<PathBuf>,
     },
 }
 
@@ -78,9 +83,28 @@ fn inspect(f: &GgufFile, max_elems: usize) {
     );
 }
 
+/// Checks `f` (read from `path`) against the manifest at `manifest`; a summary for the
+/// "valid" line.
+fn check_manifest(
+    f: &GgufFile,
+    path: &std::path::Path,
+    manifest: &std::path::Path,
+) -> Result<String, spark_gguf::GgufError> {
+    let m = Manifest::read(manifest)?;
+    let v = verify(f, path, &m)?;
+    let kinds: Vec<&str> = v.kinds.iter().map(|k| k.name()).collect();
+    Ok(format!(
+        "; matches {} ({} tensors, {} entries: {})",
+        manifest.display(),
+        v.tensors,
+        v.entries,
+        kinds.join(", ")
+    ))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (Command::Inspect { file, .. } | Command::Validate { file }) = &cli.command;
+    let (Command::Inspect { file, .. } | Command::Validate { file, .. }) = &cli.command;
     let f = match GgufFile::open(file) {
         Ok(f) => f,
         Err(e) => {
@@ -93,26 +117,37 @@ fn main() -> ExitCode {
             inspect(&f, max_elems);
             ExitCode::SUCCESS
         }
-        Command::Validate { file } => {
+        Command::Validate { file, manifest } => {
             let violations = validate(&f);
-            if violations.is_empty() {
-                println!(
-                    "{}: valid ({} tensors, {} keys)",
-                    file.display(),
-                    f.tensors().len(),
-                    f.metadata().len()
-                );
-                ExitCode::SUCCESS
-            } else {
-                for v in &violations {
-                    println!("{}: {v}", file.display());
-                }
+            for v in &violations {
+                println!("{}: {v}", file.display());
+            }
+            if !violations.is_empty() {
                 eprintln!(
                     "spark-gguf: {}: {} violation(s)",
                     file.display(),
                     violations.len()
                 );
-                ExitCode::FAILURE
+            }
+            let matched = match manifest.as_deref().map(|m| check_manifest(&f, &file, m)) {
+                None => Some(String::new()),
+                Some(Ok(summary)) => Some(summary),
+                Some(Err(e)) => {
+                    eprintln!("spark-gguf: {e}");
+                    None
+                }
+            };
+            match matched {
+                Some(summary) if violations.is_empty() => {
+                    println!(
+                        "{}: valid ({} tensors, {} keys){summary}",
+                        file.display(),
+                        f.tensors().len(),
+                        f.metadata().len()
+                    );
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::FAILURE,
             }
         }
     }

@@ -4,13 +4,16 @@
 //! tensor data then follows in plan order, whole or in chunks, so a model never needs to sit in
 //! memory. Output goes through an [`AtomicFile`](crate::atomic::AtomicFile): a uniquely named
 //! temporary file next to the destination which `finish` fsyncs and renames into place; an error
-//! or a drop before `finish` leaves nothing behind.
+//! or a drop before `finish` leaves nothing behind. On request ([`GgufWriter::write_manifest`])
+//! the tensor data is hashed as it is written and a `llama-gguf-hash` manifest is committed with
+//! the file.
 
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::atomic::{AtomicFile, Existing};
+use crate::manifest::{check_name, ManifestBuilder};
 use crate::reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_DIMS};
 use crate::{keys, Array, GgmlType, GgufError, Value};
 
@@ -31,7 +34,9 @@ pub struct TensorPlan {
 /// A GGUF file being written. See the module documentation.
 pub struct GgufWriter {
     path: PathBuf,
+    existing: Existing,
     out: Option<AtomicFile>,
+    manifest: Option<(ManifestBuilder, AtomicFile)>,
     alignment: u64,
     names: Vec<String>,
     sizes: Vec<u64>,
@@ -180,7 +185,9 @@ impl GgufWriter {
         }
         Ok(GgufWriter {
             path: path.to_path_buf(),
+            existing,
             out: Some(out),
+            manifest: None,
             alignment,
             names: tensors.iter().map(|t| t.name.clone()).collect(),
             sizes,
@@ -268,6 +275,9 @@ impl GgufWriter {
         if let Err(e) = out.write_all(bytes) {
             return Err(self.io_err("write", e));
         }
+        if let Some((m, _)) = &mut self.manifest {
+            m.update(bytes);
+        }
         self.written_in_current += bytes.len() as u64;
         self.bytes_written += bytes.len() as u64;
         if self.written_in_current == size {
@@ -283,9 +293,50 @@ impl GgufWriter {
                 left -= n;
             }
             self.bytes_written += pad as u64;
+            if let Some((m, _)) = &mut self.manifest {
+                m.end_tensor(&self.names[self.current])?;
+            }
             self.current += 1;
             self.written_in_current = 0;
         }
+        Ok(())
+    }
+
+    /// Also writes a `llama-gguf-hash` manifest of the tensor data (see [`crate::manifest`]) to
+    /// `path`, its lines naming the output by its file name. The data is hashed as it is
+    /// written; [`finish`](Self::finish) commits the manifest with the output. `path` is refused
+    /// if it exists unless the writer may overwrite, as the output is. Must be called before any
+    /// tensor data is written; the output's file name and the tensor names must have no
+    /// whitespace (the manifest's field separator).
+    pub fn write_manifest(&mut self, path: &Path) -> Result<(), GgufError> {
+        self.ready()?;
+        if self.current != 0 || self.written_in_current != 0 || self.manifest.is_some() {
+            return Err(GgufError::Writer(
+                "write_manifest must come before any tensor data, and only once".into(),
+            ));
+        }
+        let label = self
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| {
+                GgufError::Manifest(format!(
+                    "{}: a manifest names the file by its file name, which must be UTF-8",
+                    self.path.display()
+                ))
+            })?;
+        let builder = ManifestBuilder::new(label)?;
+        for name in &self.names {
+            check_name("tensor", name)?;
+        }
+        if path == self.path {
+            return Err(GgufError::Writer(format!(
+                "{}: the manifest cannot be the output itself",
+                path.display()
+            )));
+        }
+        let file = AtomicFile::create(path, self.existing)?;
+        self.manifest = Some((builder, file));
         Ok(())
     }
 
@@ -302,6 +353,8 @@ impl GgufWriter {
     /// Checks that every tensor was written in full, then commits the output (see
     /// [`AtomicFile::commit`]): flushes, fsyncs and renames the temporary file to the destination
     /// path (refusing an existing one unless `overwrite` was given) and fsyncs the directory.
+    /// With [`write_manifest`](Self::write_manifest), the manifest is written and fsynced first
+    /// and renamed into place right after the output.
     pub fn finish(mut self) -> Result<(), GgufError> {
         self.ready()?;
         if let Some(name) = self.names.get(self.current) {
@@ -316,10 +369,31 @@ impl GgufWriter {
                 ),
             ));
         }
-        self.out
-            .take()
-            .expect("output is present until finish")
-            .commit()
+        let out = self.out.take().expect("output is present until finish");
+        let Some((builder, mut manifest)) = self.manifest.take() else {
+            return out.commit();
+        };
+        // The manifest is complete on disk before the output is renamed into place, and renamed
+        // right after it: an error up to the output's commit leaves both destinations as they
+        // were.
+        let text = builder.finish();
+        if let Err(e) = manifest.write_all(text.as_bytes()) {
+            return Err(manifest.error("write", e));
+        }
+        manifest.sync()?;
+        out.commit()?;
+        let manifest_path = manifest.path().to_path_buf();
+        manifest.commit().map_err(|e| {
+            // The new output is in place: an older manifest at the path would not match it.
+            // (With Existing::Refuse there was none; one that appeared since is not ours.)
+            if self.existing == Existing::Replace {
+                let _ = std::fs::remove_file(&manifest_path);
+            }
+            GgufError::Manifest(format!(
+                "{} is written, but its manifest is not: {e}",
+                self.path.display()
+            ))
+        })
     }
 }
 

@@ -2,23 +2,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use spark_gguf::schema::SPARK_ARCH;
 use spark_gguf::GgmlType;
-
-fn run(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_spark-gguf"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
 
 #[test]
 fn inspect_prints_keys_tensors_and_totals() {

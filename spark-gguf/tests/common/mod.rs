@@ -6,6 +6,19 @@ use std::path::{Path, PathBuf};
 use spark_gguf::schema::{suffix, Hparams, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{keys, Array, GgmlType, GgufWriter, TensorPlan, Value};
 
+/// Runs the `spark-gguf` binary: (exit code, stdout, stderr).
+pub fn run(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spark-gguf"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
 /// A little-endian byte image built by hand, for malformed-file tests.
 #[derive(Default, Clone)]
 pub struct Img(pub Vec<u8>);
