@@ -20,7 +20,7 @@ sys.modules["upstream_helpers"] = upstream_helpers
 _spec.loader.exec_module(upstream_helpers)
 
 from upstream_helpers import (  # noqa: E402
-    MODEL_NPZ, OUT_DIR, Server, llama_quantize, run, spark_binary)
+    GEMMA2_CHAT_TEMPLATE, MODEL_NPZ, OUT_DIR, Server, llama_quantize, run, spark_binary)
 
 
 @pytest.fixture
@@ -54,6 +54,18 @@ def shipped_f32(upstream_models) -> Path:
     """models/spark-shakespeare.npz converted to an f32 GGUF (as tests/python/model does)."""
     out = upstream_models / "spark-shakespeare-f32.gguf"
     run([spark_binary("spark-convert"), MODEL_NPZ, out, "--outtype", "f32", "--quiet"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def shipped_f32_chat(upstream_models) -> Path:
+    """The shipped model as shipped_f32, with Gemma-2's chat template in the file
+    (tokenizer.chat_template = GEMMA2_CHAT_TEMPLATE): what a chat client finds in a real model."""
+    template = upstream_models / "gemma2-chat-template.jinja"
+    template.write_text(GEMMA2_CHAT_TEMPLATE)
+    out = upstream_models / "spark-shakespeare-f32-chat.gguf"
+    run([spark_binary("spark-convert"), MODEL_NPZ, out, "--outtype", "f32", "--quiet",
+         "--chat-template", f"@{template}"])
     return out
 
 

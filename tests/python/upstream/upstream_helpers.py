@@ -40,6 +40,24 @@ TARGET_KEEP = CFG["ffn_k"] / CFG["d_ff"]  # k_f / F of the shipped model (82 / 1
 
 THREADS = "2"
 SEED = "1"
+
+# Gemma-2's chat template (the tokenizer_config.json of google/gemma-2-2b-it), which a Spark
+# model, a Gemma-2, carries as tokenizer.chat_template (`spark-convert --chat-template @FILE`).
+# The shipped model's vocabulary has no <start_of_turn> token: the markers are plain text to it.
+GEMMA2_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
+    "supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}"
+    "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+
+
+def gemma2_prompt(user: str) -> str:
+    """What GEMMA2_CHAT_TEMPLATE renders for one user message and the generation prompt, less
+    the leading BOS (which the tokenizer adds)."""
+    return f"<start_of_turn>user\n{user.strip()}<end_of_turn>\n<start_of_turn>model\n"
 STDERR_TAIL_LINES = 60
 
 
@@ -291,12 +309,14 @@ class Server:
     fixture finalizer) to end it."""
 
     def __init__(self, model: Path, workdir: Path, *extra, with_plugin: bool, stats: bool = False,
-                 n_parallel: int = 4, ctx: int = 1024, ready_timeout: float = 90):
+                 n_parallel: int = 4, ctx: int = 1024, ready_timeout: float = 90,
+                 webui: bool = False):
         self.port = free_port()
         self.env = tool_env(with_plugin, stats)
         self.args = [str(a) for a in (
             tool("llama-server"), "-m", model, "--host", "127.0.0.1", "--port", self.port,
-            "-np", n_parallel, "-c", ctx, "-t", THREADS, "-tb", THREADS, "--no-webui", *extra)]
+            "-np", n_parallel, "-c", ctx, "-t", THREADS, "-tb", THREADS,
+            *([] if webui else ["--no-webui"]), *extra)]
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"llama-server-{self.port}.log"
         self._log = open(self.log_path, "w")
@@ -312,6 +332,10 @@ class Server:
     @property
     def command(self) -> str:
         return describe(self.args, self.env)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def log(self) -> str:
         if not self._log.closed:
