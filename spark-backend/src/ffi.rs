@@ -12,7 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 ///
 /// `AssertUnwindSafe` is sound here: after a panic the only state the caller observes is the
 /// fallback value (plus whatever the entry point documents, e.g. a NaN-filled output).
-pub fn guard<R>(entry: &str, fallback: R, body: impl FnOnce() -> R) -> R {
+pub(crate) fn guard<R>(entry: &str, fallback: R, body: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(payload) => {
@@ -24,7 +24,7 @@ pub fn guard<R>(entry: &str, fallback: R, body: impl FnOnce() -> R) -> R {
 
 /// Prints `spark-backend: <entry>: internal error: <message>` on one stderr line. Printing
 /// cannot panic the caller: a failed write to stderr is ignored.
-pub fn report(entry: &str, message: &str) {
+pub(crate) fn report(entry: &str, message: &str) {
     use std::io::Write;
     let _ = writeln!(
         std::io::stderr().lock(),
@@ -33,7 +33,7 @@ pub fn report(entry: &str, message: &str) {
 }
 
 /// The text of a panic payload (`&str` or `String`); other payload types get a fixed message.
-pub fn panic_message(payload: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {

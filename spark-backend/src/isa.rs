@@ -26,7 +26,7 @@ pub enum Isa {
 
 impl Isa {
     /// The best instruction set this CPU supports.
-    pub fn detect() -> Self {
+    pub(crate) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
@@ -40,7 +40,7 @@ impl Isa {
 
 /// The instruction set every kernel of this process uses: [`Isa::detect`] on first use.
 #[inline]
-pub fn current() -> Isa {
+pub(crate) fn current() -> Isa {
     static CHOSEN: OnceLock<Isa> = OnceLock::new();
     *CHOSEN.get_or_init(Isa::detect)
 }

@@ -9,16 +9,51 @@
 //!
 //! With the `cuda` feature and a ggml-cuda carrying the custom-op hook (patch 0008), the same
 //! ops also run on the GPU through CUDA launchers ([`cuda`]).
+//!
+//! # Modules, by feature
+//! - [`ffn`]: the sparse FFN, all of it: shared inputs and activation (`mod.rs`), the CPU
+//!   kernels of its two paths (`fused.rs`, `two_stage.rs`), the shape rules of its ops
+//!   (`shapes.rs`), the ggml custom ops (`op.rs`), the CUDA plans (`cuda.rs`), kernels
+//!   (`ffn.cu`) and launchers (`gpu.rs`).
+//! - [`attention`]: the sparse attention, all of it: the call and its checks (`layout.rs`), the
+//!   CPU kernel (`kernel.rs`, inner loops in `dot.rs` and `math.rs`), the ggml custom op
+//!   (`op.rs`), the CUDA plan (`cuda.rs`), kernels (`attn.cu`) and launcher (`gpu.rs`).
+//! - [`rows`]: weight rows in ggml's storage types and their dot/axpy (float kernels in
+//!   `simd.rs`, quantized rows through ggml's type traits in `quant.rs`, AVX2 quantized kernels
+//!   in `quant_x86.rs`); [`topk`]: the statistical top-k both ops use.
+//! - `isa`: the one choice of SIMD instruction set, made once per process.
+//! - [`op`]: the entry protocol of every CPU op (checks, shared chunk counter, NaN on failure);
+//!   [`tensor`]: views of ggml tensors; [`params`]: the graph's parameter structs; `error`:
+//!   [`KernelError`]; `ffi`: no unwinding across the C boundary.
+//! - [`cuda`]: what the CUDA launchers share (the hook, NVRTC and its options, the driver, the
+//!   launch protocol, metadata checks).
+//! - [`registry`]: what the backend exports (the registry entry, the procs the graph resolves,
+//!   the op table of CUDA launchers); `plugin`: the cdylib's `ggml_backend_init` and its
+//!   version check; [`stats`]: per-layer statistics.
+//!
+//! # Public surface
+//! Everything else is crate-private. For the `spark` CLI: [`registry::register`] and
+//! [`stats`]'s `LayerStats`, `reset`, `snapshot`, `TABLE_HEADER`, `table_row`. For llama.cpp and
+//! the plugin loader: the exported C symbols (`ggml_backend_init`, the `spark_*` ops) and the
+//! procs of [`registry::proc_address`]. For the tests and benches: the kernels and references
+//! they check ([`ffn`], [`attention`], [`rows`], [`topk`]), the ops' C entry points
+//! (`ffn::op`, `attention::op`), the CUDA plans (`ffn::cuda`, `attention::cuda`), the
+//! registration and NVRTC seams of [`cuda`], `op::fault` (feature `fault-injection`),
+//! [`tensor::TensorView`] and [`params`].
+
+// The docs are written for the crate's maintainers and link the crate-private items they
+// describe: read them with `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod attention;
 pub mod cuda;
-pub mod error;
-pub mod ffi;
+mod error;
+mod ffi;
 pub mod ffn;
-pub mod isa;
+mod isa;
 pub mod op;
 pub mod params;
-pub mod plugin;
+mod plugin;
 pub mod registry;
 pub mod rows;
 pub mod stats;
@@ -26,4 +61,3 @@ pub mod tensor;
 pub mod topk;
 
 pub use error::KernelError;
-pub use registry::{is_registered, register};

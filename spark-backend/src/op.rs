@@ -52,7 +52,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How many failure lines are printed per process before going quiet.
-pub const MAX_ERROR_LINES: usize = 8;
+pub(crate) const MAX_ERROR_LINES: usize = 8;
 
 /// A Spark custom op, as the entry protocol sees it.
 ///

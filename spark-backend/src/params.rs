@@ -31,7 +31,7 @@ pub struct AttnParams {
 ///
 /// # Safety
 /// `userdata` is null or points to a [`FfnParams`] or an [`AttnParams`].
-pub unsafe fn layer_of(userdata: *const std::ffi::c_void) -> Option<i32> {
+pub(crate) unsafe fn layer_of(userdata: *const std::ffi::c_void) -> Option<i32> {
     // SAFETY: per the contract, a non-null pointer starts with an i32; read unaligned.
     (!userdata.is_null()).then(|| unsafe { userdata.cast::<i32>().read_unaligned() })
 }
@@ -41,7 +41,7 @@ pub unsafe fn layer_of(userdata: *const std::ffi::c_void) -> Option<i32> {
 ///
 /// # Safety
 /// `userdata` is null or points to a [`FfnParams`].
-pub unsafe fn read_ffn(
+pub(crate) unsafe fn read_ffn(
     userdata: *const std::ffi::c_void,
 ) -> Result<(FfnParams, usize), crate::KernelError> {
     use crate::KernelError;

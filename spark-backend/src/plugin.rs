@@ -17,11 +17,11 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The `ggml_commit()` of the ggml this library was built against (the patch series tag).
-pub const BUILT_AGAINST: &str = env!("SPARK_SERIES_TAG");
+pub(crate) const BUILT_AGAINST: &str = env!("SPARK_SERIES_TAG");
 
 /// Why the plugin does not register in a process whose ggml reports `host_version` and
 /// `host_commit`, or `None` when they are the ggml it was built against.
-pub fn host_mismatch(host_version: &str, host_commit: &str) -> Option<String> {
+pub(crate) fn host_mismatch(host_version: &str, host_commit: &str) -> Option<String> {
     (host_commit != BUILT_AGAINST).then(|| {
         format!(
             "spark-backend: not registering the Spark kernels: built against ggml {BUILT_AGAINST}, \

@@ -26,7 +26,7 @@ use std::sync::Once;
 pub const GGML_BACKEND_API_VERSION: c_int = 3;
 
 /// The registry entry's name.
-pub const NAME: &CStr = c"Spark";
+pub(crate) const NAME: &CStr = c"Spark";
 
 /// Names [`get_proc_address`](BackendRegIface::get_proc_address) resolves, in no particular order.
 pub const PROC_NAMES: [&str; 7] = [

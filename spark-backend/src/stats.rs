@@ -125,7 +125,7 @@ pub fn table_row(layer: u32, s: &LayerStats) -> String {
 /// The table of this copy's counters for a process that does not know its layer count (the
 /// plugin in an upstream tool): the header and layers 0 to the last one any kernel ran in, or
 /// one line saying that none ran.
-pub fn process_table() -> Vec<String> {
+pub(crate) fn process_table() -> Vec<String> {
     let snapshots: Vec<LayerStats> = (0..MAX_LAYERS as i32).filter_map(snapshot).collect();
     let active = |s: &LayerStats| s.ffn_tokens > 0 || s.attn_queries > 0;
     let Some(last) = snapshots.iter().rposition(active) else {

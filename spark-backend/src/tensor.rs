@@ -5,7 +5,7 @@ use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 
 /// ggml type id of f32 (`GGML_TYPE_F32`), the type of every custom op's output.
-pub const GGML_TYPE_F32: u32 = sys::GGML_TYPE_F32;
+pub(crate) const GGML_TYPE_F32: u32 = sys::GGML_TYPE_F32;
 
 /// Shape, strides, type and data pointer of a ggml tensor, copied out of the C struct.
 #[derive(Debug, Clone, Copy)]
@@ -25,7 +25,7 @@ impl TensorView {
     ///
     /// # Safety
     /// `t` must point to a live, initialised `ggml_tensor` whose `data` covers its `ne`/`nb`.
-    pub unsafe fn from_raw(t: *const sys::ggml_tensor) -> Result<Self, KernelError> {
+    pub(crate) unsafe fn from_raw(t: *const sys::ggml_tensor) -> Result<Self, KernelError> {
         if t.is_null() {
             return Err(KernelError::Shape("missing tensor argument".into()));
         }
@@ -47,13 +47,8 @@ impl TensorView {
     }
 
     /// Number of rows (ne[1] * ne[2] * ne[3]).
-    pub fn n_rows(&self) -> usize {
+    pub(crate) fn n_rows(&self) -> usize {
         self.ne[1] * self.ne[2] * self.ne[3]
-    }
-
-    /// True when rows are stored contiguously along ne[0] for an element of `elem_bytes`.
-    pub fn is_row_contiguous(&self, elem_bytes: usize) -> bool {
-        self.nb[0] == elem_bytes
     }
 }
 
@@ -64,7 +59,7 @@ impl TensorView {
 /// # Safety
 /// `dst` must be null or a live tensor whose data (if non-null) covers its shape and strides,
 /// and no other thread may access block `ith` meanwhile.
-pub unsafe fn fill_nan_rows(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) {
+pub(crate) unsafe fn fill_nan_rows(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) {
     // SAFETY: per the contract.
     let Ok(view) = (unsafe { TensorView::from_raw(dst) }) else {
         return;
@@ -100,7 +95,7 @@ pub unsafe fn fill_nan_rows(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) 
 ///
 /// # Safety
 /// `dst` is null or a live ggml tensor whose sources are null or live.
-pub unsafe fn views<const N: usize>(
+pub(crate) unsafe fn views<const N: usize>(
     dst: *const sys::ggml_tensor,
 ) -> Result<(TensorView, [TensorView; N]), KernelError> {
     if dst.is_null() {
@@ -120,7 +115,12 @@ pub unsafe fn views<const N: usize>(
 }
 
 /// `v` is 2-D with shape `[ne0, ne1]`.
-pub fn expect_2d(v: &TensorView, name: &str, ne0: usize, ne1: usize) -> Result<(), KernelError> {
+pub(crate) fn expect_2d(
+    v: &TensorView,
+    name: &str,
+    ne0: usize,
+    ne1: usize,
+) -> Result<(), KernelError> {
     if v.ne != [ne0, ne1, 1, 1] {
         return Err(KernelError::Shape(format!(
             "{name}: ne {:?}, expected [{ne0}, {ne1}, 1, 1]",
@@ -131,7 +131,7 @@ pub fn expect_2d(v: &TensorView, name: &str, ne0: usize, ne1: usize) -> Result<(
 }
 
 /// `v` holds f32 rows: contiguous values, a row stride that is a multiple of 4 and covers the row.
-pub fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
+pub(crate) fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
     if v.ty != GGML_TYPE_F32 {
         return Err(KernelError::UnsupportedType {
             tensor: name,

@@ -92,7 +92,7 @@ fn lower_ppf(p: f64) -> f64 {
 /// Complementary error function, relative error around 1e-14 or better on the reals.
 ///
 /// A positive-term series for `erf` below 2 and a continued fraction above.
-pub fn erfc(x: f64) -> f64 {
+pub(crate) fn erfc(x: f64) -> f64 {
     if x.is_nan() {
         return f64::NAN;
     }
@@ -273,7 +273,7 @@ pub fn threshold(x: &[f32], k: usize) -> Option<f32> {
 }
 
 /// The largest f32 not above `t` (`+-inf` stay infinite, NaN stays NaN).
-pub fn round_down_f32(t: f64) -> f32 {
+pub(crate) fn round_down_f32(t: f64) -> f32 {
     let r = t as f32;
     if f64::from(r) > t {
         next_down_f32(r)

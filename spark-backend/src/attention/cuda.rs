@@ -20,32 +20,33 @@ use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
 /// The CUDA C of the attention kernels, compiled by NVRTC at first use per device.
-pub const KERNELS: KernelSource = KernelSource {
+pub(crate) const KERNELS: KernelSource = KernelSource {
     name: "attn.cu",
     text: include_str!("attn.cu"),
 };
 
 /// Largest head dim the kernels hold in shared memory (`SPARK_MAX_HEAD_DIM`).
-pub const MAX_HEAD_DIM: usize = 512;
+pub(crate) const MAX_HEAD_DIM: usize = 512;
 /// Threads per block of `spark_attn_scores`.
-pub const SCORES_THREADS: u32 = 256;
+pub(crate) const SCORES_THREADS: u32 = 256;
 /// Positions per `spark_attn_scores` block (4 per warp and pass, two passes).
-pub const POS_PER_BLOCK: usize = 64;
+pub(crate) const POS_PER_BLOCK: usize = 64;
 /// Most queries one `spark_attn_scores` block holds (`SPARK_QB`).
-pub const QUERIES_PER_BLOCK: usize = 8;
+pub(crate) const QUERIES_PER_BLOCK: usize = 8;
 /// Threads per block of `spark_attn_select` (one block per query).
-pub const SELECT_THREADS: u32 = 256;
+pub(crate) const SELECT_THREADS: u32 = 256;
 /// Threads per block of `spark_attn_output`.
-pub const OUTPUT_THREADS: u32 = 128;
+pub(crate) const OUTPUT_THREADS: u32 = 128;
 /// Threads per block of `spark_attn_reduce`.
-pub const REDUCE_THREADS: u32 = 128;
+pub(crate) const REDUCE_THREADS: u32 = 128;
 /// Accumulators per thread of `spark_attn_output` (`SPARK_OUT_ACC`): H <= this * threads.
-pub const OUTPUT_ACC: usize = 8;
+pub(crate) const OUTPUT_ACC: usize = 8;
+const _: () = assert!(MAX_HEAD_DIM <= OUTPUT_ACC * OUTPUT_THREADS as usize);
 /// Chunks per query of the output kernel (CH). A constant, so that a query's result does not
 /// depend on the batch it comes in.
 pub const OUTPUT_CHUNKS: usize = 16;
 /// Scratch budget per slab of queries; a call with more queries runs in several slabs.
-pub const SCRATCH_BUDGET: usize = 256 << 20;
+pub(crate) const SCRATCH_BUDGET: usize = 256 << 20;
 /// Largest `gridDim.y` / `gridDim.z`.
 const MAX_GRID_YZ: usize = 65_535;
 /// Largest value the kernels index with `int`.
@@ -57,81 +58,81 @@ const MAX_INT: usize = i32::MAX as usize;
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AttnArgs {
     /// q [H, N, T, S] f32.
-    pub q: u64,
+    pub(crate) q: u64,
     /// K cache view.
-    pub k: u64,
+    pub(crate) k: u64,
     /// V cache view.
-    pub v: u64,
+    pub(crate) v: u64,
     /// KQ mask.
-    pub mask: u64,
+    pub(crate) mask: u64,
     /// Output.
-    pub dst: u64,
+    pub(crate) dst: u64,
     /// Scratch: f32 scores [Qs, n_kv].
-    pub scores: u64,
+    pub(crate) scores: u64,
     /// Scratch: i32 kept positions [Qs, n_kv].
-    pub list: u64,
+    pub(crate) list: u64,
     /// Scratch: i32 |S| [Qs].
-    pub count: u64,
+    pub(crate) count: u64,
     /// Scratch: f32 (max, 1/z) [Qs, 2].
-    pub norm: u64,
+    pub(crate) norm: u64,
     /// Scratch: f32 chunk partials [Qs, CH, H] (0 when CH == 1).
-    pub partial: u64,
+    pub(crate) partial: u64,
     /// Byte strides.
-    pub q_nb: [i64; 4],
+    pub(crate) q_nb: [i64; 4],
     /// Byte strides.
-    pub k_nb: [i64; 4],
+    pub(crate) k_nb: [i64; 4],
     /// Byte strides.
-    pub v_nb: [i64; 4],
+    pub(crate) v_nb: [i64; 4],
     /// Byte strides.
-    pub m_nb: [i64; 4],
+    pub(crate) m_nb: [i64; 4],
     /// Byte strides.
-    pub d_nb: [i64; 4],
+    pub(crate) d_nb: [i64; 4],
     /// H.
-    pub head_dim: i32,
+    pub(crate) head_dim: i32,
     /// N.
-    pub n_head: i32,
+    pub(crate) n_head: i32,
     /// KV.
-    pub n_head_kv: i32,
+    pub(crate) n_head_kv: i32,
     /// T.
-    pub n_tokens: i32,
+    pub(crate) n_tokens: i32,
     /// n_kv.
-    pub n_kv: i32,
+    pub(crate) n_kv: i32,
     /// S.
-    pub n_stream: i32,
+    pub(crate) n_stream: i32,
     /// Mask broadcast extents.
-    pub mask_ne2: i32,
+    pub(crate) mask_ne2: i32,
     /// Mask broadcast extents.
-    pub mask_ne3: i32,
+    pub(crate) mask_ne3: i32,
     /// 1 when K is f16.
-    pub k_f16: i32,
+    pub(crate) k_f16: i32,
     /// 1 when V is f16.
-    pub v_f16: i32,
+    pub(crate) v_f16: i32,
     /// 1 when the mask is f16.
-    pub mask_f16: i32,
+    pub(crate) mask_f16: i32,
     /// half2 fast path for K.
     pub k_vec: i32,
     /// half2 fast path for V.
     pub v_vec: i32,
     /// k_a.
-    pub keep: i32,
+    pub(crate) keep: i32,
     /// r_a.
-    pub r: i32,
+    pub(crate) r: i32,
     /// c_attn.
-    pub softcap: f32,
+    pub(crate) softcap: f32,
     /// Slab: first stream.
-    pub s0: i32,
+    pub(crate) s0: i32,
     /// Slab: streams.
-    pub ns: i32,
+    pub(crate) ns: i32,
     /// Slab: first token.
-    pub t0: i32,
+    pub(crate) t0: i32,
     /// Slab: tokens.
-    pub nt: i32,
+    pub(crate) nt: i32,
     /// Heads per scores block (GB).
-    pub heads_per_block: i32,
+    pub(crate) heads_per_block: i32,
     /// Tokens per scores block (TT).
-    pub tokens_per_block: i32,
+    pub(crate) tokens_per_block: i32,
     /// Positions per scores block.
-    pub pos_per_block: i32,
+    pub(crate) pos_per_block: i32,
     /// Output chunks per query (CH).
     pub chunks: i32,
 }
@@ -201,15 +202,15 @@ pub struct Slab {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScratchLayout {
     /// f32 [Qs, n_kv].
-    pub scores: usize,
+    pub(crate) scores: usize,
     /// i32 [Qs, n_kv].
     pub list: usize,
     /// i32 [Qs].
     pub count: usize,
     /// f32 [Qs, 2].
-    pub norm: usize,
+    pub(crate) norm: usize,
     /// f32 [Qs, CH, H] (CH > 1 only; else equal to `total`).
-    pub partial: usize,
+    pub(crate) partial: usize,
     /// Bytes in all.
     pub total: usize,
 }
@@ -221,12 +222,10 @@ pub struct AttnPlan {
     pub layout: AttnLayout,
     /// Query slabs, in order; every slab reuses the same scratch.
     pub slabs: Vec<Slab>,
-    /// Most queries in one slab.
-    pub max_slab_queries: usize,
     /// Scratch offsets (sized for the largest slab).
     pub scratch: ScratchLayout,
     /// CH.
-    pub chunks: usize,
+    pub(crate) chunks: usize,
 }
 
 fn shape(msg: String) -> KernelError {
@@ -271,7 +270,7 @@ impl AttnPlan {
     }
 
     /// [`new`](Self::new) after the CPU checks.
-    pub fn from_layout(l: AttnLayout) -> Result<Self, KernelError> {
+    pub(crate) fn from_layout(l: AttnLayout) -> Result<Self, KernelError> {
         if l.head_dim > MAX_HEAD_DIM {
             return Err(shape(format!(
                 "head dim {} above the CUDA kernels' {MAX_HEAD_DIM}",
@@ -346,8 +345,8 @@ impl AttnPlan {
                 }
             }
         }
-        let max_slab_queries = slabs.iter().map(|s| s.ns * s.nt * n).max().unwrap_or(0);
-        let qs = max_slab_queries;
+        // Scratch for the largest slab.
+        let qs = slabs.iter().map(|s| s.ns * s.nt * n).max().unwrap_or(0);
         let chunks = OUTPUT_CHUNKS;
         let a = 256;
         let scores = 0;
@@ -364,7 +363,6 @@ impl AttnPlan {
         Ok(Self {
             layout: l,
             slabs,
-            max_slab_queries,
             scratch: ScratchLayout {
                 scores,
                 list,
@@ -379,7 +377,7 @@ impl AttnPlan {
 
     /// (heads per block GB, tokens per block TT) of the scores kernel: every head of a KV group
     /// (up to 8) and enough tokens for about 8 queries per K1 row read.
-    pub fn scores_blocking(l: &AttnLayout) -> (usize, usize) {
+    pub(crate) fn scores_blocking(l: &AttnLayout) -> (usize, usize) {
         let gb = l.group_size().min(QUERIES_PER_BLOCK);
         (gb, (QUERIES_PER_BLOCK / gb).max(1))
     }
@@ -457,7 +455,11 @@ impl AttnPlan {
     }
 
     /// The launches of `slab` (attn.cu, "Launch sequence").
-    pub fn slab_launches(&self, slab: &Slab, scratch: u64) -> Result<Vec<Launch>, KernelError> {
+    pub(crate) fn slab_launches(
+        &self,
+        slab: &Slab,
+        scratch: u64,
+    ) -> Result<Vec<Launch>, KernelError> {
         let l = &self.layout;
         let args = self.args(slab, scratch)?;
         let (gb, tt) = Self::scores_blocking(l);

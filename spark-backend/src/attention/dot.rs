@@ -13,15 +13,15 @@ use std::ops::Range;
 /// A set of cache rows: row `j` starts at `base + offset(j)`, element `i` of a row at
 /// `+ i * elem_stride` bytes.
 #[derive(Clone, Copy, Debug)]
-pub struct Rows {
+pub(crate) struct Rows {
     /// Address of element 0 of row 0 (before `offset`).
-    pub base: *const u8,
+    pub(crate) base: *const u8,
     /// Element type.
-    pub ty: ElemType,
+    pub(crate) ty: ElemType,
     /// Byte stride between consecutive elements of a row.
-    pub elem_stride: usize,
+    pub(crate) elem_stride: usize,
     /// Byte stride between consecutive rows (positions).
-    pub row_stride: usize,
+    pub(crate) row_stride: usize,
 }
 
 impl Rows {
@@ -55,22 +55,22 @@ unsafe fn load1(ty: ElemType, p: *const u8) -> f32 {
 
 /// `n` queries side by side: query `m` is `q[m * stride ..]` (as many values as dims scored).
 #[derive(Clone, Copy, Debug)]
-pub struct Queries<'a> {
+pub(crate) struct Queries<'a> {
     /// The query values.
-    pub q: &'a [f32],
+    pub(crate) q: &'a [f32],
     /// Elements between consecutive queries.
-    pub stride: usize,
+    pub(crate) stride: usize,
     /// Number of queries.
-    pub n: usize,
+    pub(crate) n: usize,
 }
 
 /// A row-major score matrix: query `m`'s score against listed row `c` is `out[m * ld + c]`.
 #[derive(Debug)]
-pub struct Scores<'a> {
+pub(crate) struct Scores<'a> {
     /// The scores.
-    pub out: &'a mut [f32],
+    pub(crate) out: &'a mut [f32],
     /// Elements between consecutive queries' scores (>= the number of listed rows).
-    pub ld: usize,
+    pub(crate) ld: usize,
 }
 
 /// For every query `m` and every listed row `rows_idx[c]`:
@@ -79,7 +79,7 @@ pub struct Scores<'a> {
 /// # Safety
 /// Every listed row must be readable over `dims` through `rows`; `q` must hold its queries of
 /// `dims.len()` values at its stride; `out` must hold `q.n` rows of `ld >= rows_idx.len()` values.
-pub unsafe fn dots(
+pub(crate) unsafe fn dots(
     isa: Isa,
     rows: Rows,
     dims: Range<usize>,
@@ -135,7 +135,13 @@ fn reduce8(a: &[f32; 8]) -> f32 {
 /// # Safety
 /// Every listed row must be readable over dims `0 .. out.len()` through `rows`; `w.len() ==
 /// rows_idx.len()`.
-pub unsafe fn accumulate(isa: Isa, rows: Rows, rows_idx: &[u32], w: &[f32], out: &mut [f32]) {
+pub(crate) unsafe fn accumulate(
+    isa: Isa,
+    rows: Rows,
+    rows_idx: &[u32],
+    w: &[f32],
+    out: &mut [f32],
+) {
     debug_assert_eq!(w.len(), rows_idx.len());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && rows.is_dense() {
@@ -285,7 +291,7 @@ mod avx2 {
 
     /// See `super::dots`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dots(
+    pub(crate) unsafe fn dots(
         rows: Rows,
         dims: Range<usize>,
         idx: &[u32],
@@ -315,7 +321,7 @@ mod avx2 {
 
     /// See `super::accumulate`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn accumulate(rows: Rows, idx: &[u32], w: &[f32], out: &mut [f32]) {
+    pub(crate) unsafe fn accumulate(rows: Rows, idx: &[u32], w: &[f32], out: &mut [f32]) {
         let h = out.len();
         let full = h / 8 * 8;
         let esz = rows.ty.size();

@@ -33,8 +33,6 @@ pub struct RowSelection<'a> {
     pub token: usize,
     /// Query head.
     pub head: usize,
-    /// Number of valid positions |C|.
-    pub n_valid: usize,
     /// Kept positions S, ascending cache indices.
     pub positions: &'a [u32],
 }
@@ -45,7 +43,7 @@ pub struct Tally {
     /// Sum over queries of |S|.
     pub kept: u64,
     /// (token, head) pairs processed.
-    pub queries: u64,
+    pub(crate) queries: u64,
 }
 
 /// Reusable per-thread buffers (ggml's worker threads live across calls).
@@ -95,7 +93,7 @@ fn tokens_per_unit(group: usize, n_tokens: usize) -> usize {
 /// decode step's call than head units at 4096 positions on 2 threads, docs/PERF.md); head units
 /// give more threads work (a decode step of Gemma-2 2B has 4 group units, 8 head units) and
 /// let a running thread take over more of a stalled one's share.
-pub const UNITS_PER_THREAD: usize = 2;
+pub(crate) const UNITS_PER_THREAD: usize = 2;
 
 /// How one call's (token, head) pairs are cut into work units: a function of the shapes and
 /// the thread count only, so every thread of a call derives the same units.
@@ -111,7 +109,7 @@ pub struct Tiling {
 
 impl Tiling {
     /// The tiling of `l` for a call on `nth` threads.
-    pub fn new(l: &AttnLayout, nth: usize) -> Self {
+    pub(crate) fn new(l: &AttnLayout, nth: usize) -> Self {
         let gs = l.group_size();
         let tokens = tokens_per_unit(gs, l.n_tokens);
         let token_blocks = l.n_tokens.div_ceil(tokens);
@@ -135,7 +133,7 @@ impl Tiling {
 }
 
 /// Number of work units of `l` under tiling `ti` (the most threads that can be busy).
-pub fn n_units(l: &AttnLayout, ti: Tiling) -> usize {
+pub(crate) fn n_units(l: &AttnLayout, ti: Tiling) -> usize {
     l.n_stream * ti.token_blocks * l.n_head_kv * (l.group_size() / ti.heads)
 }
 
@@ -173,7 +171,7 @@ fn unit_bounds(l: &AttnLayout, ti: Tiling, u: usize) -> Unit {
 /// Every tensor of `l` must be readable (dst writable) over its shape and strides, and no other
 /// code may access dst rows of these units while it runs. `ti` must be a tiling of `l`
 /// ([`Tiling::new`] of this layout): its units' heads and tokens are then inside `l`'s shapes.
-pub unsafe fn run(
+pub(crate) unsafe fn run(
     l: &AttnLayout,
     ti: Tiling,
     ith: usize,
@@ -190,7 +188,7 @@ pub unsafe fn run(
 ///
 /// # Safety
 /// As for [`run`], for the units yielded.
-pub unsafe fn run_units(
+pub(crate) unsafe fn run_units(
     l: &AttnLayout,
     ti: Tiling,
     units: &mut dyn Iterator<Item = usize>,
@@ -212,24 +210,12 @@ pub unsafe fn run_units(
     tally
 }
 
-/// Writes `value` into every element of the dst rows of the units thread `ith` of `nth` takes
-/// in [`run`].
-///
-/// # Safety
-/// As for [`run`] (only dst is touched).
-pub unsafe fn fill_owned_rows(l: &AttnLayout, ti: Tiling, ith: usize, nth: usize, value: f32) {
-    for u in (ith..n_units(l, ti)).step_by(nth.max(1)) {
-        // SAFETY: forwarded contract.
-        unsafe { fill_unit(l, ti, u, value) };
-    }
-}
-
 /// Writes `value` into every element of unit `u`'s dst rows (nothing when
 /// `u >= n_units(l, ti)`).
 ///
 /// # Safety
 /// As for [`run`] (only dst is touched), for unit `u`.
-pub unsafe fn fill_unit(l: &AttnLayout, ti: Tiling, u: usize, value: f32) {
+pub(crate) unsafe fn fill_unit(l: &AttnLayout, ti: Tiling, u: usize, value: f32) {
     if u >= n_units(l, ti) {
         return;
     }
@@ -455,7 +441,6 @@ unsafe fn unit(
                 stream: s,
                 token: t,
                 head: n,
-                n_valid,
                 positions: &sc.pos,
             });
         }

@@ -15,13 +15,13 @@ use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
-pub use crate::tensor::GGML_TYPE_F32;
+pub(crate) use crate::tensor::GGML_TYPE_F32;
 /// ggml type id of f16.
-pub const GGML_TYPE_F16: u32 = llama_cpp_sys_2::GGML_TYPE_F16;
+pub(crate) const GGML_TYPE_F16: u32 = llama_cpp_sys_2::GGML_TYPE_F16;
 
 /// Element type of a cache or mask tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ElemType {
+pub(crate) enum ElemType {
     /// IEEE binary32.
     F32,
     /// IEEE binary16.
@@ -30,7 +30,7 @@ pub enum ElemType {
 
 impl ElemType {
     /// The element type of ggml type id `ty`, or an error naming `tensor`.
-    pub fn from_ggml(ty: u32, tensor: &'static str) -> Result<Self, KernelError> {
+    pub(crate) fn from_ggml(ty: u32, tensor: &'static str) -> Result<Self, KernelError> {
         match ty {
             GGML_TYPE_F32 => Ok(ElemType::F32),
             GGML_TYPE_F16 => Ok(ElemType::F16),
@@ -39,7 +39,7 @@ impl ElemType {
     }
 
     /// Bytes per element.
-    pub fn size(self) -> usize {
+    pub(crate) fn size(self) -> usize {
         match self {
             ElemType::F32 => 4,
             ElemType::F16 => 2,
@@ -49,15 +49,15 @@ impl ElemType {
 
 /// A strided tensor: element `(i0, i1, i2, i3)` at `data + sum(i_d * nb[d])`.
 #[derive(Clone, Copy, Debug)]
-pub struct Strided {
+pub(crate) struct Strided {
     /// First byte.
-    pub data: *mut u8,
+    pub(crate) data: *mut u8,
     /// Element type.
-    pub ty: ElemType,
+    pub(crate) ty: ElemType,
     /// Byte strides.
-    pub nb: [usize; 4],
+    pub(crate) nb: [usize; 4],
     /// Extent of each dimension.
-    pub ne: [usize; 4],
+    pub(crate) ne: [usize; 4],
 }
 
 impl Strided {
@@ -72,7 +72,7 @@ impl Strided {
 
     /// Byte offset of `(i0, i1, i2, i3)`.
     #[inline(always)]
-    pub fn offset(&self, i: [usize; 4]) -> usize {
+    pub(crate) fn offset(&self, i: [usize; 4]) -> usize {
         i[0] * self.nb[0] + i[1] * self.nb[1] + i[2] * self.nb[2] + i[3] * self.nb[3]
     }
 }
@@ -146,25 +146,25 @@ pub struct AttnLayout {
     /// n_kv, cache positions.
     pub n_kv: usize,
     /// S, streams.
-    pub n_stream: usize,
+    pub(crate) n_stream: usize,
     /// Queries.
-    pub q: Strided,
+    pub(crate) q: Strided,
     /// Key cache view.
-    pub k: Strided,
+    pub(crate) k: Strided,
     /// Value cache view.
-    pub v: Strided,
+    pub(crate) v: Strided,
     /// KQ mask.
-    pub mask: Strided,
+    pub(crate) mask: Strided,
     /// Output.
-    pub dst: Strided,
+    pub(crate) dst: Strided,
     /// Layer index for statistics.
-    pub layer: i32,
+    pub(crate) layer: i32,
     /// k_a, positions kept per query (>= 1).
     pub k_keep: usize,
     /// r_a, predictor dims (0 < r < H).
     pub r: usize,
     /// c_attn (0 = off).
-    pub softcap: f32,
+    pub(crate) softcap: f32,
 }
 
 fn shape_err(msg: String) -> KernelError {
@@ -174,7 +174,7 @@ fn shape_err(msg: String) -> KernelError {
 impl AttnLayout {
     /// Checks the call's tensors against the contract above and `params` (k >= 1, 0 < r < H,
     /// softcap finite and >= 0). Errors name the offending argument.
-    pub fn new(call: &AttnCall, params: &AttnParams) -> Result<Self, KernelError> {
+    pub(crate) fn new(call: &AttnCall, params: &AttnParams) -> Result<Self, KernelError> {
         let AttnCall { q, k, v, mask, dst } = call;
         if q.ty != GGML_TYPE_F32 {
             return Err(KernelError::UnsupportedType {
@@ -267,7 +267,7 @@ impl AttnLayout {
     }
 
     /// Query heads per KV head (N / KV).
-    pub fn group_size(&self) -> usize {
+    pub(crate) fn group_size(&self) -> usize {
         self.n_head / self.n_head_kv
     }
 }

@@ -11,7 +11,7 @@ const EXP_MIN: f32 = -87.336_55;
 
 /// `e^x` in f32 (about 2 ulp).
 #[inline(always)]
-pub fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     let xc = x.clamp(EXP_MIN, EXP_MAX);
     let n = (xc * LOG2E + 0.5).floor();
     let r = xc - n * LN2_HI - n * LN2_LO;
@@ -83,7 +83,7 @@ fn ln_1p_unit(u: f32) -> f32 {
 
 /// `softplus(x) = ln(1 + e^x)`, computed as `max(x, 0) + ln(1 + e^-|x|)` (never overflows).
 #[inline(always)]
-pub fn softplus(x: f32) -> f32 {
+pub(crate) fn softplus(x: f32) -> f32 {
     let y = x.max(0.0) + ln_1p_unit(exp(-x.abs()));
     if x.is_nan() {
         x
@@ -94,7 +94,7 @@ pub fn softplus(x: f32) -> f32 {
 
 /// `tanh(x)` in f32: an odd polynomial below 0.625, `1 - 2 / (e^{2|x|} + 1)` above.
 #[inline(always)]
-pub fn tanh(x: f32) -> f32 {
+pub(crate) fn tanh(x: f32) -> f32 {
     let a = x.abs();
     let s = x * x;
     let poly = ((((-5.704_988_7e-3 * s + 2.063_909e-2) * s - 5.373_971_6e-2) * s + 0.133_314_42)
@@ -113,7 +113,7 @@ pub fn tanh(x: f32) -> f32 {
 }
 
 /// `xs[i] = c * tanh(xs[i] / c)` (SPEC's capA); `c == 0` leaves `xs` unchanged.
-pub fn softcap_in_place(xs: &mut [f32], c: f32) {
+pub(crate) fn softcap_in_place(xs: &mut [f32], c: f32) {
     if c == 0.0 {
         return;
     }
@@ -124,14 +124,14 @@ pub fn softcap_in_place(xs: &mut [f32], c: f32) {
 }
 
 /// `xs[i] = e^(xs[i] - m)`.
-pub fn exp_shifted_in_place(xs: &mut [f32], m: f32) {
+pub(crate) fn exp_shifted_in_place(xs: &mut [f32], m: f32) {
     for x in xs.iter_mut() {
         *x = exp(*x - m);
     }
 }
 
 /// `xs[i] = softplus(xs[i])`.
-pub fn softplus_in_place(xs: &mut [f32]) {
+pub(crate) fn softplus_in_place(xs: &mut [f32]) {
     for x in xs.iter_mut() {
         *x = softplus(*x);
     }

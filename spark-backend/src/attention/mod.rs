@@ -29,12 +29,13 @@ mod dot;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu;
 mod kernel;
-pub mod layout;
+pub(crate) mod layout;
 mod math;
 pub mod op;
 
-pub use kernel::{RowSelection, Tally, Tiling};
-pub use layout::{AttnCall, AttnLayout, ElemType};
+pub(crate) use kernel::{RowSelection, Tally, Tiling};
+pub use layout::AttnCall;
+pub(crate) use layout::AttnLayout;
 
 use crate::params::AttnParams;
 use crate::KernelError;
@@ -72,13 +73,8 @@ impl SparseAttention {
         self.tiling
     }
 
-    /// The checked shapes and parameters.
-    pub fn layout(&self) -> &AttnLayout {
-        &self.layout
-    }
-
     /// Number of independent work units (threads beyond this stay idle).
-    pub fn n_units(&self) -> usize {
+    pub(crate) fn n_units(&self) -> usize {
         kernel::n_units(&self.layout, self.tiling)
     }
 
@@ -102,7 +98,7 @@ impl SparseAttention {
     ///
     /// # Safety
     /// As for [`run`](Self::run), and no other thread computes the same units meanwhile.
-    pub unsafe fn run_units(&self, units: &mut dyn Iterator<Item = usize>) -> Tally {
+    pub(crate) unsafe fn run_units(&self, units: &mut dyn Iterator<Item = usize>) -> Tally {
         // SAFETY: forwarded contract.
         let tally = unsafe { kernel::run_units(&self.layout, self.tiling, units, None) };
         crate::stats::record_attn(self.layout.layer, tally.kept, tally.queries);
@@ -113,19 +109,9 @@ impl SparseAttention {
     ///
     /// # Safety
     /// As for [`run_units`](Self::run_units), for unit `u`.
-    pub unsafe fn fill_unit(&self, u: usize, value: f32) {
+    pub(crate) unsafe fn fill_unit(&self, u: usize, value: f32) {
         // SAFETY: forwarded contract.
         unsafe { kernel::fill_unit(&self.layout, self.tiling, u, value) }
-    }
-
-    /// Writes `value` into the dst rows that thread `ith` of `nth` computes in [`run`](Self::run)
-    /// (used to make a failed share visible).
-    ///
-    /// # Safety
-    /// As for [`run`](Self::run).
-    pub unsafe fn fill_owned_rows(&self, ith: usize, nth: usize, value: f32) {
-        // SAFETY: forwarded contract.
-        unsafe { kernel::fill_owned_rows(&self.layout, self.tiling, ith, nth, value) }
     }
 
     /// [`run`](Self::run), reporting every query's kept positions to `observer` (for tests and

@@ -11,7 +11,7 @@ use crate::tensor::{TensorView, GGML_TYPE_F32};
 use crate::KernelError;
 
 /// Largest dimension the kernels index with 32-bit integers.
-pub const MAX_DIM: usize = i32::MAX as usize / 4;
+pub(crate) const MAX_DIM: usize = i32::MAX as usize / 4;
 
 /// A weight matrix on the device: `rows` rows of `cols` values of ggml type `ty`, row `j` at
 /// `ptr + j * row_stride`.
@@ -41,7 +41,7 @@ fn dims_in_range(name: &str, v: &TensorView) -> Result<(), KernelError> {
 }
 
 /// f32 rows: contiguous values, row stride a multiple of 4 covering the row, 4-byte aligned.
-pub fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
+pub(crate) fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelError> {
     crate::tensor::expect_f32_rows(v, name)?;
     dims_in_range(name, v)?;
     if !(v.data as usize).is_multiple_of(4) {
@@ -53,7 +53,7 @@ pub fn expect_f32_rows(v: &TensorView, name: &'static str) -> Result<(), KernelE
 }
 
 /// A packed 2-D weight matrix of a type the kernels read.
-pub fn weight(v: &TensorView, name: &'static str) -> Result<GpuWeight, KernelError> {
+pub(crate) fn weight(v: &TensorView, name: &'static str) -> Result<GpuWeight, KernelError> {
     if !options::is_gpu_weight_type(v.ty) {
         return Err(KernelError::UnsupportedType {
             tensor: name,

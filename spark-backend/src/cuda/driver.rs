@@ -172,7 +172,7 @@ fn program_log(prog: &Program) -> String {
 
 /// One CUDA device as the launchers use it: the primary context (the one ggml-cuda uses) and
 /// the modules compiled for it so far.
-pub struct Device {
+pub(crate) struct Device {
     ctx: Arc<CudaContext>,
     target: (i32, i32),
     modules: Mutex<HashMap<&'static str, Result<Arc<CudaModule>, String>>>,
@@ -181,7 +181,7 @@ pub struct Device {
 impl Device {
     /// `kernel` of `source`, compiling and loading the source at its first use on this device
     /// (modules are cached by source name).
-    pub fn function(
+    pub(crate) fn function(
         &self,
         source: &'static KernelSource,
         kernel: &str,
@@ -221,15 +221,10 @@ impl Device {
             .load_module(Ptx::from_binary(image.bytes))
             .map_err(|e| format!("loading {} ({}): {e:?}", src.name, cubin.arch()))
     }
-
-    /// The context.
-    pub fn ctx(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
 }
 
 /// The device `ordinal` (ggml-cuda's device index is the CUDA ordinal), created once.
-pub fn device(ordinal: c_int) -> Result<Arc<Device>, String> {
+pub(crate) fn device(ordinal: c_int) -> Result<Arc<Device>, String> {
     type Opened = Result<Arc<Device>, String>;
     static DEVICES: Mutex<Vec<(c_int, Opened)>> = Mutex::new(Vec::new());
     libraries()?;
@@ -260,11 +255,11 @@ fn open(ordinal: c_int) -> Result<Arc<Device>, String> {
 }
 
 /// One launch: the device and ggml's stream, borrowed for the duration of the launcher call.
-pub struct Gpu {
+pub(crate) struct Gpu {
     /// The device.
-    pub device: Arc<Device>,
+    pub(crate) device: Arc<Device>,
     /// ggml-cuda's stream (not owned: never destroyed by cudarc).
-    pub stream: Arc<CudaStream>,
+    pub(crate) stream: Arc<CudaStream>,
 }
 
 impl Gpu {
@@ -273,7 +268,7 @@ impl Gpu {
     /// # Safety
     /// `stream` is a live `cudaStream_t` of device `ordinal`'s primary context, alive until the
     /// returned value and everything cloned from it is dropped.
-    pub unsafe fn borrow(ordinal: c_int, stream: *mut c_void) -> Result<Self, String> {
+    pub(crate) unsafe fn borrow(ordinal: c_int, stream: *mut c_void) -> Result<Self, String> {
         let device = device(ordinal)?;
         device
             .ctx
@@ -291,7 +286,7 @@ impl Gpu {
     ///
     /// # Safety
     /// `[ptr, ptr + bytes)` is device memory of this context that nothing else writes meanwhile.
-    pub unsafe fn fill_nan(&self, ptr: u64, bytes: usize) -> Result<(), String> {
+    pub(crate) unsafe fn fill_nan(&self, ptr: u64, bytes: usize) -> Result<(), String> {
         // SAFETY: per the contract; an asynchronous memset on ggml's stream.
         unsafe {
             cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream())

@@ -20,7 +20,7 @@ pub type CustomLaunch = unsafe extern "C" fn(
 
 /// `typedef bool (*ggml_backend_cuda_register_custom_op_t)(ggml_custom_op_t fun,
 /// ggml_backend_cuda_custom_launch_t launch);`
-pub type RegisterCustomOp =
+pub(crate) type RegisterCustomOp =
     unsafe extern "C" fn(fun: sys::ggml_custom_op_t, launch: Option<CustomLaunch>) -> bool;
 
 /// A Spark op's CPU function and its CUDA launcher.
@@ -35,7 +35,7 @@ pub struct Launcher {
 }
 
 /// The name of ggml-cuda's registry entry (`GGML_CUDA_NAME`).
-pub const CUDA_REG_NAME: &CStr = c"CUDA";
+pub(crate) const CUDA_REG_NAME: &CStr = c"CUDA";
 
 /// The proc ggml-cuda's registry entry resolves to a [`RegisterCustomOp`].
 pub const REGISTER_PROC: &CStr = c"ggml_backend_cuda_register_custom_op";
@@ -52,7 +52,7 @@ pub fn cuda_reg() -> Option<sys::ggml_backend_reg_t> {
 ///
 /// # Safety
 /// `reg` is a live registry entry.
-pub unsafe fn register_fn(reg: sys::ggml_backend_reg_t) -> Option<RegisterCustomOp> {
+pub(crate) unsafe fn register_fn(reg: sys::ggml_backend_reg_t) -> Option<RegisterCustomOp> {
     // SAFETY: live entry (contract), NUL-terminated name.
     let p = unsafe { sys::ggml_backend_reg_get_proc_address(reg, REGISTER_PROC.as_ptr()) };
     if p.is_null() {

@@ -27,7 +27,7 @@
 //!   macros; `common.cuh`, CUDA C every kernel source may include (dequantization, warp sums,
 //!   integer names), embedded as [`HEADERS`].
 //! - feature `cuda` only: `driver.rs` (library checks, NVRTC to CUBIN/PTX, per-device module
-//!   cache, the borrowed stream [`driver::Gpu`], NaN fill) and `launch.rs` (the entry protocol
+//!   cache, the borrowed stream `driver::Gpu`, NaN fill) and `launch.rs` (the entry protocol
 //!   `launch::enter` and the `cuda_launcher!` macro).
 //!
 //! To add an op (say `spark_foo`, in the op's folder `src/foo/`):
@@ -47,7 +47,7 @@
 //! return non-zero. Launchers never read tensor data on the host and never synchronize the
 //! stream, except to count kept neurons when [`device_stats`] is on.
 
-pub mod check;
+pub(crate) mod check;
 pub mod hook;
 pub mod options;
 
@@ -57,7 +57,7 @@ pub use options::{KernelSource, HEADERS};
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]
-pub mod launch;
+pub(crate) mod launch;
 
 use llama_cpp_sys_2 as sys;
 use std::io::Write;

@@ -9,7 +9,7 @@ use llama_cpp_sys_2 as sys;
 
 /// The weight types the CUDA kernels read (K2 and V of the FFN), with the stem of their
 /// macros (`SPARK_T_<stem>` = ggml type id, `SPARK_BLCK_<stem>`, `SPARK_SIZE_<stem>`).
-pub const GPU_WEIGHT_TYPES: [(u32, &str); 11] = [
+pub(crate) const GPU_WEIGHT_TYPES: [(u32, &str); 11] = [
     (sys::GGML_TYPE_F32, "F32"),
     (sys::GGML_TYPE_F16, "F16"),
     (sys::GGML_TYPE_BF16, "BF16"),
@@ -24,12 +24,12 @@ pub const GPU_WEIGHT_TYPES: [(u32, &str); 11] = [
 ];
 
 /// True when the CUDA kernels can read weights of ggml type `ty`.
-pub fn is_gpu_weight_type(ty: u32) -> bool {
+pub(crate) fn is_gpu_weight_type(ty: u32) -> bool {
     GPU_WEIGHT_TYPES.iter().any(|&(t, _)| t == ty)
 }
 
 /// (elements per block, bytes per block) of ggml type `ty`, from ggml.
-pub fn block_layout(ty: u32) -> (usize, usize) {
+pub(crate) fn block_layout(ty: u32) -> (usize, usize) {
     // SAFETY: both take any type id of the enum and only read ggml's static type traits; `ty`
     // comes from GPU_WEIGHT_TYPES or a tensor's type field, both valid ids.
     let (blck, size) = unsafe { (sys::ggml_blck_size(ty), sys::ggml_type_size(ty)) };

@@ -34,7 +34,7 @@ use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
 /// The CUDA C of the FFN kernels, compiled by NVRTC at first use per device.
-pub const KERNELS: KernelSource = KernelSource {
+pub(crate) const KERNELS: KernelSource = KernelSource {
     name: "ffn.cu",
     text: include_str!("ffn.cu"),
 };
@@ -44,7 +44,7 @@ pub const KERNELS: KernelSource = KernelSource {
 pub const SPARSE_MAX_TOKENS: usize = 8;
 
 /// Threads per block of every FFN kernel.
-pub const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 256;
 
 /// The inputs `spark_ffn_up` and `spark_ffn_fused` share, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub struct StagePlan {
 
 impl StagePlan {
     /// F, D and the tokens, as the shared shape rules name them.
-    pub fn dims(&self) -> StageDims {
+    pub(crate) fn dims(&self) -> StageDims {
         StageDims {
             f: self.f,
             d: self.d,
@@ -148,7 +148,7 @@ pub struct SumPlan {
 ///
 /// # Safety
 /// `userdata` is null or points to a `spark_ffn_params`.
-pub unsafe fn ffn_params(userdata: *const c_void) -> Result<(i32, usize), KernelError> {
+pub(crate) unsafe fn ffn_params(userdata: *const c_void) -> Result<(i32, usize), KernelError> {
     // SAFETY: forwarded contract.
     let (params, k) = unsafe { crate::params::read_ffn(userdata)? };
     Ok((params.layer, k))

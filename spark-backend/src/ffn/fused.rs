@@ -35,7 +35,7 @@ use std::ops::Range;
 /// 8 or 16 threads (a thread's share is then exactly F / nth neurons, so the threads' loads
 /// differ only by their chunks' random active counts), and the partials of one token at
 /// Gemma-2 2B's D (16 x 9 KB) stay in L2 for the sum.
-pub const DEFAULT_MAX_CHUNKS: usize = 16;
+pub(crate) const DEFAULT_MAX_CHUNKS: usize = 16;
 
 /// [`DEFAULT_MAX_CHUNKS`] chunks, or F when F is smaller.
 pub fn default_chunks(f: usize) -> usize {
@@ -52,11 +52,11 @@ pub fn chunk_neurons(f: usize, p: usize, c: usize) -> Range<usize> {
 
 /// The inputs every chunk of one FFN call shares: those of stage 2 and V.
 #[derive(Clone, Copy, Debug)]
-pub struct FusedInputs<'a> {
+pub(crate) struct FusedInputs<'a> {
     /// Scores, activations, K2 and k_f.
-    pub up: UpInputs<'a>,
+    pub(crate) up: UpInputs<'a>,
     /// V: F rows of D (neuron-major).
-    pub v: &'a RowMatrix<'a>,
+    pub(crate) v: &'a RowMatrix<'a>,
 }
 
 impl FusedInputs<'_> {
@@ -81,7 +81,7 @@ impl FusedInputs<'_> {
 /// `partial_t = sum_j u_tj V_j` over the chunk's neurons `j` in increasing order with
 /// `u_tj = gelu_tanh(s_tj - theta_t) (K2_j . h_t[r_f:]) != 0`. Returns the number of active
 /// (neuron, token) pairs over those chunks.
-pub fn chunk_partials<'p>(
+pub(crate) fn chunk_partials<'p>(
     inputs: &FusedInputs<'_>,
     n_chunks: usize,
     chunks: impl IntoIterator<Item = (usize, &'p mut [f32])>,
@@ -98,16 +98,16 @@ pub fn chunk_partials<'p>(
 
 /// Tokens per work unit of `spark_ffn_fused`: a unit is one chunk's partial for up to this
 /// many consecutive tokens of the batch ([`unit_bounds`]).
-pub const UNIT_TOKENS: usize = 64;
+pub(crate) const UNIT_TOKENS: usize = 64;
 
 /// Work units of a call with `n_chunks` chunks and `n_tokens` tokens: every chunk times every
 /// group of [`UNIT_TOKENS`] tokens (a function of the shapes only).
-pub fn n_units(n_chunks: usize, n_tokens: usize) -> usize {
+pub(crate) fn n_units(n_chunks: usize, n_tokens: usize) -> usize {
     n_chunks * n_tokens.div_ceil(UNIT_TOKENS)
 }
 
 /// Unit `u` of [`n_units`]: its chunk and its tokens (chunk-major order).
-pub fn unit_bounds(n_tokens: usize, u: usize) -> (usize, Range<usize>) {
+pub(crate) fn unit_bounds(n_tokens: usize, u: usize) -> (usize, Range<usize>) {
     let groups = n_tokens.div_ceil(UNIT_TOKENS).max(1);
     let t0 = u % groups * UNIT_TOKENS;
     (u / groups, t0..(t0 + UNIT_TOKENS).min(n_tokens))
@@ -115,7 +115,7 @@ pub fn unit_bounds(n_tokens: usize, u: usize) -> (usize, Range<usize>) {
 
 /// The per-call part every unit of a thread shares (checks, each token's threshold and
 /// prepared activations, into `scratch`).
-pub fn prepare(
+pub(crate) fn prepare(
     inputs: &FusedInputs<'_>,
     n_chunks: usize,
     scratch: &mut Scratch,
@@ -132,7 +132,7 @@ pub fn prepare(
 /// Chunk `c`'s partial for tokens `tokens`, after [`prepare`] with the same inputs and
 /// `scratch`: `out` holds `tokens.len()` rows of D (as [`chunk_partials`] writes them for these
 /// tokens; each token's row depends on that token only). Returns the active pairs.
-pub fn unit_partial(
+pub(crate) fn unit_partial(
     inputs: &FusedInputs<'_>,
     n_chunks: usize,
     c: usize,

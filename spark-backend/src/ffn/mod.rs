@@ -29,7 +29,7 @@ pub mod fused;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu;
 pub mod op;
-pub mod shapes;
+pub(crate) mod shapes;
 pub mod two_stage;
 
 /// A batch of `n_tokens` activation rows of D (`width`) values each: row `t` is
@@ -48,7 +48,7 @@ pub struct Batch<'a> {
 
 impl<'a> Batch<'a> {
     /// Columns `cols` of row `t`.
-    pub fn row(&self, t: usize, cols: Range<usize>) -> Result<&'a [f32], KernelError> {
+    pub(crate) fn row(&self, t: usize, cols: Range<usize>) -> Result<&'a [f32], KernelError> {
         let start = t * self.stride + cols.start;
         let end = t * self.stride + cols.end;
         if cols.end > self.width {
@@ -165,7 +165,7 @@ pub struct Scratch {
     row: Vec<f32>,
     /// The lists of a fused unit of several tokens.
     unit: fused::UnitLists,
-    /// The token count `active`/`tokens`/`spans` were listed for by [`down_prepare`].
+    /// The token count `active`/`tokens`/`spans` were listed for by [`two_stage::down_prepare`].
     down_tokens: Option<usize>,
 }
 
@@ -280,7 +280,7 @@ impl<'a> PendingAxpy<'a> {
 }
 
 /// Checks that K1 [F x r], K2 [F x (D - r)] and V [F x D] agree, with 0 < r < D.
-pub fn check_shapes(
+pub(crate) fn check_shapes(
     d: usize,
     f: usize,
     k1: &RowMatrix<'_>,
@@ -301,21 +301,6 @@ pub fn check_shapes(
         )));
     }
     Ok(())
-}
-
-/// A contiguous share of `0..n` for part `i` of `parts`, with boundaries on multiples of
-/// `align` (the last part takes the rest). Parts may be empty.
-pub fn split_range(n: usize, parts: usize, i: usize, align: usize) -> Range<usize> {
-    let align = align.max(1);
-    let units = n.div_ceil(align);
-    let parts = parts.max(1);
-    let lo = (units * i / parts * align).min(n);
-    let hi = if i + 1 >= parts {
-        n
-    } else {
-        (units * (i + 1) / parts * align).min(n)
-    };
-    lo..hi.max(lo)
 }
 
 fn check_len(what: &str, have: usize, want: usize) -> Result<(), KernelError> {

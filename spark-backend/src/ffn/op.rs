@@ -31,15 +31,15 @@ const DIM_ALIGN: usize = 16;
 
 /// Neurons per work chunk of `spark_ffn_up` (108 chunks at F = 13824; the op runs for ubatches
 /// of more than 512 tokens, so a chunk is at least ~60 K gated dot products).
-pub const UP_BLOCK: usize = 128;
+pub(crate) const UP_BLOCK: usize = 128;
 
 /// Columns per work chunk of `spark_ffn_down`, before rounding up to the alignment (9 chunks
 /// at D = 2304; the op runs for ubatches of more than 512 tokens).
-pub const DOWN_COLS: usize = 256;
+pub(crate) const DOWN_COLS: usize = 256;
 
 /// Elements per work chunk of `spark_ffn_sum` for `len` output elements: 256 at a decode step
 /// (9 chunks at D = 2304), more for a batch (at most ~64 chunks), a multiple of 16.
-pub fn sum_block(len: usize) -> usize {
+pub(crate) fn sum_block(len: usize) -> usize {
     len.div_ceil(64).next_multiple_of(DIM_ALIGN).max(256)
 }
 

@@ -7,18 +7,22 @@ use crate::KernelError;
 
 /// The sizes of an FFN stage (`spark_ffn_up`, `spark_ffn_fused`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StageDims {
+pub(crate) struct StageDims {
     /// F, the neurons.
-    pub f: usize,
+    pub(crate) f: usize,
     /// D, the model width.
-    pub d: usize,
+    pub(crate) d: usize,
     /// Tokens of the ubatch.
-    pub n_tokens: usize,
+    pub(crate) n_tokens: usize,
 }
 
 /// Scores `s` [F, T] (contiguous f32 rows), `h` [D, T] (f32 rows) and K2 [D - r_f, F] with
 /// `0 < D - r_f < D`.
-pub fn stage(s: &TensorView, h: &TensorView, k2: &TensorView) -> Result<StageDims, KernelError> {
+pub(crate) fn stage(
+    s: &TensorView,
+    h: &TensorView,
+    k2: &TensorView,
+) -> Result<StageDims, KernelError> {
     expect_f32_rows(s, "scores")?;
     expect_f32_rows(h, "h")?;
     let (f, n_tokens, d) = (s.ne[0], s.ne[1], h.ne[0]);
@@ -38,7 +42,11 @@ pub fn stage(s: &TensorView, h: &TensorView, k2: &TensorView) -> Result<StageDim
 }
 
 /// `spark_ffn_fused`: V [D, F] and dst [D, T, P] contiguous f32 with 1 <= P <= F; returns P.
-pub fn fused_dst(dims: StageDims, v: &TensorView, out: &TensorView) -> Result<usize, KernelError> {
+pub(crate) fn fused_dst(
+    dims: StageDims,
+    v: &TensorView,
+    out: &TensorView,
+) -> Result<usize, KernelError> {
     let StageDims { f, d, n_tokens } = dims;
     expect_2d(v, "ffn_down_t", d, f)?;
     let p = out.ne[2];
@@ -56,7 +64,7 @@ pub fn fused_dst(dims: StageDims, v: &TensorView, out: &TensorView) -> Result<us
 }
 
 /// `spark_ffn_up`: dst u [T, F] contiguous f32 (neuron-major).
-pub fn up_dst(dims: StageDims, out: &TensorView) -> Result<(), KernelError> {
+pub(crate) fn up_dst(dims: StageDims, out: &TensorView) -> Result<(), KernelError> {
     expect_2d(out, "dst", dims.n_tokens, dims.f)?;
     expect_f32_rows(out, "dst")?;
     if out.nb[1] != 4 * dims.n_tokens {
@@ -67,7 +75,7 @@ pub fn up_dst(dims: StageDims, out: &TensorView) -> Result<(), KernelError> {
 
 /// `spark_ffn_down`: u [T, F] contiguous f32, V [D, F], dst [D, T] f32 rows; returns
 /// (T, F, D).
-pub fn down(
+pub(crate) fn down(
     u: &TensorView,
     v: &TensorView,
     out: &TensorView,
@@ -86,7 +94,10 @@ pub fn down(
 
 /// `spark_ffn_sum`: partials [D, T, P] contiguous f32 with P >= 1, dst [D, T] contiguous f32;
 /// returns (D, T, P).
-pub fn sum(partials: &TensorView, out: &TensorView) -> Result<(usize, usize, usize), KernelError> {
+pub(crate) fn sum(
+    partials: &TensorView,
+    out: &TensorView,
+) -> Result<(usize, usize, usize), KernelError> {
     let (d, n_tokens, p) = (partials.ne[0], partials.ne[1], partials.ne[2]);
     expect_f32_rows(partials, "partials")?;
     let len = d * n_tokens;

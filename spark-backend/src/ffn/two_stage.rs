@@ -36,7 +36,7 @@ pub fn up_range(
 
 /// The per-call part of stage 2, shared by every neuron block a thread computes: each token's
 /// threshold and `h[r_f..D]` prepared for K2's row type, into `scratch`.
-pub fn up_prepare(inputs: &UpInputs<'_>, scratch: &mut Scratch) -> Result<(), KernelError> {
+pub(crate) fn up_prepare(inputs: &UpInputs<'_>, scratch: &mut Scratch) -> Result<(), KernelError> {
     let (f, n_tokens) = (inputs.k2.n_rows(), inputs.batch.n_tokens);
     check_len("scores", inputs.scores.len(), n_tokens * f)?;
     prepare_tokens(inputs, scratch)
@@ -45,7 +45,7 @@ pub fn up_prepare(inputs: &UpInputs<'_>, scratch: &mut Scratch) -> Result<(), Ke
 /// Stage 2 for neurons `neurons`, after [`up_prepare`] with the same `inputs` and `scratch`:
 /// as [`up_range`]. Each value depends on its neuron and token only, so any cut of `0..F` into
 /// blocks gives the same `u` bit for bit.
-pub fn up_block(
+pub(crate) fn up_block(
     inputs: &UpInputs<'_>,
     neurons: Range<usize>,
     u: &mut [f32],
@@ -111,7 +111,7 @@ pub fn down_range(
 
 /// The per-call part of stage 3, shared by every column block a thread computes: the union of
 /// the batch's active neurons (`u`: F rows of `n_tokens`) with their tokens, into `scratch`.
-pub fn down_prepare(
+pub(crate) fn down_prepare(
     u: &[f32],
     f: usize,
     n_tokens: usize,
@@ -147,7 +147,7 @@ pub fn down_prepare(
 /// Stage 3 for output dimensions `dims`, after [`down_prepare`] with the same `u` and
 /// `scratch`: as [`down_range`]. Every element is summed over the neurons in increasing order
 /// whatever the column block, so any cut of `0..D` gives the same output bit for bit.
-pub fn down_cols(
+pub(crate) fn down_cols(
     v: &RowMatrix<'_>,
     dims: Range<usize>,
     out: &mut [&mut [f32]],

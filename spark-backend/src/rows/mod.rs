@@ -177,21 +177,6 @@ impl<'a> Row<'a> {
         Ok(Self { ty, n, bytes })
     }
 
-    /// Storage type.
-    pub fn ty(&self) -> RowType {
-        self.ty
-    }
-
-    /// Elements in the row.
-    pub fn len(&self) -> usize {
-        self.n
-    }
-
-    /// True for a row of no elements.
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
     /// The raw bytes.
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
@@ -277,17 +262,17 @@ impl<'a> RowMatrix<'a> {
     }
 
     /// Storage type.
-    pub fn ty(&self) -> RowType {
+    pub(crate) fn ty(&self) -> RowType {
         self.ty
     }
 
     /// Elements per row.
-    pub fn n_cols(&self) -> usize {
+    pub(crate) fn n_cols(&self) -> usize {
         self.n_cols
     }
 
     /// Number of rows.
-    pub fn n_rows(&self) -> usize {
+    pub(crate) fn n_rows(&self) -> usize {
         self.n_rows
     }
 
@@ -306,7 +291,7 @@ impl<'a> RowMatrix<'a> {
 
     /// Address of row `j`'s first byte (for prefetching; `j` need not be in range).
     #[inline]
-    pub fn row_ptr(&self, j: usize) -> *const u8 {
+    pub(crate) fn row_ptr(&self, j: usize) -> *const u8 {
         self.data.as_ptr().wrapping_add(j.wrapping_mul(self.stride))
     }
 }
@@ -338,21 +323,6 @@ impl Activation {
             self.f32s.extend_from_slice(x);
         }
         Ok(())
-    }
-
-    /// Elements.
-    pub fn len(&self) -> usize {
-        self.n
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
-    /// The row type this activation was prepared for.
-    pub fn row_type(&self) -> Option<RowType> {
-        self.ty
     }
 }
 
@@ -503,14 +473,6 @@ pub fn axpy_f32(x: &[f32], alpha: f32, y: &mut [f32]) {
     let bytes: &[u8] = f32_bytes(x);
     // SAFETY: `bytes` views exactly `x.len()` f32 values; features checked by `kernels()`.
     unsafe { (simd::kernels().axpy_f32)(bytes, alpha, y) }
-}
-
-/// `x . y` on f32 slices of equal length (SIMD).
-#[inline]
-pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
-    assert_eq!(x.len(), y.len(), "dot_f32: lengths differ");
-    // SAFETY: as in `axpy_f32`.
-    unsafe { (simd::kernels().dot_f32)(f32_bytes(x), y) }
 }
 
 /// The bytes of an f32 slice.

@@ -79,7 +79,11 @@ fn traits(ty: RowType) -> Result<&'static Traits, KernelError> {
 }
 
 /// Quantizes `x` to the activation type that `vec_dot` of `ty` rows expects, into `out`.
-pub fn quantize_activation(ty: RowType, x: &[f32], out: &mut Vec<u8>) -> Result<(), KernelError> {
+pub(crate) fn quantize_activation(
+    ty: RowType,
+    x: &[f32],
+    out: &mut Vec<u8>,
+) -> Result<(), KernelError> {
     let t = traits(ty)?;
     if !x.len().is_multiple_of(t.act_block_elems) || !x.len().is_multiple_of(ty.block_elems()) {
         return Err(KernelError::Shape(format!(
@@ -101,7 +105,7 @@ pub fn quantize_activation(ty: RowType, x: &[f32], out: &mut Vec<u8>) -> Result<
 /// # Safety
 /// `row` must hold a row of `n` elements of `ty` and `act` the same `n` elements quantized by
 /// [`quantize_activation`] for `ty` (both are checked by length here as a last defence).
-pub unsafe fn vec_dot(ty: RowType, n: usize, row: &[u8], act: &[u8]) -> f32 {
+pub(crate) unsafe fn vec_dot(ty: RowType, n: usize, row: &[u8], act: &[u8]) -> f32 {
     let t = traits(ty).expect("activation prepared, so the traits loaded");
     assert!(
         row.len() >= ty.row_bytes(n).unwrap_or(usize::MAX),
@@ -136,7 +140,7 @@ const CHUNK: usize = 256;
 ///
 /// # Safety
 /// `row` must hold `y.len()` elements of `ty` (checked by length).
-pub unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
+pub(crate) unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa::current() == crate::isa::Isa::Avx2 {
         // SAFETY: AVX2, FMA and F16C were detected; the kernels check lengths.
@@ -189,7 +193,7 @@ pub fn axpy_q8_0_folded_scalar(row: &[u8], alpha: f32, y: &mut [f32]) {
 ///
 /// # Safety
 /// `row` must hold `out.len()` elements of `ty` (checked by length).
-pub unsafe fn dequantize(ty: RowType, row: &[u8], out: &mut [f32]) {
+pub(crate) unsafe fn dequantize(ty: RowType, row: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa::current() == crate::isa::Isa::Avx2 {
         // SAFETY: AVX2, FMA and F16C were detected; the kernels check lengths.

@@ -148,7 +148,7 @@ unsafe fn q4_0_load(p: *const u8) -> [__m256; 4] {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; lengths are checked.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_q8_0(row: &[u8], alpha: f32, y: &mut [f32]) {
+pub(crate) unsafe fn axpy_q8_0(row: &[u8], alpha: f32, y: &mut [f32]) {
     // SAFETY: features enabled here; lengths checked inside.
     unsafe { axpy_blocks(row, alpha, y, Q8_0_BYTES, q8_0_load) }
 }
@@ -160,7 +160,7 @@ pub unsafe fn axpy_q8_0(row: &[u8], alpha: f32, y: &mut [f32]) {
 /// # Safety
 /// As for [`axpy_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy4_q8_0(rows: [&[u8]; 4], alphas: [f32; 4], y: &mut [f32]) {
+pub(crate) unsafe fn axpy4_q8_0(rows: [&[u8]; 4], alphas: [f32; 4], y: &mut [f32]) {
     let n_blocks = y.len() / 32;
     assert!(
         y.len().is_multiple_of(32) && rows.iter().all(|r| r.len() >= n_blocks * Q8_0_BYTES),
@@ -211,7 +211,7 @@ pub unsafe fn axpy4_q8_0(rows: [&[u8]; 4], alphas: [f32; 4], y: &mut [f32]) {
 /// # Safety
 /// As for [`axpy_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_q8_0_folded<const R: usize>(
+pub(crate) unsafe fn axpy_q8_0_folded<const R: usize>(
     rows: [&[u8]; R],
     alphas: [f32; R],
     y: &mut [f32],
@@ -257,7 +257,7 @@ pub unsafe fn axpy_q8_0_folded<const R: usize>(
 /// # Safety
 /// As for [`axpy_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_q4_0(row: &[u8], alpha: f32, y: &mut [f32]) {
+pub(crate) unsafe fn axpy_q4_0(row: &[u8], alpha: f32, y: &mut [f32]) {
     // SAFETY: as above.
     unsafe { axpy_blocks(row, alpha, y, Q4_0_BYTES, q4_0_load) }
 }
@@ -267,7 +267,7 @@ pub unsafe fn axpy_q4_0(row: &[u8], alpha: f32, y: &mut [f32]) {
 /// # Safety
 /// As for [`axpy_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn to_f32_q8_0(row: &[u8], out: &mut [f32]) {
+pub(crate) unsafe fn to_f32_q8_0(row: &[u8], out: &mut [f32]) {
     // SAFETY: as above.
     unsafe { to_f32_blocks(row, out, Q8_0_BYTES, q8_0_load) }
 }
@@ -277,7 +277,7 @@ pub unsafe fn to_f32_q8_0(row: &[u8], out: &mut [f32]) {
 /// # Safety
 /// As for [`axpy_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn to_f32_q4_0(row: &[u8], out: &mut [f32]) {
+pub(crate) unsafe fn to_f32_q4_0(row: &[u8], out: &mut [f32]) {
     // SAFETY: as above.
     unsafe { to_f32_blocks(row, out, Q4_0_BYTES, q4_0_load) }
 }
@@ -354,7 +354,7 @@ unsafe fn q6_k_weights(q: &[i8; 256], scales: &[f32; 16], k: usize) -> __m256 {
 /// # Safety
 /// As for [`axpy_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_q6_k(row: &[u8], alpha: f32, y: &mut [f32]) {
+pub(crate) unsafe fn axpy_q6_k(row: &[u8], alpha: f32, y: &mut [f32]) {
     let n_blocks = y.len() / 256;
     assert!(
         y.len().is_multiple_of(256) && row.len() >= n_blocks * Q6_K_BYTES,
@@ -381,7 +381,7 @@ pub unsafe fn axpy_q6_k(row: &[u8], alpha: f32, y: &mut [f32]) {
 /// # Safety
 /// As for [`axpy_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn to_f32_q6_k(row: &[u8], out: &mut [f32]) {
+pub(crate) unsafe fn to_f32_q6_k(row: &[u8], out: &mut [f32]) {
     let n_blocks = out.len() / 256;
     assert!(
         out.len().is_multiple_of(256) && row.len() >= n_blocks * Q6_K_BYTES,

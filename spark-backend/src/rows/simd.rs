@@ -9,11 +9,11 @@
 use crate::isa::{self, Isa};
 
 /// `sum_i row[i] * x[i]` over `x.len()` elements of a row of bytes.
-pub type DotFn = unsafe fn(row: &[u8], x: &[f32]) -> f32;
+pub(crate) type DotFn = unsafe fn(row: &[u8], x: &[f32]) -> f32;
 /// `y[i] += alpha * row[i]` over `y.len()` elements of a row of bytes.
-pub type AxpyFn = unsafe fn(row: &[u8], alpha: f32, y: &mut [f32]);
+pub(crate) type AxpyFn = unsafe fn(row: &[u8], alpha: f32, y: &mut [f32]);
 /// `out[i] = row[i]` over `out.len()` elements of a row of bytes.
-pub type ToF32Fn = unsafe fn(row: &[u8], out: &mut [f32]);
+pub(crate) type ToF32Fn = unsafe fn(row: &[u8], out: &mut [f32]);
 
 /// One implementation of every float-row operation.
 #[derive(Clone, Copy)]
@@ -62,7 +62,7 @@ pub fn avx2() -> Option<Kernels> {
 
 /// The implementations of the process's instruction set ([`isa::current`]).
 #[inline]
-pub fn kernels() -> &'static Kernels {
+pub(crate) fn kernels() -> &'static Kernels {
     match isa::current() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => &x86::KERNELS,
@@ -73,7 +73,7 @@ pub fn kernels() -> &'static Kernels {
 /// Portable reference versions. Safe to call with any inputs that satisfy the length contract
 /// (`row` holds at least `len * element size` bytes); declared `unsafe fn` only to share the
 /// function-pointer type with the SIMD versions.
-pub mod scalar {
+pub(crate) mod scalar {
     fn f16_at(row: &[u8], i: usize) -> f32 {
         half::f16::from_bits(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])).to_f32()
     }
@@ -90,21 +90,21 @@ pub mod scalar {
     ///
     /// # Safety
     /// None beyond the length contract (checked: panics if `row` is short).
-    pub unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+    pub(crate) unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
         x.iter().enumerate().map(|(i, &v)| f32_at(row, i) * v).sum()
     }
     /// Dot product of an f16 row with `x`.
     ///
     /// # Safety
     /// None beyond the length contract (checked).
-    pub unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+    pub(crate) unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
         x.iter().enumerate().map(|(i, &v)| f16_at(row, i) * v).sum()
     }
     /// Dot product of a bf16 row with `x`.
     ///
     /// # Safety
     /// None beyond the length contract (checked).
-    pub unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+    pub(crate) unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
         x.iter()
             .enumerate()
             .map(|(i, &v)| bf16_at(row, i) * v)
@@ -114,7 +114,7 @@ pub mod scalar {
     ///
     /// # Safety
     /// None beyond the length contract (checked).
-    pub unsafe fn axpy_f32(row: &[u8], alpha: f32, y: &mut [f32]) {
+    pub(crate) unsafe fn axpy_f32(row: &[u8], alpha: f32, y: &mut [f32]) {
         for (i, o) in y.iter_mut().enumerate() {
             *o = f32_at(row, i).mul_add(alpha, *o);
         }
@@ -123,7 +123,7 @@ pub mod scalar {
     ///
     /// # Safety
     /// None beyond the length contract (checked).
-    pub unsafe fn axpy_f16(row: &[u8], alpha: f32, y: &mut [f32]) {
+    pub(crate) unsafe fn axpy_f16(row: &[u8], alpha: f32, y: &mut [f32]) {
         for (i, o) in y.iter_mut().enumerate() {
             *o = f16_at(row, i).mul_add(alpha, *o);
         }
@@ -132,7 +132,7 @@ pub mod scalar {
     ///
     /// # Safety
     /// None beyond the length contract (checked).
-    pub unsafe fn axpy_bf16(row: &[u8], alpha: f32, y: &mut [f32]) {
+    pub(crate) unsafe fn axpy_bf16(row: &[u8], alpha: f32, y: &mut [f32]) {
         for (i, o) in y.iter_mut().enumerate() {
             *o = bf16_at(row, i).mul_add(alpha, *o);
         }
@@ -141,7 +141,7 @@ pub mod scalar {
     ///
     /// # Safety
     /// None beyond the length contract (checked).
-    pub unsafe fn f16_to_f32(row: &[u8], out: &mut [f32]) {
+    pub(crate) unsafe fn f16_to_f32(row: &[u8], out: &mut [f32]) {
         for (i, o) in out.iter_mut().enumerate() {
             *o = f16_at(row, i);
         }
@@ -150,7 +150,7 @@ pub mod scalar {
     ///
     /// # Safety
     /// None beyond the length contract (checked).
-    pub unsafe fn bf16_to_f32(row: &[u8], out: &mut [f32]) {
+    pub(crate) unsafe fn bf16_to_f32(row: &[u8], out: &mut [f32]) {
         for (i, o) in out.iter_mut().enumerate() {
             *o = bf16_at(row, i);
         }
@@ -336,42 +336,42 @@ mod x86 {
     // The entry points: `unsafe` because they require AVX2+FMA+F16C, which `super::avx2` and
     // `super::kernels` check before handing them out.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+    pub(crate) unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
         // SAFETY: features enabled on this function; lengths checked inside.
         unsafe { dot_impl::<F32>(row, x) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+    pub(crate) unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
         // SAFETY: as above.
         unsafe { dot_impl::<F16>(row, x) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+    pub(crate) unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
         // SAFETY: as above.
         unsafe { dot_impl::<Bf16>(row, x) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_f32(row: &[u8], alpha: f32, y: &mut [f32]) {
+    pub(crate) unsafe fn axpy_f32(row: &[u8], alpha: f32, y: &mut [f32]) {
         // SAFETY: as above.
         unsafe { axpy_impl::<F32>(row, alpha, y) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_f16(row: &[u8], alpha: f32, y: &mut [f32]) {
+    pub(crate) unsafe fn axpy_f16(row: &[u8], alpha: f32, y: &mut [f32]) {
         // SAFETY: as above.
         unsafe { axpy_impl::<F16>(row, alpha, y) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_bf16(row: &[u8], alpha: f32, y: &mut [f32]) {
+    pub(crate) unsafe fn axpy_bf16(row: &[u8], alpha: f32, y: &mut [f32]) {
         // SAFETY: as above.
         unsafe { axpy_impl::<Bf16>(row, alpha, y) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn f16_to_f32(row: &[u8], out: &mut [f32]) {
+    pub(crate) unsafe fn f16_to_f32(row: &[u8], out: &mut [f32]) {
         // SAFETY: as above.
         unsafe { to_f32_impl::<F16>(row, out) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn bf16_to_f32(row: &[u8], out: &mut [f32]) {
+    pub(crate) unsafe fn bf16_to_f32(row: &[u8], out: &mut [f32]) {
         // SAFETY: as above.
         unsafe { to_f32_impl::<Bf16>(row, out) }
     }
