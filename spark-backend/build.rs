@@ -1,13 +1,16 @@
-//! Compiles `probe/reg_layout.c` against the patched ggml headers (staged by `spark-llama-prep`)
-//! and links the object into the integration tests only, where `tests/registry.rs` compares the
-//! C layout of `struct ggml_backend_reg` with the Rust mirror in `src/registry.rs`. Also records
-//! the series tag of the ggml it links and puts that ggml's directory in the run path.
+//! Compiles the C probes against the patched sources (staged by `spark-llama-prep`) and links
+//! the objects into the integration tests only: `probe/reg_layout.c` (ggml's registry structs,
+//! mirrored in `src/registry.rs`), `probe/graph_abi.c` (the graph's `spark-gemma2-backend.h`,
+//! mirrored in `src/ffn/tiling.rs`), both compared by `tests/registry.rs`, and
+//! `probe/cuda_hook.c` (`tests/cuda_hook.rs`). Also records the series tag of the ggml it links
+//! and puts that ggml's directory in the run path.
 
 use std::path::Path;
 
 fn main() {
     println!("cargo:rerun-if-changed=probe/reg_layout.c");
     println!("cargo:rerun-if-changed=probe/cuda_hook.c");
+    println!("cargo:rerun-if-changed=probe/graph_abi.c");
     println!("cargo:rerun-if-changed=build.rs");
     // The tag of the patched sources this crate is built against (`ggml_commit()` of that
     // ggml): the plugin refuses to register in a process whose ggml reports another.
@@ -15,9 +18,8 @@ fn main() {
     println!("cargo:rustc-env=SPARK_SERIES_TAG={tag}");
     let lib_dir = std::env::var("DEP_LLAMA_LIB_DIR").expect("llama-cpp-sys-2 (patched) sets it");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib_dir}");
-    let ggml = Path::new(spark_llama_prep::PATCHED_SYS_DIR)
-        .join("llama.cpp")
-        .join("ggml");
+    let llama = Path::new(spark_llama_prep::PATCHED_SYS_DIR).join("llama.cpp");
+    let ggml = llama.join("ggml");
     // The hook's typedefs exist once patch 0008 is in the series; before, the probe is empty.
     let cuda_h =
         std::fs::read_to_string(ggml.join("include").join("ggml-cuda.h")).unwrap_or_default();
@@ -27,8 +29,10 @@ fn main() {
     build
         .file("probe/reg_layout.c")
         .file("probe/cuda_hook.c")
+        .file("probe/graph_abi.c")
         .include(ggml.join("include"))
         .include(ggml.join("src"))
+        .include(llama.join("src").join("models"))
         .cargo_metadata(false)
         .warnings(false);
     if hook {

@@ -79,7 +79,7 @@ impl Setup {
         let mut rng = Rng::new(7);
         let row = |n: usize| ty.row_bytes(n).unwrap();
         let total = row(R) * F + 2 * (row(D - R) * F + row(D) * F) + 3 * row(D) * FF;
-        let partials = 4 * D * n_tokens * spark_backend::ffn::fused::default_chunks(F);
+        let partials = 4 * D * n_tokens * spark_backend::ffn::tiling::default_chunks(F);
         let ggml =
             Ggml::new(total + partials + (n_tokens * (8 * F + 8 * FF + 12 * D) + (64 << 20)));
         let h = ggml.f32_tensor(D, n_tokens, &rng.normals(n_tokens * D, 1.0));
@@ -108,7 +108,7 @@ impl Setup {
         let params = Box::new(FfnParams { layer: 0, k: K });
         let [scores, u, out] = ggml.spark_ffn(h, k1, k2, v, &*params);
         let sparse = ggml.graph(out);
-        let p = spark_backend::ffn::fused::default_chunks(F);
+        let p = spark_backend::ffn::tiling::default_chunks(F);
         let [_, _, fused_out] = ggml.spark_ffn_fused(h, k1, k2, v, p, &*params);
         let fused = ggml.graph(fused_out);
         let [_, _, packed_out] = ggml.spark_ffn_fused(h, k1, k2_packed, v_packed, p, &*params);

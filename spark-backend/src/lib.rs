@@ -2,19 +2,19 @@
 //! presented to llama.cpp as a ggml backend registry entry named "Spark".
 //!
 //! Data flow: the patched llama.cpp graph (`src/models/spark-gemma2.cpp`) finds the "Spark"
-//! registry entry, resolves the FFN ops (`spark_ffn_fused` + `spark_ffn_sum` for ubatches of up
-//! to 512 tokens, `spark_ffn_up` + `spark_ffn_down` above) and `spark_attn` by name and runs them
-//! as ggml custom ops (`ggml_custom_4d`) from ggml's own worker threads. See
-//! `docs/INTERFACES.md`.
+//! registry entry, asks it how the FFN of each ubatch runs (`spark_ffn_tiling`: today
+//! `spark_ffn_fused` + `spark_ffn_sum` for ubatches of up to 512 tokens, `spark_ffn_up` +
+//! `spark_ffn_down` above), resolves those ops and `spark_attn` by name and runs them as ggml
+//! custom ops (`ggml_custom_4d`) from ggml's own worker threads. See `docs/INTERFACES.md`.
 //!
 //! With the `cuda` feature and a ggml-cuda carrying the custom-op hook (patch 0008), the same
 //! ops also run on the GPU through CUDA launchers ([`cuda`]).
 //!
 //! # Modules, by feature
 //! - [`ffn`]: the sparse FFN, all of it: shared inputs and activation (`mod.rs`), the CPU
-//!   kernels of its two paths (`fused.rs`, `two_stage.rs`), the shape rules of its ops
-//!   (`shapes.rs`), the ggml custom ops (`op.rs`), the CUDA plans (`cuda.rs`), kernels
-//!   (`ffn.cu`) and launchers (`gpu.rs`).
+//!   kernels of its two paths (`fused.rs`, `two_stage.rs`), which path and how many chunks a
+//!   ubatch gets (`tiling.rs`), the shape rules of its ops (`shapes.rs`), the ggml custom ops
+//!   (`op.rs`), the CUDA plans (`cuda.rs`), kernels (`ffn.cu`) and launchers (`gpu.rs`).
 //! - [`attention`]: the sparse attention, all of it: the call and its checks (`layout.rs`), the
 //!   CPU kernel (`kernel.rs`, inner loops in `dot.rs` and `math.rs`), the ggml custom op
 //!   (`op.rs`), the CUDA plan (`cuda.rs`), kernels (`attn.cu`) and launcher (`gpu.rs`).
@@ -35,7 +35,7 @@
 //! Everything else is crate-private. For the `spark` CLI: [`registry::register`] and
 //! [`stats`]'s `LayerStats`, `reset`, `snapshot`, `TABLE_HEADER`, `table_row`. For llama.cpp and
 //! the plugin loader: the exported C symbols (`ggml_backend_init`, the `spark_*` ops) and the
-//! procs of [`registry::proc_address`]. For the tests and benches: the kernels and references
+//! procs of [`registry::proc_address`] (with `ffn::tiling`'s `FfnTiling` mirror). For the tests and benches: the kernels and references
 //! they check ([`ffn`], [`attention`], [`rows`], [`topk`]), the ops' C entry points
 //! (`ffn::op`, `attention::op`), the CUDA plans (`ffn::cuda`, `attention::cuda`), the
 //! registration and NVRTC seams of [`cuda`], `op::fault` (feature `fault-injection`),

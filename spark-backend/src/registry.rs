@@ -2,7 +2,10 @@
 //!
 //! The entry has no devices; it exists so that the spark-gemma2 graph can call
 //! `ggml_backend_reg_by_name("Spark")` and `ggml_backend_reg_get_proc_address(reg, NAME)` for
-//! each kernel (docs/INTERFACES.md). Two ways to put it into ggml's registry:
+//! each kernel, for the FFN tiling of a ubatch (`spark_ffn_tiling`) and for the statistics
+//! (docs/INTERFACES.md; [`proc_address`]). It is also where the backend's whole op set is
+//! listed for the GPU ([`LAUNCHERS`], [`KERNEL_SOURCES`]). Two ways to put the entry into
+//! ggml's registry:
 //! - in-process: [`register`] (the `spark` CLI does this before loading a model);
 //! - as a plugin: the cdylib `libspark_backend.so` (installed by tools/upstream.sh as
 //!   `libggml-spark.so`) exports `ggml_backend_init` ([`crate::plugin`]), so `ggml_backend_load`
@@ -29,11 +32,12 @@ pub const GGML_BACKEND_API_VERSION: c_int = 3;
 pub(crate) const NAME: &CStr = c"Spark";
 
 /// Names [`get_proc_address`](BackendRegIface::get_proc_address) resolves, in no particular order.
-pub const PROC_NAMES: [&str; 7] = [
+pub const PROC_NAMES: [&str; 8] = [
     "spark_ffn_up",
     "spark_ffn_down",
     "spark_ffn_fused",
     "spark_ffn_sum",
+    "spark_ffn_tiling",
     "spark_attn",
     "spark_stats_reset",
     "spark_stats_get",
@@ -135,6 +139,7 @@ pub fn proc_address(name: &str) -> Option<*mut c_void> {
         "spark_ffn_down" => crate::ffn::op::spark_ffn_down as *mut c_void,
         "spark_ffn_fused" => crate::ffn::op::spark_ffn_fused as *mut c_void,
         "spark_ffn_sum" => crate::ffn::op::spark_ffn_sum as *mut c_void,
+        "spark_ffn_tiling" => crate::ffn::tiling::spark_ffn_tiling as *mut c_void,
         "spark_attn" => crate::attention::op::spark_attn as *mut c_void,
         "spark_stats_reset" => spark_stats_reset as *mut c_void,
         "spark_stats_get" => spark_stats_get as *mut c_void,

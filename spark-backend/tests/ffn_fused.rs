@@ -7,7 +7,7 @@ mod ffn_common;
 
 use ffn_common::{assert_close, batch, op_case, ref_up, up_scale, OpCase, Rng, Weights};
 use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_sum};
-use spark_backend::ffn::{self, fused, two_stage, FfnWeights};
+use spark_backend::ffn::{self, fused, tiling, two_stage, FfnWeights};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;
 use spark_backend::stats;
@@ -52,7 +52,7 @@ fn ref_out(
 /// Chunk counts to try for F neurons: one chunk, an odd count, the graph's default, one per
 /// neuron (all at most F).
 fn chunk_counts(f: usize) -> Vec<usize> {
-    let mut p = vec![1, 3.min(f), fused::default_chunks(f), f];
+    let mut p = vec![1, 3.min(f), tiling::default_chunks(f), f];
     p.dedup();
     p
 }
@@ -160,7 +160,7 @@ fn batch_tokens_get_exactly_what_they_get_alone() {
         let k2 = Weights::random(&mut rng, ty, d - r, f, 0.3);
         let v = Weights::random(&mut rng, ty, d, f, 0.3);
         let h = rng.normals(n_tokens * d, 1.0);
-        let p = fused::default_chunks(f);
+        let p = tiling::default_chunks(f);
         let run = |h: &[f32], n: usize| {
             let mut out = vec![0f32; n * d];
             fused::sparse_ffn_fused(
@@ -269,7 +269,7 @@ fn ggml_graph_with_real_threads_matches_the_two_stage_graph_and_records_stats() 
         let n = 4;
         let (c, _, _) = op_case(&mut rng, ty, d, r, f, n, (f / 8) as i32, 211);
         let [_, u, two_stage] = c.ggml.spark_ffn(c.h, c.k1, c.k2, c.v, &*c.params);
-        let p = fused::default_chunks(f);
+        let p = tiling::default_chunks(f);
         let [_, _, out] = c.ggml.spark_ffn_fused(c.h, c.k1, c.k2, c.v, p, &*c.params);
         let two_graph = c.ggml.graph(two_stage);
         c.ggml.compute(two_graph, 1);
@@ -354,7 +354,7 @@ fn invalid_arguments_fill_dst_with_nan() {
 #[test]
 fn chunks_cover_every_neuron_once_in_order() {
     for f in [1usize, 2, 15, 16, 17, 255, 13824] {
-        for p in [1, 3, fused::default_chunks(f), f] {
+        for p in [1, 3, tiling::default_chunks(f), f] {
             let mut next = 0;
             for c in 0..p {
                 let r = fused::chunk_neurons(f, p, c);

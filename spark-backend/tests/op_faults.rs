@@ -184,7 +184,7 @@ fn a_failing_ffn_thread_nans_exactly_its_share() {
         // SAFETY: c.h is a live tensor of c.ggml.
         let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
         let f = scores.len() / n;
-        let p = ffn::fused::default_chunks(f);
+        let p = ffn::tiling::default_chunks(f);
         let params = &*c.params as *const FfnParams;
         let st = c.ggml.f32_tensor(f, n, &scores);
         let u = c
@@ -245,7 +245,7 @@ fn a_failing_thread_makes_the_whole_ffn_output_nan_in_a_ggml_graph() {
         for n_threads in 1..=4 {
             for bad in 0..n_threads {
                 let [_, first, out] = if fused_path {
-                    let p = ffn::fused::default_chunks(72);
+                    let p = ffn::tiling::default_chunks(72);
                     c.ggml.spark_ffn_fused(c.h, c.k1, c.k2, c.v, p, &*c.params)
                 } else {
                     c.ggml.spark_ffn(c.h, c.k1, c.k2, c.v, &*c.params)

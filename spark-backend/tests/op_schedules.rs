@@ -195,7 +195,7 @@ fn ffn_nodes(n: usize, seed: u64) -> FfnNodes {
     let params = &*c.params as *const FfnParams;
     let userdata = params.cast_mut().cast::<c_void>();
     let st = c.ggml.f32_tensor(f, n, &scores);
-    let p = ffn::fused::default_chunks(f);
+    let p = ffn::tiling::default_chunks(f);
     let u = c
         .ggml
         .custom(&[n, f], &mut [st, c.h, c.k2], spark_ffn_up, params);

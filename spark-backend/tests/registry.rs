@@ -1,7 +1,9 @@
 //! The "Spark" registry entry: C layout pinned to ggml-backend-impl.h (through the C probe that
-//! build.rs compiles), in-process registration, name lookup, and the C statistics wrappers.
+//! build.rs compiles), the graph's C interface (spark-gemma2-backend.h, another probe), in-process
+//! registration, name lookup, the FFN tiling proc and the C statistics wrappers.
 
 use llama_cpp_sys_2 as sys;
+use spark_backend::ffn::tiling::{FfnTiling, PATH_FUSED, PATH_TWO_STAGE};
 use spark_backend::registry::{
     self, BackendReg, BackendRegIface, GGML_BACKEND_API_VERSION, PROC_NAMES,
 };
@@ -12,6 +14,65 @@ use std::mem::{align_of, offset_of, size_of};
 extern "C" {
     /// From probe/reg_layout.c: the C compiler's layout of ggml's registry structs.
     static spark_probe_reg_layout: [usize; 12];
+    /// From probe/graph_abi.c: `struct spark_ffn_tiling` and `enum spark_ffn_path` of the
+    /// patched `src/models/spark-gemma2-backend.h`.
+    static spark_probe_ffn_tiling_layout: [usize; 8];
+}
+
+#[test]
+fn the_ffn_tiling_mirror_matches_the_graphs_c_header() {
+    // SAFETY: a constant array defined by the probe object linked into this test.
+    let c = unsafe { spark_probe_ffn_tiling_layout };
+    let t = FfnTiling::default();
+    let rust = [
+        size_of::<FfnTiling>(),
+        align_of::<FfnTiling>(),
+        offset_of!(FfnTiling, path),
+        offset_of!(FfnTiling, n_chunk),
+        std::mem::size_of_val(&t.path),
+        std::mem::size_of_val(&t.n_chunk),
+        PATH_FUSED as usize,
+        PATH_TWO_STAGE as usize,
+    ];
+    let names = [
+        "sizeof spark_ffn_tiling",
+        "alignof spark_ffn_tiling",
+        "offsetof path",
+        "offsetof n_chunk",
+        "sizeof path",
+        "sizeof n_chunk",
+        "SPARK_FFN_PATH_FUSED",
+        "SPARK_FFN_PATH_TWO_STAGE",
+    ];
+    let of = |values: [usize; 8]| -> Vec<(&str, usize)> { names.into_iter().zip(values).collect() };
+    assert_eq!(
+        of(rust),
+        of(c),
+        "Rust (src/ffn/tiling.rs) vs C (probe/graph_abi.c)"
+    );
+}
+
+#[test]
+fn the_graph_gets_its_ffn_tiling_through_the_registry() {
+    type Tiling = unsafe extern "C" fn(i64, i64, i64, *mut FfnTiling) -> i32;
+    registry::register();
+    // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
+    let reg = unsafe { sys::ggml_backend_reg_by_name(c"Spark".as_ptr()) };
+    let p = lookup(reg, "spark_ffn_tiling");
+    assert!(!p.is_null());
+    // SAFETY: the registry returns this function under this name with this signature (the
+    // signature is pinned against the header by probe/graph_abi.c).
+    let tiling: Tiling = unsafe { std::mem::transmute::<*mut c_void, Tiling>(p) };
+    let mut out = FfnTiling::default();
+    // A decode step and a 4096-token ubatch at Gemma-2 2B shapes, as the graph asks.
+    // SAFETY: `out` is writable.
+    assert_eq!(unsafe { tiling(1, 9216, 2304, &mut out) }, 0);
+    assert_eq!((out.path, out.n_chunk), (PATH_FUSED, 16));
+    // SAFETY: as above.
+    assert_eq!(unsafe { tiling(4096, 9216, 2304, &mut out) }, 0);
+    assert_eq!(out.path, PATH_TWO_STAGE);
+    // SAFETY: as above.
+    assert_eq!(unsafe { tiling(0, 9216, 2304, &mut out) }, -1);
 }
 
 #[test]

@@ -1,10 +1,10 @@
 //! Stages 2 and 3 of the sparse FFN fused over fixed neuron chunks: the graph's path for
-//! ubatches of up to 512 tokens (every decode step and llama.cpp's default prefill ubatch). It
-//! saves the two-stage path's second walk over the active neurons and one graph node
+//! ubatches of up to `super::tiling::FUSED_MAX_TOKENS` tokens (every decode step and
+//! llama.cpp's default prefill ubatch). It saves the two-stage path's second walk over the active neurons and one graph node
 //! (docs/PERF.md: 3-11 % at batch 1, 1.3-1.6x at batches 4-16, 1.3x at a 512-token prefill).
 //!
-//! The graph cuts F neurons into P contiguous chunks (P from the output's shape;
-//! [`default_chunks`] is what the spark-gemma2 graph uses). For each chunk, [`chunk_partials`]
+//! The graph cuts F neurons into P contiguous chunks (P from the output's shape; the graph
+//! takes it from `super::tiling`). For each chunk, [`chunk_partials`]
 //! walks the chunk's active neurons once: the K2 row dot, the gate, and the V row accumulated
 //! straight into the chunk's own partial output (`n_tokens x D`). [`sum_partials`] then adds
 //! the partials in chunk order. The chunking does not depend on the thread count, and each
@@ -19,9 +19,9 @@
 //! V rows are added in [`rows::axpy_folded`]'s arithmetic (a q8_0 row's block scales folded into
 //! its coefficient: ~15 % fewer instructions per weight than [`rows::axpy`], docs/PERF.md), and
 //! each token's partial row is written from zero by its first pass (no zero-fill). The
-//! summation order and that arithmetic differ from [`super::two_stage::down_range`]'s (one pass over all
-//! neurons, [`rows::axpy`]), so the fused and two-stage paths agree to rounding, not bit for
-//! bit.
+//! summation order and that arithmetic differ from [`super::two_stage::down_range`]'s (one pass
+//! over all neurons, [`rows::axpy`]), so the fused and two-stage paths agree to rounding, not
+//! bit for bit.
 
 use super::{
     check_batch_width, check_len, prefetch_row, prepare_tokens, Batch, FfnWeights, PendingAxpy,
@@ -30,17 +30,6 @@ use super::{
 use crate::rows::{self, RowMatrix};
 use crate::KernelError;
 use std::ops::Range;
-
-/// The chunk count the spark-gemma2 graph uses: `min(F, 16)`. 16 splits evenly over 1, 2, 4,
-/// 8 or 16 threads (a thread's share is then exactly F / nth neurons, so the threads' loads
-/// differ only by their chunks' random active counts), and the partials of one token at
-/// Gemma-2 2B's D (16 x 9 KB) stay in L2 for the sum.
-pub(crate) const DEFAULT_MAX_CHUNKS: usize = 16;
-
-/// [`DEFAULT_MAX_CHUNKS`] chunks, or F when F is smaller.
-pub fn default_chunks(f: usize) -> usize {
-    f.clamp(1, DEFAULT_MAX_CHUNKS)
-}
 
 /// The neurons of chunk `c` of `p` (contiguous, in order, sizes differing by at most one;
 /// empty when `c >= p`).

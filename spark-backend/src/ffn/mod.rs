@@ -7,7 +7,7 @@
 //!    neuron `u_j = gelu_tanh(s_j - theta) * (K2_j . h[r_f:])` (exactly 0 for the others);
 //! 3. `out = sum_j u_j V_j` over the active neurons (V neuron-major).
 //!
-//! The graph runs stages 2 and 3 on one of two paths per ubatch, by its size:
+//! The graph runs stages 2 and 3 on one of two paths per ubatch, the one [`tiling`] answers:
 //! - [`fused`]: both stages in one pass over P fixed neuron chunks, then the chunks' partial
 //!   outputs summed in chunk order (`spark_ffn_fused` + `spark_ffn_sum`);
 //! - [`two_stage`]: stage 2 for every neuron, then stage 3 (`spark_ffn_up` + `spark_ffn_down`).
@@ -15,7 +15,8 @@
 //! The files: this one holds what both paths share (inputs, activation, thresholds, per-thread
 //! buffers, prefetching); `fused.rs` and `two_stage.rs` the CPU kernels of each path;
 //! `shapes.rs` the shape rules of the four ops' tensors (one set for the CPU ops and the CUDA
-//! launchers); `op.rs` the ggml custom ops (the C entry points); `cuda.rs` the CUDA plans (checks
+//! launchers); `op.rs` the ggml custom ops (the C entry points); `tiling.rs` the path and chunk
+//! count of a ubatch (what the graph asks, `spark_ffn_tiling`); `cuda.rs` the CUDA plans (checks
 //! and launch sequences, pure functions) and `ffn.cu` their kernels; `gpu.rs` the launchers
 //! ggml-cuda calls (feature `cuda`).
 
@@ -30,6 +31,7 @@ pub mod fused;
 pub(crate) mod gpu;
 pub mod op;
 pub(crate) mod shapes;
+pub mod tiling;
 pub mod two_stage;
 
 /// A batch of `n_tokens` activation rows of D (`width`) values each: row `t` is

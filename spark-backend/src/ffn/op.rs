@@ -30,11 +30,12 @@ use std::ops::Range;
 const DIM_ALIGN: usize = 16;
 
 /// Neurons per work chunk of `spark_ffn_up` (108 chunks at F = 13824; the op runs for ubatches
-/// of more than 512 tokens, so a chunk is at least ~60 K gated dot products).
+/// of more than `super::tiling::FUSED_MAX_TOKENS` = 512 tokens, so a chunk is at least ~60 K
+/// gated dot products).
 pub(crate) const UP_BLOCK: usize = 128;
 
 /// Columns per work chunk of `spark_ffn_down`, before rounding up to the alignment (9 chunks
-/// at D = 2304; the op runs for ubatches of more than 512 tokens).
+/// at D = 2304; the op runs for ubatches of more than 512 tokens, as `spark_ffn_up`).
 pub(crate) const DOWN_COLS: usize = 256;
 
 /// Elements per work chunk of `spark_ffn_sum` for `len` output elements: 256 at a decode step
@@ -69,7 +70,7 @@ crate::op::custom_op! {
 
 crate::op::custom_op! {
     /// `spark_ffn_fused`: stages 2 and 3 over P fixed neuron chunks; `dst [D, n_tokens, P]`
-    /// holds one partial output per chunk (the graph picks P: `fused::default_chunks(F)`).
+    /// holds one partial output per chunk (the graph takes P from `super::tiling`).
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..4]` are the
