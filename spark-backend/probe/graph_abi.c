@@ -23,3 +23,29 @@ const size_t spark_probe_ffn_tiling_layout[] = {
     SPARK_FFN_PATH_FUSED,
     SPARK_FFN_PATH_TWO_STAGE,
 };
+
+/* The parameter block a Spark node carries (src/params.rs): struct spark_op_params of the header,
+ * the Rust signature of spark_op_set_params, and the facts of ggml's op_params that the block's
+ * placement rests on (ggml-impl.h's struct ggml_custom_op_params comes first, GGML_MAX_OP_PARAMS
+ * bytes in all). */
+#include "ggml.h"
+#include "ggml-impl.h"
+
+/* unsafe extern "C" fn(*mut ggml_tensor, *const OpParams) -> c_int */
+typedef int (*spark_rust_op_set_params_t)(struct ggml_tensor * node, const struct spark_op_params * p);
+
+_Static_assert(__builtin_types_compatible_p(spark_op_set_params_t, spark_rust_op_set_params_t),
+               "src/params.rs spark_op_set_params differs from spark_op_set_params_t");
+
+const size_t spark_probe_op_params_layout[] = {
+    sizeof(struct spark_op_params),
+    _Alignof(struct spark_op_params),
+    offsetof(struct spark_op_params, layer),
+    offsetof(struct spark_op_params, k),
+    offsetof(struct spark_op_params, r),
+    offsetof(struct spark_op_params, softcap),
+    sizeof(struct ggml_custom_op_params),
+    GGML_MAX_OP_PARAMS,
+    sizeof(((struct ggml_tensor *) 0)->op_params),
+    _Alignof(int32_t),
+};

@@ -14,9 +14,10 @@
 //! 1. The thread index is checked. A bad one (`ith < 0`, `nth < 1`, `ith >= nth`) means ggml's
 //!    contract is broken and no share is known: the thread fills the whole output with NaN (and
 //!    takes no part in the chunk counter).
-//! 2. The thread joins the call's shared state ([`Call`], keyed by `dst`'s address and `nth`),
-//!    held by a drop guard until it returns, whatever the path.
-//! 3. [`SparkOp::prepare`] reads and checks `dst`, its sources and the userdata, and fixes the
+//! 2. The thread joins the call's shared state ([`Call`], two counters in `dst`'s own
+//!    `op_params`), held by a drop guard until it returns, whatever the path.
+//! 3. [`SparkOp::prepare`] reads and checks `dst`, its sources and the parameters stored in the
+//!    node (`crate::params`; ggml's `userdata` is not read), and fixes the
 //!    chunks for `nth` threads. It is a pure function of the tensors and `nth`, so every thread
 //!    of the call gets the same result; on an error each thread fills its contiguous block of
 //!    output rows ([`tensor::fill_nan_rows`]), which together cover the output exactly once.
@@ -25,13 +26,17 @@
 //!    when every thread fails) and fill exactly the chunks it claimed ([`SparkOp::fill_chunk`])
 //!    and nothing else: other threads may still be writing theirs.
 //!
-//! The shared state of a call is `{next chunk, threads done}` in a small lock-protected table:
-//! the first thread of a call inserts it, each thread counts itself done when it leaves
-//! [`enter`] (drop guard: errors and caught panics included), and the thread that brings the
-//! count to `nth` removes it. All claims of the call are over by then, and ggml starts the next
-//! evaluation of the node only after its barrier, so that one finds a fresh state. Two graphs
-//! computed at once (two llama contexts) have distinct live `dst` tensors, hence distinct
-//! entries. The scheme relies on ggml's contract that each of `0..nth` calls exactly once per
+//! The shared state of a call is `{next chunk, threads done}`, two atomic `u32` in the node's
+//! `op_params` past ggml's `struct ggml_custom_op_params` (zero at rest; `crate::params` has
+//! the layout): each thread counts itself done when it leaves [`enter`] (drop guard: errors and
+//! caught panics included), and the thread that brings the count to `nth` resets both to zero.
+//! All claims of the call are over by then, and ggml starts the next evaluation of the node
+//! only after its barrier, so that one finds a fresh state. Two graphs computed at once (two
+//! llama contexts) have distinct nodes, hence distinct states. No thread ever waits to join a
+//! call: an earlier version kept the states in a mutex-protected table, whose contended lock
+//! put a thread to sleep (futex) mid-graph while the other spun at ggml's barrier, which on
+//! this project's VMs cost whole scheduler slices on small models (docs/PERF.md, "Small
+//! models"). The scheme relies on ggml's contract that each of `0..nth` calls exactly once per
 //! evaluation; a call with a bad index is not counted.
 //!
 //! Failures print one line `spark-backend: <op>: layer <L>: <reason>; output set to NaN`
@@ -48,8 +53,7 @@ use llama_cpp_sys_2 as sys;
 use std::ffi::{c_int, c_void};
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 /// How many failure lines are printed per process before going quiet.
 pub(crate) const MAX_ERROR_LINES: usize = 8;
@@ -103,14 +107,12 @@ pub(crate) trait SparkOp: Sized {
 ///
 /// # Safety
 /// As ggml calls a `ggml_custom_op_t`: `dst` is null or a live custom-op tensor whose sources
-/// are null or live, and `userdata` is null or the op's parameter struct.
-pub(crate) unsafe fn enter<Op: SparkOp>(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    userdata: *mut c_void,
-) {
-    // SAFETY: userdata is null or a Spark parameter struct (contract).
+/// are null or live. ggml's `userdata` is not read: the op's parameters are the block the graph
+/// stored in `dst` (`params::block`), so a node needs no pointer of the process that built it.
+pub(crate) unsafe fn enter<Op: SparkOp>(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) {
+    // SAFETY: dst is null or live (contract).
+    let userdata = unsafe { params::block(dst) }.cast_mut();
+    // SAFETY: userdata is null or the node's parameter block.
     let layer = unsafe { params::layer_of(userdata) };
     let Some((ith, nth)) = thread_index(ith, nth) else {
         report(Op::NAME, layer, &format!("bad thread index {ith} of {nth}"));
@@ -119,7 +121,8 @@ pub(crate) unsafe fn enter<Op: SparkOp>(
         return;
     };
     // Counted done when this function returns, on every path below (drop guard).
-    let call = Call::join(dst as usize, nth);
+    // SAFETY: dst is null or a live custom-op node being computed by this call's threads.
+    let call = unsafe { Call::join(dst, nth) };
     // SAFETY: forwarded contract.
     let prepared = catch_unwind(AssertUnwindSafe(|| unsafe {
         Op::prepare(dst, userdata, nth)
@@ -161,49 +164,61 @@ pub(crate) unsafe fn enter<Op: SparkOp>(
     }
 }
 
-/// The state one evaluation of one node shares between its threads.
+/// The state one evaluation of one node shares between its threads: two `u32` in the node's
+/// own `op_params`, past ggml's `struct ggml_custom_op_params` (layout: `crate::params`), zero
+/// at rest. No lock and no table: a thread never sleeps to join a call.
+#[repr(C)]
 #[derive(Debug, Default)]
 struct CallState {
     /// The next chunk to hand out (may run past the chunk count: one failed claim per thread).
-    next: AtomicUsize,
+    next: AtomicU32,
     /// Threads that have left [`enter`].
-    done: AtomicUsize,
+    done: AtomicU32,
 }
 
-/// In-flight calls: (dst address, nth, state). Holds one entry per node being evaluated right
-/// now in this process (one per concurrently computing graph), so a scan is cheap.
-static CALLS: Mutex<Vec<(usize, usize, Arc<CallState>)>> = Mutex::new(Vec::new());
+const _: () = assert!(std::mem::size_of::<CallState>() == 8);
+const _: () = assert!(std::mem::align_of::<CallState>() == 4);
 
-fn calls() -> MutexGuard<'static, Vec<(usize, usize, Arc<CallState>)>> {
-    // No code panics under this lock; a poisoned lock still holds consistent entries.
-    CALLS.lock().unwrap_or_else(|e| e.into_inner())
-}
+/// The state of a call without a node (`dst` null: `prepare` fails, nothing is claimed).
+static DETACHED: CallState = CallState {
+    next: AtomicU32::new(0),
+    done: AtomicU32::new(0),
+};
 
-/// One thread's membership in a call (module docs): joining finds or creates the call's state;
-/// dropping counts the thread done, and the last of `nth` removes the state.
-pub(crate) struct Call {
-    dst: usize,
+/// One thread's membership in a call (module docs): joining takes the node's state; dropping
+/// counts the thread done, and the last of `nth` resets the state to zero for the node's next
+/// evaluation (which ggml starts only after its barrier).
+pub(crate) struct Call<'a> {
     nth: usize,
-    state: Arc<CallState>,
+    state: &'a CallState,
 }
 
-impl Call {
-    fn join(dst: usize, nth: usize) -> Self {
-        let mut table = calls();
-        let state = match table.iter().find(|(d, n, _)| *d == dst && *n == nth) {
-            Some((_, _, s)) => Arc::clone(s),
-            None => {
-                let s = Arc::new(CallState::default());
-                table.push((dst, nth, Arc::clone(&s)));
-                s
+impl Call<'_> {
+    /// # Safety
+    /// `dst` is null or a live `GGML_OP_CUSTOM` node that only the `nth` threads of this call
+    /// compute right now, for as long as the returned value lives.
+    unsafe fn join<'a>(dst: *mut sys::ggml_tensor, nth: usize) -> Call<'a> {
+        let state = if dst.is_null() {
+            &DETACHED
+        } else {
+            // SAFETY: dst is live (contract). Bytes CALL_STATE_OFFSET.. +8 of its inline
+            // op_params (4-aligned: an i32 array, offset a multiple of 4) are past the
+            // ggml_custom_op_params ggml reads, and every access to them is atomic: they are
+            // only ever used through this CallState (params::store zeroes them before the graph
+            // is computed).
+            unsafe {
+                &*std::ptr::addr_of_mut!((*dst).op_params)
+                    .cast::<u8>()
+                    .add(params::CALL_STATE_OFFSET)
+                    .cast::<CallState>()
             }
         };
-        Self { dst, nth, state }
+        Call { nth, state }
     }
 
     fn claims(&self, dst: usize, ith: usize, n_chunks: usize) -> Claims<'_> {
         Claims {
-            state: &self.state,
+            state: self.state,
             n_chunks,
             ith,
             dst,
@@ -213,13 +228,13 @@ impl Call {
     }
 }
 
-impl Drop for Call {
+impl Drop for Call<'_> {
     fn drop(&mut self) {
-        // AcqRel: the thread that removes the state has seen every other thread's last claim.
-        if self.state.done.fetch_add(1, Ordering::AcqRel) + 1 == self.nth {
-            calls().retain(|(d, n, s)| {
-                !(*d == self.dst && *n == self.nth && Arc::ptr_eq(s, &self.state))
-            });
+        // AcqRel: the thread that resets the state has seen every other thread's last claim.
+        let done = self.state.done.fetch_add(1, Ordering::AcqRel) as usize + 1;
+        if done == self.nth {
+            self.state.next.store(0, Ordering::Relaxed);
+            self.state.done.store(0, Ordering::Release);
         }
     }
 }
@@ -257,7 +272,7 @@ impl Iterator for Claims<'_> {
         fault::before_claim(self.dst, self.ith);
         // Relaxed: uniqueness comes from the read-modify-write order alone; the data a chunk
         // reads was written before ggml's barrier, its output is read after the next one.
-        let c = self.state.next.fetch_add(1, Ordering::Relaxed);
+        let c = self.state.next.fetch_add(1, Ordering::Relaxed) as usize;
         let got = if c < self.n_chunks {
             self.claimed.push(c);
             Some(c)
@@ -281,11 +296,11 @@ macro_rules! custom_op {
             dst: *mut ::llama_cpp_sys_2::ggml_tensor,
             ith: ::std::ffi::c_int,
             nth: ::std::ffi::c_int,
-            userdata: *mut ::std::ffi::c_void,
+            _userdata: *mut ::std::ffi::c_void,
         ) {
             const _: () = assert!(crate::op::same_name(stringify!($name), $op::NAME));
             // SAFETY: forwarded contract of this function (its `# Safety` section).
-            unsafe { crate::op::enter::<$op>(dst, ith, nth, userdata) }
+            unsafe { crate::op::enter::<$op>(dst, ith, nth) }
         }
     };
 }

@@ -1,7 +1,8 @@
 //! The library as a ggml backend plugin loaded into another program's process (an upstream
 //! llama.cpp tool started with `GGML_BACKEND_PATH=.../libggml-spark.so`, or `spark
 //! --backend-path`): the entry point ggml looks up, the check that the process runs the ggml
-//! this library was built against, and the `SPARK_STATS=1` report at exit.
+//! this library was built against, and the `SPARK_STATS=1` report at exit (also when a server
+//! such as `rpc-server`, which has no handler of its own, is ended by SIGINT or SIGTERM).
 //!
 //! The library links the shared `libggml-base`/`libggml-cpu` of the one llama.cpp build of the
 //! project (patches/README.md, "One llama.cpp"), as ggml's own loadable backends do: inside the
@@ -67,10 +68,13 @@ pub extern "C" fn ggml_backend_init() -> sys::ggml_backend_reg_t {
         }
         if stats_requested() {
             REPORT_AT_EXIT.store(true, Ordering::Release);
+            report_on_termination_signals();
         }
         let reg = registry::reg();
         // GPU launchers for the Spark ops when the host has ggml-cuda with the hook.
         crate::cuda::register_launchers(registry::LAUNCHERS);
+        // Spark nodes may run in rpc-servers that have this plugin too (patch 0009).
+        registry::register_rpc_ops();
         reg
     })
 }
@@ -90,6 +94,91 @@ extern "C" fn report_at_exit() {
             }
         }
     });
+}
+
+/// For SIGINT and SIGTERM while they have their default action (a server without handlers of
+/// its own, such as `rpc-server`; `llama-server` and `llama-cli` handle SIGINT themselves and
+/// exit through the at-exit report): print the report, then die of the signal as before.
+fn report_on_termination_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: sigaction with a null new action only reads the current one into `old`.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0
+            || old.sa_sigaction != libc::SIG_DFL
+        {
+            continue;
+        }
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value to fill in.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = report_and_die as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SA_RESETHAND: the handler runs once and the signal's action is the default again,
+        // so re-raising it ends the process as the signal would have.
+        action.sa_flags = libc::SA_RESETHAND;
+        // SAFETY: a valid action whose handler is async-signal-safe (report_and_die).
+        unsafe {
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The signal handler: the report (formatted on the stack, written with write(2): no
+/// allocation, no lock), then the signal again with its default action.
+extern "C" fn report_and_die(sig: libc::c_int) {
+    if REPORT_AT_EXIT.swap(false, Ordering::AcqRel) {
+        let mut out = StackWriter::default();
+        let _ = std::fmt::Write::write_str(&mut out, "\n");
+        let _ = stats::write_process_table(&mut out);
+        out.flush();
+    }
+    // SAFETY: raise is async-signal-safe; the action is the default again (SA_RESETHAND).
+    unsafe { libc::raise(sig) };
+}
+
+/// A `fmt::Write` into a fixed buffer on the stack, written to stderr (fd 2) with write(2)
+/// whenever it fills up and on [`flush`](Self::flush).
+struct StackWriter {
+    buf: [u8; 1024],
+    len: usize,
+}
+
+impl Default for StackWriter {
+    fn default() -> Self {
+        Self {
+            buf: [0; 1024],
+            len: 0,
+        }
+    }
+}
+
+impl StackWriter {
+    fn flush(&mut self) {
+        let mut done = 0;
+        while done < self.len {
+            // SAFETY: the pointer and length describe initialised bytes of `buf`.
+            let n = unsafe {
+                libc::write(2, self.buf[done..self.len].as_ptr().cast(), self.len - done)
+            };
+            if n <= 0 {
+                break;
+            }
+            done += n as usize;
+        }
+        self.len = 0;
+    }
+}
+
+impl std::fmt::Write for StackWriter {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        for chunk in s.as_bytes().chunks(self.buf.len()) {
+            if self.len + chunk.len() > self.buf.len() {
+                self.flush();
+            }
+            self.buf[self.len..self.len + chunk.len()].copy_from_slice(chunk);
+            self.len += chunk.len();
+        }
+        Ok(())
+    }
 }
 
 // SAFETY: an entry of `.fini_array` is a pointer to a function taking no arguments, called by

@@ -32,12 +32,13 @@ pub const GGML_BACKEND_API_VERSION: c_int = 3;
 pub(crate) const NAME: &CStr = c"Spark";
 
 /// Names [`get_proc_address`](BackendRegIface::get_proc_address) resolves, in no particular order.
-pub const PROC_NAMES: [&str; 8] = [
+pub const PROC_NAMES: [&str; 9] = [
     "spark_ffn_up",
     "spark_ffn_down",
     "spark_ffn_fused",
     "spark_ffn_sum",
     "spark_ffn_tiling",
+    "spark_op_set_params",
     "spark_attn",
     "spark_stats_reset",
     "spark_stats_get",
@@ -140,6 +141,7 @@ pub fn proc_address(name: &str) -> Option<*mut c_void> {
         "spark_ffn_fused" => crate::ffn::op::spark_ffn_fused as *mut c_void,
         "spark_ffn_sum" => crate::ffn::op::spark_ffn_sum as *mut c_void,
         "spark_ffn_tiling" => crate::ffn::tiling::spark_ffn_tiling as *mut c_void,
+        "spark_op_set_params" => crate::params::spark_op_set_params as *mut c_void,
         "spark_attn" => crate::attention::op::spark_attn as *mut c_void,
         "spark_stats_reset" => spark_stats_reset as *mut c_void,
         "spark_stats_get" => spark_stats_get as *mut c_void,
@@ -228,7 +230,74 @@ pub fn register() {
         REGISTERED.store(true, Ordering::Release);
         // GPU launchers for the Spark ops when this process has ggml-cuda with the hook.
         crate::cuda::register_launchers(LAUNCHERS);
+        register_rpc_ops();
     });
+}
+
+/// The ops that run where their node is, in another process too: the custom ops. Their nodes
+/// carry their parameters ([`crate::params`]), so they can travel to an `rpc-server`.
+pub const CUSTOM_OPS: [&str; 5] = [
+    "spark_ffn_up",
+    "spark_ffn_down",
+    "spark_ffn_fused",
+    "spark_ffn_sum",
+    "spark_attn",
+];
+
+/// `ggml_backend_rpc_register_custom_op_t` of the patched ggml-rpc.h (patch 0009):
+/// `bool (*)(const char * name, ggml_custom_op_t fun)`.
+type RpcRegisterCustomOp = unsafe extern "C" fn(
+    name: *const c_char,
+    fun: unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut c_void),
+) -> bool;
+
+/// Registers [`CUSTOM_OPS`] with ggml's RPC backend by name (patch 0009), when this process has
+/// one: an RPC client then sends Spark nodes to the servers that have registered the same
+/// names (an `rpc-server` with this plugin) and keeps them local for the others; an
+/// `rpc-server` with this plugin runs them. Returns how many were registered (0 without an
+/// RPC backend or without the hook, as with an unpatched ggml).
+pub fn register_rpc_ops() -> usize {
+    ffi::guard("register_rpc_ops", 0, || {
+        // SAFETY: the name is NUL-terminated; ggml returns null or a registered entry.
+        let rpc = unsafe { sys::ggml_backend_reg_by_name(c"RPC".as_ptr()) };
+        if rpc.is_null() {
+            return 0;
+        }
+        // SAFETY: rpc is a live entry; the name is NUL-terminated.
+        let f = unsafe {
+            sys::ggml_backend_reg_get_proc_address(
+                rpc,
+                c"ggml_backend_rpc_register_custom_op".as_ptr(),
+            )
+        };
+        if f.is_null() {
+            return 0;
+        }
+        // SAFETY: ggml-rpc exports this name with the signature of
+        // ggml_backend_rpc_register_custom_op_t (patched ggml-rpc.h; RpcRegisterCustomOp above).
+        let register = unsafe { std::mem::transmute::<*mut c_void, RpcRegisterCustomOp>(f) };
+        let mut n = 0;
+        for name in CUSTOM_OPS {
+            let Some(fun) = proc_address(name) else {
+                continue;
+            };
+            // SAFETY: every CUSTOM_OPS name resolves to a `ggml_custom_op_t` entry point
+            // (`op::custom_op!`), whose C signature is the transmuted type.
+            let fun = unsafe {
+                std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut c_void),
+                >(fun)
+            };
+            let c_name = std::ffi::CString::new(name).expect("op names have no NUL");
+            // SAFETY: a NUL-terminated name that ggml-rpc copies, and a function of this
+            // library, which stays loaded for the life of the process.
+            if unsafe { register(c_name.as_ptr(), fun) } {
+                n += 1;
+            }
+        }
+        n
+    })
 }
 
 /// True once [`register`] has run in this process (a copy loaded as a plugin through

@@ -3,6 +3,7 @@
 //! Counters are relaxed atomics: kernels add one partial sum per thread per call, so the cost is
 //! negligible next to the kernels themselves.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Most layers tracked; later layers are not counted.
@@ -113,7 +114,14 @@ pub const TABLE_HEADER: &str =
 /// One row of the table: layer, then FFN keep rate, FFN tokens, mean attended positions and
 /// (query, head) pairs.
 pub fn table_row(layer: u32, s: &LayerStats) -> String {
-    format!(
+    let mut row = String::new();
+    write_row(&mut row, layer, s).expect("formatting into a String does not fail");
+    row
+}
+
+fn write_row(w: &mut impl fmt::Write, layer: u32, s: &LayerStats) -> fmt::Result {
+    write!(
+        w,
         "spark-stats: {layer:5}  {:13.4}  {:10}  {:19.2}  {:12}",
         s.ffn_keep_rate(),
         s.ffn_tokens,
@@ -126,22 +134,30 @@ pub fn table_row(layer: u32, s: &LayerStats) -> String {
 /// plugin in an upstream tool): the header and layers 0 to the last one any kernel ran in, or
 /// one line saying that none ran.
 pub(crate) fn process_table() -> Vec<String> {
-    let snapshots: Vec<LayerStats> = (0..MAX_LAYERS as i32).filter_map(snapshot).collect();
+    let mut text = String::new();
+    write_process_table(&mut text).expect("formatting into a String does not fail");
+    text.lines().map(str::to_owned).collect()
+}
+
+/// [`process_table`] written to `w`, each line ended by a newline, without allocating (the
+/// plugin writes it from a signal handler: `crate::plugin`).
+pub(crate) fn write_process_table(w: &mut impl fmt::Write) -> fmt::Result {
     let active = |s: &LayerStats| s.ffn_tokens > 0 || s.attn_queries > 0;
-    let Some(last) = snapshots.iter().rposition(active) else {
-        return vec![
+    let Some(last) = (0..MAX_LAYERS as i32)
+        .rev()
+        .find(|&l| snapshot(l).is_some_and(|s| active(&s)))
+    else {
+        return writeln!(
+            w,
             "spark-stats: no Spark kernel ran in this process (no spark-gemma2 model, or its dense graph)"
-                .to_string(),
-        ];
+        );
     };
-    let mut lines = vec![TABLE_HEADER.to_string()];
-    lines.extend(
-        snapshots[..=last]
-            .iter()
-            .enumerate()
-            .map(|(layer, s)| table_row(layer as u32, s)),
-    );
-    lines
+    writeln!(w, "{TABLE_HEADER}")?;
+    for layer in 0..=last {
+        write_row(w, layer as u32, &snapshot(layer).unwrap_or_default())?;
+        writeln!(w)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

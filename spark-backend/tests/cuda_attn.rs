@@ -108,9 +108,9 @@ fn rejects_bad_calls_with_the_cpu_ops_wording() {
         let e = err(User::Params(p), &none);
         assert!(e.contains(want), "{e}");
     }
-    // Null userdata.
+    // No parameters.
     let e = err(User::Null, &none);
-    assert!(e.contains("userdata"), "{e}");
+    assert!(e.contains(spark_backend::params::MISSING), "{e}");
     // A quantized K cache.
     let e = err(User::Spec, &|ctx, a| {
         // SAFETY: a fresh tensor of ctx.
@@ -182,9 +182,10 @@ fn the_launcher_reports_the_ops_line_and_leaves_the_tensors_alone() {
     let host = || unsafe { std::slice::from_raw_parts_mut((*dst).data.cast::<f32>(), n) };
     host().fill(1234.5);
     let before = fault::reports().len();
-    // SAFETY: a live custom-op tensor and params in host memory; the launcher validates before
-    // any CUDA call, so nothing is enqueued for this bad call.
-    let rc = unsafe { (launcher.launch)(dst, 0, std::ptr::null_mut(), user) };
+    // SAFETY: a live custom-op tensor carrying its params (build_op stores them); the launcher
+    // validates before any CUDA call, so nothing is enqueued for this bad call. ggml-cuda's
+    // userdata is not read.
+    let rc = unsafe { (launcher.launch)(dst, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
     assert_ne!(rc, 0);
     let lines = fault::reports();
     assert!(
@@ -202,9 +203,10 @@ fn the_launcher_reports_the_ops_line_and_leaves_the_tensors_alone() {
             "the host dst was written"
         );
     }
-    // Null userdata: `layer ?`.
+    // No parameters in the node: `layer ?`.
+    let bare = build_op(&ctx, &case, std::ptr::null_mut(), |_| {});
     // SAFETY: as above.
-    let rc = unsafe { (launcher.launch)(dst, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
+    let rc = unsafe { (launcher.launch)(bare, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
     assert_ne!(rc, 0);
     assert!(fault::reports()
         .last()

@@ -163,6 +163,69 @@ fn bad_ffn_calls_are_rejected_from_metadata() {
         .contains("ffn_down_t"));
 }
 
+/// The CUDA kernels read f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K and q6_K
+/// weights. Every other type the CPU ops take (q2_K, q3_K, the IQ family, the ternary and FP4
+/// types, ...) is refused from metadata, in K2 or in V, with an error naming the tensor and
+/// the type; the launcher then reports that line and fills dst with NaN (patch 0008's
+/// `supports_op` accepts a custom node by its function, not by its weights' types, so ggml
+/// cannot hand such a node back to the CPU: `--dense` or weights left on the CPU run those
+/// files).
+#[test]
+fn weight_types_the_kernels_do_not_read_are_refused_by_name() {
+    let gpu = [
+        RowType::F32,
+        RowType::F16,
+        RowType::Bf16,
+        RowType::Q8_0,
+        RowType::Q4_0,
+        RowType::Q4_1,
+        RowType::Q5_0,
+        RowType::Q5_1,
+        RowType::Q4K,
+        RowType::Q5K,
+        RowType::Q6K,
+    ];
+    let c = case(RowType::Q8_0);
+    for ty in RowType::ALL {
+        // Metadata is all the checks read: zero bytes of the right size will do.
+        let zeros = |cols: usize| vec![0u8; ty.row_bytes(cols).unwrap() * F];
+        let k2 = c.ggml.tensor(ty, D - R, F, &zeros(D - R));
+        let v = c.ggml.tensor(ty, D, F, &zeros(D));
+        for (k2, v, name) in [(c.k2, v, "ffn_down_t"), (k2, c.v, "ffn_up")] {
+            let s = scores(&c);
+            let dst = c.ggml.custom(
+                &[D, T, 16],
+                &mut [s, c.h, k2, v],
+                spark_ffn_fused,
+                &*c.params,
+            );
+            // SAFETY: live tensors of c's context; params is a spark_ffn_params.
+            let got = unsafe { check::fused(dst, params(&c)) };
+            if gpu.contains(&ty) {
+                got.unwrap_or_else(|e| panic!("{ty:?} {name}: {e}"));
+            } else {
+                let e = got.expect_err("must be refused");
+                assert_eq!(
+                    e,
+                    KernelError::UnsupportedType {
+                        tensor: name,
+                        ty: ty.ggml()
+                    },
+                    "{ty:?}"
+                );
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "{name}: unsupported type {} (ggml type {})",
+                        ty.name(),
+                        ty.ggml()
+                    )
+                );
+            }
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 fn a_launcher_given_bad_inputs_reports_the_ops_line_and_fails_without_cuda() {
@@ -182,16 +245,17 @@ fn a_launcher_given_bad_inputs_reports_the_ops_line_and_fails_without_cuda() {
         .find(|l| l.name == "spark_ffn_fused")
         .unwrap();
     let before = fault::reports().len();
-    // SAFETY: a live custom-op tensor and params in host memory; the launcher validates before
-    // any CUDA call and this machine has no driver, so nothing is enqueued or written.
-    let rc = unsafe {
-        (fused.launch)(
-            dst,
-            0,
-            std::ptr::null_mut(),
-            (&zero_k as *const FfnParams).cast_mut().cast(),
-        )
+    let stored = spark_backend::params::OpParams {
+        layer: zero_k.layer,
+        k: zero_k.k,
+        ..Default::default()
     };
+    // SAFETY: dst is a live node that no thread computes.
+    unsafe { spark_backend::params::store(dst, &stored) };
+    // SAFETY: a live custom-op tensor carrying its params; the launcher validates before any
+    // CUDA call and this machine has no driver, so nothing is enqueued or written. ggml-cuda's
+    // userdata is not read.
+    let rc = unsafe { (fused.launch)(dst, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
     assert_ne!(rc, 0);
     let lines = fault::reports();
     assert!(
@@ -209,8 +273,15 @@ fn a_launcher_given_bad_inputs_reports_the_ops_line_and_fails_without_cuda() {
             "the host tensor was written"
         );
     }
-    // null userdata: `layer ?`
-    let rc = unsafe { (fused.launch)(dst, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
+    // no parameters in the node: `layer ?`
+    let bare = c.ggml.custom(
+        &[D, T, 16],
+        &mut [scores(&c), c.h, c.k2, c.v],
+        spark_ffn_fused,
+        std::ptr::null(),
+    );
+    // SAFETY: as above.
+    let rc = unsafe { (fused.launch)(bare, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
     assert_ne!(rc, 0);
     assert!(fault::reports()
         .last()

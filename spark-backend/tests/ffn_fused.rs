@@ -317,10 +317,11 @@ fn invalid_arguments_fill_dst_with_nan() {
     let s = c.ggml.f32_tensor(f, n, &[0.5; 18]);
     let fused_op =
         |p: usize, args: &mut [*mut llama_cpp_sys_2::ggml_tensor], userdata: *const FfnParams| {
-            let t = c.ggml.custom(&[d, n, p], args, spark_ffn_fused, params);
+            let t = c.ggml.custom(&[d, n, p], args, spark_ffn_fused, userdata);
             for ith in 0..2 {
-                // SAFETY: t is a live custom-op tensor; the op validates its sources and userdata.
-                unsafe { spark_ffn_fused(t, ith, 2, userdata as *mut _) };
+                // SAFETY: t is a live custom-op tensor; the op validates its sources and the
+                // parameters stored in it (ggml's userdata, given here, is not read).
+                unsafe { spark_ffn_fused(t, ith, 2, params as *mut _) };
             }
             c.ggml.read(t)
         };
@@ -328,7 +329,7 @@ fn invalid_arguments_fill_dst_with_nan() {
     assert!(fused_op(f + 1, &mut [s, c.h, c.k2, c.v], params)
         .iter()
         .all(|x| x.is_nan()));
-    // Null userdata.
+    // No parameters stored in the node.
     assert!(fused_op(3, &mut [s, c.h, c.k2, c.v], std::ptr::null())
         .iter()
         .all(|x| x.is_nan()));

@@ -391,12 +391,16 @@ fn invalid_arguments_fill_dst_with_nan() {
     // SAFETY: as above.
     unsafe { spark_ffn_down(out, 0, 1, std::ptr::null_mut()) };
     assert!(c.ggml.read(out).iter().all(|x| x.is_nan()));
-    // Null userdata for up.
-    let u = c
-        .ggml
-        .custom(&[2, 9], &mut [st, c.h, c.k2], spark_ffn_up, params);
-    // SAFETY: as above; null userdata is reported, not dereferenced.
-    unsafe { spark_ffn_up(u, 0, 1, std::ptr::null_mut()) };
+    // No parameters stored in the node (ggml's userdata is never read: a pointer given there
+    // does not stand in for them).
+    let u = c.ggml.custom(
+        &[2, 9],
+        &mut [st, c.h, c.k2],
+        spark_ffn_up,
+        std::ptr::null(),
+    );
+    // SAFETY: as above; userdata is not dereferenced.
+    unsafe { spark_ffn_up(u, 0, 1, params as *mut _) };
     assert!(c.ggml.read(u).iter().all(|x| x.is_nan()));
 }
 

@@ -206,7 +206,13 @@ fn row_and_matrix_constructors_reject_bad_sizes() {
         assert_eq!(RowType::from_ggml(ty.ggml()), Some(ty));
     }
     assert_eq!(RowType::from_ggml(4), None);
-    assert_eq!(RowType::from_ggml(20), None);
+    // 20 is iq4_nl, which ggml dequantizes: a row type since the generic path; q8_K (15, an
+    // activation-only type without `to_float`) and ids beyond ggml's table are not.
+    assert_eq!(RowType::from_ggml(20), Some(RowType::Iq4Nl));
+    assert_eq!(RowType::from_ggml(15), None);
+    assert_eq!(RowType::from_ggml(1000), None);
+    assert!(a.prepare(RowType::Iq4Xs, &[0.0; 100]).is_err());
+    assert!(a.prepare(RowType::Iq4Nl, &[0.0; 48]).is_err());
 }
 
 #[test]
@@ -395,6 +401,192 @@ proptest! {
                 + (0..4).map(|j| (f64::from(alphas[j]) * w.row_f64(j).nth(e).unwrap()).abs()).sum::<f64>();
             let diff = (f64::from(folded[e]) - f64::from(exact[e])).abs();
             prop_assert!(diff <= 8.0 * f64::from(f32::EPSILON) * mag, "element {e}: {diff} vs {mag}");
+        }
+    }
+}
+
+/// ggml's own dequantizer of `ty` (`ggml_get_type_traits(ty)->to_float`, called directly, not
+/// through the crate's traits table) on a row of `n` elements.
+fn ggml_to_float(ty: RowType, bytes: &[u8], n: usize) -> Vec<f32> {
+    use llama_cpp_sys_2 as sys;
+    // SAFETY: a valid type id; ggml returns a pointer into its static table.
+    let traits = unsafe { &*sys::ggml_get_type_traits(ty.ggml()) };
+    let to_float = traits
+        .to_float
+        .expect("ggml dequantizes every quantized RowType");
+    // SAFETY: ggml's own row size for n elements of ty.
+    let need = unsafe { sys::ggml_row_size(ty.ggml(), n as i64) };
+    assert!(bytes.len() >= need, "{ty:?}: short row");
+    let mut out = vec![0f32; n];
+    // SAFETY: `bytes` holds the row's `need` bytes and `out` n floats.
+    unsafe { to_float(bytes.as_ptr().cast(), out.as_mut_ptr(), n as i64) };
+    out
+}
+
+/// Elements per block of the activation type ggml's CPU `vec_dot` of `ty` rows reads.
+fn vec_dot_block(ty: RowType) -> usize {
+    use llama_cpp_sys_2 as sys;
+    // SAFETY: plain queries of ggml's static type-traits tables for valid ids.
+    unsafe {
+        let cpu = &*sys::ggml_get_type_traits_cpu(ty.ggml());
+        sys::ggml_blck_size(cpu.vec_dot_type) as usize
+    }
+}
+
+/// `x` as ggml's `vec_dot` of `ty` rows sees it: quantized by ggml's CPU `from_float` of the
+/// row type's `vec_dot_type` (q8_0, q8_1 or q8_K), then decoded value by value (`d * q`; q8_0
+/// through ggml's `to_float`, q8_1 and q8_K, which have none, from their block layouts:
+/// `{f16 d, f16 s, i8 q[32]}` and `{f32 d, i8 q[256], i16 bsums[16]}`, sizes checked).
+fn activation_as_vec_dot_reads_it(ty: RowType, x: &[f32]) -> Vec<f64> {
+    use llama_cpp_sys_2 as sys;
+    let n = x.len();
+    // SAFETY: plain queries of ggml's static type-traits tables for valid ids.
+    let (vt, from_float, be, bb) = unsafe {
+        let vt = (*sys::ggml_get_type_traits_cpu(ty.ggml())).vec_dot_type;
+        let from_float = (*sys::ggml_get_type_traits_cpu(vt)).from_float.unwrap();
+        (
+            vt,
+            from_float,
+            sys::ggml_blck_size(vt) as usize,
+            sys::ggml_type_size(vt),
+        )
+    };
+    let mut q = vec![0u8; n / be * bb];
+    // SAFETY: n is whole blocks of `vt` (the caller's lengths); q holds their bytes.
+    unsafe { from_float(x.as_ptr(), q.as_mut_ptr().cast(), n as i64) };
+    fn int8(b: &[u8], at: usize, be: usize) -> impl Iterator<Item = f64> + '_ {
+        b[at..at + be].iter().map(|&v| f64::from(v as i8))
+    }
+    match vt {
+        sys::GGML_TYPE_Q8_0 => {
+            let mut out = vec![0f32; n];
+            // SAFETY: ggml dequantizes q8_0; q holds n elements.
+            unsafe {
+                let tf = (*sys::ggml_get_type_traits(vt)).to_float.unwrap();
+                tf(q.as_ptr().cast(), out.as_mut_ptr(), n as i64);
+            }
+            out.into_iter().map(f64::from).collect()
+        }
+        sys::GGML_TYPE_Q8_1 => {
+            assert_eq!((be, bb), (32, 36));
+            q.chunks_exact(bb)
+                .flat_map(|b| {
+                    let d = f64::from(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+                    int8(b, 4, be).map(move |v| d * v)
+                })
+                .collect()
+        }
+        sys::GGML_TYPE_Q8_K => {
+            assert_eq!((be, bb), (256, 4 + 256 + 32));
+            q.chunks_exact(bb)
+                .flat_map(|b| {
+                    let d = f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    int8(b, 4, be).map(move |v| d * v)
+                })
+                .collect()
+        }
+        other => panic!("{ty:?}: unexpected vec_dot_type {other}"),
+    }
+}
+
+/// Every id ggml can dequantize (a `to_float` in its type traits, or f32 itself, with a block
+/// size) is a row type, and no other id is; each of them has the CPU `vec_dot` and activation
+/// quantizer the generic path calls, so preparing an activation for it succeeds.
+#[test]
+fn every_type_ggml_dequantizes_is_a_row_type_and_no_other() {
+    use llama_cpp_sys_2 as sys;
+    let mut supported = 0;
+    for id in 0..sys::GGML_TYPE_COUNT + 3 {
+        let dequantizable = id < sys::GGML_TYPE_COUNT && {
+            // SAFETY: an id below GGML_TYPE_COUNT indexes ggml's static table.
+            let t = unsafe { &*sys::ggml_get_type_traits(id) };
+            t.blck_size > 0 && (id == sys::GGML_TYPE_F32 || t.to_float.is_some())
+        };
+        let ty = RowType::from_ggml(id);
+        assert_eq!(ty.is_some(), dequantizable, "ggml type {id}");
+        let Some(ty) = ty else { continue };
+        supported += 1;
+        let n = 2 * ty.block_elems().max(vec_dot_block(ty));
+        let mut act = Activation::new();
+        act.prepare(ty, &vec![0.5; n])
+            .unwrap_or_else(|e| panic!("{ty:?}: {e}"));
+    }
+    assert_eq!(supported, RowType::ALL.len());
+}
+
+/// The generic path (every quantized type: ggml's `vec_dot` against the quantized activation;
+/// `axpy` and `to_f32` through ggml's `to_float`) against ggml's dequantizer called directly
+/// and float64 arithmetic, on one to nine blocks. The IQ types that need an importance matrix
+/// to quantize get a uniform one (`quantize_rows`).
+#[test]
+fn every_quantized_type_matches_ggml_dequantize_and_float64() {
+    let mut rng = Rng::new(41);
+    for ty in RowType::quantized() {
+        let act_block = vec_dot_block(ty);
+        let be = ty.block_elems().max(act_block);
+        for blocks in [1usize, 2, 9] {
+            let n = be * blocks;
+            let raw = rng.normals(3 * n, 0.4);
+            let bytes = rows::quant::quantize_rows(ty, &raw, n).unwrap();
+            let m = rows::RowMatrix::packed(ty, n, 3, &bytes).unwrap();
+            let x = rng.normals(n, 1.0);
+            let mut act = Activation::new();
+            act.prepare(ty, &x).unwrap();
+            for j in 0..3 {
+                let what = format!("{ty:?} n={n} row {j}");
+                let row = m.row(j);
+                let reference = ggml_to_float(ty, row.bytes(), n);
+                assert!(
+                    reference.iter().all(|v| v.is_finite()) && reference.iter().any(|&v| v != 0.0),
+                    "{what}: degenerate quantization"
+                );
+                let mut ours = vec![0f32; n];
+                rows::to_f32(row, &mut ours);
+                assert!(same_bits(&ours, &reference), "{what}: to_f32");
+
+                let wd: Vec<f64> = reference.iter().map(|&v| f64::from(v)).collect();
+                let exact: f64 = wd.iter().zip(&x).map(|(a, &b)| a * f64::from(b)).sum();
+                let got = rows::dot(row, &act);
+                let bound = act_quant_bound(&wd, &x, act_block.min(n));
+                assert!(
+                    (f64::from(got) - exact).abs() <= bound,
+                    "{what}: dot {got} vs {exact} (bound {bound})"
+                );
+                // And sharply: the same dot on the activation as ggml quantizes it, to f32
+                // rounding.
+                let xq = activation_as_vec_dot_reads_it(ty, &x);
+                let exact_q: f64 = wd.iter().zip(&xq).map(|(a, b)| a * b).sum();
+                let mag_q: f64 = wd.iter().zip(&xq).map(|(a, b)| (a * b).abs()).sum();
+                // q4_1 / q5_1 rows (q8_1 activations) add their block minimum times the
+                // block's activation sum, which q8_1 stores as f16 (2^-11 relative).
+                let f16_sums: f64 = if act_block == 32 && ty.block_bytes() > 18 {
+                    wd.chunks(32)
+                        .zip(xq.chunks(32))
+                        .map(|(w, x)| {
+                            let wmax = w.iter().fold(0f64, |m, v| m.max(v.abs()));
+                            wmax * x.iter().sum::<f64>().abs() / 2048.0
+                        })
+                        .sum()
+                } else {
+                    0.0
+                };
+                assert!(
+                    (f64::from(got) - exact_q).abs() <= 1e-5 * mag_q + f16_sums,
+                    "{what}: dot {got} vs {exact_q} on the quantized activation (sum of |terms| {mag_q})"
+                );
+
+                let y0 = rng.normals(n, 1.0);
+                let mut y = y0.clone();
+                rows::axpy(row, -0.8, &mut y);
+                for i in 0..n {
+                    let want = f64::from(y0[i]) - 0.8 * wd[i];
+                    let scale = f64::from(y0[i]).abs() + (0.8 * wd[i]).abs();
+                    assert!(
+                        (f64::from(y[i]) - want).abs() <= 1e-6 * scale + 1e-30,
+                        "{what}: axpy element {i}"
+                    );
+                }
+            }
         }
     }
 }

@@ -298,7 +298,7 @@ fn bad_parameters_nan_the_whole_output() {
     let st = c.ggml.f32_tensor(f, n, &scores);
     let bad_k = Box::new(FfnParams { layer: 5, k: 0 });
     for (userdata, layer, reason) in [
-        (std::ptr::null_mut(), "?", "spark_ffn_params is null"),
+        (std::ptr::null_mut(), "?", spark_backend::params::MISSING),
         (
             (&*bad_k as *const FfnParams).cast_mut().cast::<c_void>(),
             "5",

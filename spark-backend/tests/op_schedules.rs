@@ -18,7 +18,7 @@ use spark_backend::attention::op::spark_attn;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::{self, Batch};
 use spark_backend::op::fault::{self, ClaimEvent};
-use spark_backend::params::{AttnParams, FfnParams};
+use spark_backend::params::{self, AttnParams, FfnParams, OpParams};
 use spark_backend::rows::RowType;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -369,16 +369,27 @@ fn the_counter_is_reset_after_bad_parameters_and_bad_thread_indices() {
     let f = ffn_nodes(2, 31);
     let node = f.fused;
     let want = node.output(1, Schedule::InOrder);
-    let bad_k = Box::new(FfnParams { layer: 9, k: 0 });
+    let bad_k = OpParams {
+        layer: 9,
+        k: 0,
+        ..OpParams::default()
+    };
+    // SAFETY: the node is live and idle; its op_params are plain bytes.
+    let good = unsafe { (*node.dst).op_params };
     for nth in THREAD_COUNTS {
-        for userdata in [
-            std::ptr::null_mut(),
-            (&*bad_k as *const FfnParams).cast_mut().cast::<c_void>(),
-        ] {
+        for bad in [None, Some(bad_k)] {
             node.set(SENTINEL);
-            let bad = Node { userdata, ..node };
-            bad.run(nth, Schedule::Together);
+            // SAFETY: the node is live and no thread computes it between the calls.
+            unsafe {
+                match bad {
+                    None => params::clear(node.dst),
+                    Some(p) => params::store(node.dst, &p),
+                }
+            }
+            node.run(nth, Schedule::Together);
             assert!(node.read().iter().all(|x| x.is_nan()));
+            // SAFETY: as above.
+            unsafe { (*node.dst).op_params = good };
             assert!(same_bits(&node.output(nth, Schedule::Together), &want));
         }
         for (ith, n) in [(nth, nth), (-1, nth), (0, 0), (0, -1)] {

@@ -17,6 +17,107 @@ extern "C" {
     /// From probe/graph_abi.c: `struct spark_ffn_tiling` and `enum spark_ffn_path` of the
     /// patched `src/models/spark-gemma2-backend.h`.
     static spark_probe_ffn_tiling_layout: [usize; 8];
+    /// From probe/graph_abi.c: `struct spark_op_params` of the header, and ggml's op_params
+    /// facts the block's placement in a node rests on.
+    static spark_probe_op_params_layout: [usize; 10];
+}
+
+#[test]
+fn the_op_params_block_matches_the_headers_and_fits_after_ggmls_part() {
+    use spark_backend::params::{self, OpParams};
+    // SAFETY: a constant array defined by the probe object linked into this test.
+    let c = unsafe { spark_probe_op_params_layout };
+    let rust = [
+        size_of::<OpParams>(),
+        align_of::<OpParams>(),
+        offset_of!(OpParams, layer),
+        offset_of!(OpParams, k),
+        offset_of!(OpParams, r),
+        offset_of!(OpParams, softcap),
+        params::GGML_CUSTOM_OP_PARAMS_SIZE,
+        64,
+        size_of::<[i32; 16]>(),
+        align_of::<i32>(),
+    ];
+    let names = [
+        "sizeof spark_op_params",
+        "alignof spark_op_params",
+        "offsetof layer",
+        "offsetof k",
+        "offsetof r",
+        "offsetof softcap",
+        "sizeof ggml_custom_op_params (params::GGML_CUSTOM_OP_PARAMS_SIZE)",
+        "GGML_MAX_OP_PARAMS",
+        "sizeof ggml_tensor.op_params",
+        "alignof int32_t",
+    ];
+    let of =
+        |values: [usize; 10]| -> Vec<(&str, usize)> { names.into_iter().zip(values).collect() };
+    assert_eq!(
+        of(rust),
+        of(c),
+        "Rust (src/params.rs) vs C (probe/graph_abi.c)"
+    );
+    // The block and the call state sit past ggml's struct and inside op_params.
+    assert!(params::CALL_STATE_OFFSET >= c[6]);
+    assert!(params::BLOCK_OFFSET + 4 + c[0] <= c[8]);
+}
+
+#[test]
+fn the_graph_stores_a_nodes_params_through_the_registry() {
+    use spark_backend::params::OpParams;
+    type SetParams = unsafe extern "C" fn(*mut sys::ggml_tensor, *const OpParams) -> i32;
+    registry::register();
+    // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
+    let reg = unsafe { sys::ggml_backend_reg_by_name(c"Spark".as_ptr()) };
+    assert!(!reg.is_null());
+    // SAFETY: a registered entry and a NUL-terminated name.
+    let f = unsafe { sys::ggml_backend_reg_get_proc_address(reg, c"spark_op_set_params".as_ptr()) };
+    assert!(!f.is_null(), "spark_op_set_params is not exported");
+    // SAFETY: the entry exports spark_op_set_params with this signature (probe above).
+    let set: SetParams = unsafe { std::mem::transmute(f) };
+    // SAFETY: a small no_alloc context; tensors are metadata only.
+    unsafe {
+        let ctx = sys::ggml_init(sys::ggml_init_params {
+            mem_size: 1 << 16,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        });
+        let a = sys::ggml_new_tensor_1d(ctx, 0, 8);
+        let mut args = [a];
+        let node = sys::ggml_custom_4d(
+            ctx,
+            0,
+            8,
+            1,
+            1,
+            1,
+            args.as_mut_ptr(),
+            1,
+            Some(spark_backend::ffn::op::spark_ffn_sum),
+            -1,
+            std::ptr::null_mut(),
+        );
+        let before = (*node).op_params;
+        let p = OpParams {
+            layer: 3,
+            k: 41,
+            r: 0,
+            softcap: 0.0,
+        };
+        assert_eq!(set(node, &p), 0);
+        // ggml's part of op_params (fun, n_tasks, userdata) is untouched
+        let after = (*node).op_params;
+        assert_eq!(after[..6], before[..6]);
+        // a node that is not a custom op, a null node or null params: refused, nothing written
+        let plain = sys::ggml_add(ctx, a, a);
+        let plain_before = (*plain).op_params;
+        assert_eq!(set(plain, &p), -1);
+        assert_eq!((*plain).op_params, plain_before);
+        assert_eq!(set(std::ptr::null_mut(), &p), -1);
+        assert_eq!(set(node, std::ptr::null()), -1);
+        sys::ggml_free(ctx);
+    }
 }
 
 #[test]

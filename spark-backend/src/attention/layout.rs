@@ -108,9 +108,7 @@ impl AttnCall {
         let dst_ref =
             unsafe { dst.as_ref() }.ok_or_else(|| KernelError::Shape("dst is null".into()))?;
         if userdata.is_null() {
-            return Err(KernelError::Param(
-                "spark_attn_params (userdata) is null".into(),
-            ));
+            return Err(KernelError::Param(crate::params::MISSING.into()));
         }
         // SAFETY: a non-null userdata is a live AttnParams (contract); read unaligned to be safe.
         let params = unsafe { userdata.cast::<AttnParams>().read_unaligned() };

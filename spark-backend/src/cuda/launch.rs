@@ -44,14 +44,16 @@ pub(crate) trait CudaOp: Sized {
 /// # Safety
 /// As ggml-cuda calls a `ggml_backend_cuda_custom_launch_t`: `dst` is null or a live custom-op
 /// tensor whose data and sources' data are device memory of `device`, `stream` is ggml-cuda's
-/// live stream on that device, `userdata` is null or the op's params struct in host memory.
+/// live stream on that device. ggml-cuda's `userdata` is not read: the op's parameters are the
+/// block stored in the node (`params::block`, host memory), as for the CPU ops.
 pub(crate) unsafe fn enter<Op: CudaOp>(
     dst: *mut sys::ggml_tensor,
     device: c_int,
     stream: *mut c_void,
-    userdata: *mut c_void,
 ) -> c_int {
-    // SAFETY: userdata is null or a Spark params struct (contract).
+    // SAFETY: dst is null or live (contract).
+    let userdata = unsafe { params::block(dst) };
+    // SAFETY: userdata is null or the node's parameter block.
     let layer = unsafe { params::layer_of(userdata) };
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(), (String, bool)> {
         // SAFETY: forwarded contract.
@@ -109,10 +111,10 @@ macro_rules! cuda_launcher {
             dst: *mut ::llama_cpp_sys_2::ggml_tensor,
             device: ::std::ffi::c_int,
             stream: *mut ::std::ffi::c_void,
-            userdata: *mut ::std::ffi::c_void,
+            _userdata: *mut ::std::ffi::c_void,
         ) -> ::std::ffi::c_int {
             // SAFETY: forwarded contract of this function.
-            unsafe { $crate::cuda::launch::enter::<$op>(dst, device, stream, userdata) }
+            unsafe { $crate::cuda::launch::enter::<$op>(dst, device, stream) }
         }
     };
 }

@@ -1,11 +1,21 @@
 //! Rows of a weight matrix in a ggml storage type, and the two operations the sparse kernels
 //! need on them: `dot(row, x)` and `axpy(row, alpha, y)` (`y += alpha * row`).
 //!
+//! Every type ggml can dequantize is a [`RowType`] (every id with a `to_float` in ggml's type
+//! traits, plus f32); the rest (the activation-only q8_1 / q8_K, the integer types, f64) are
+//! refused by [`RowType::from_ggml`]. Block layouts (elements and bytes per block) are ggml's
+//! own (`ggml_blck_size`, `ggml_type_size`), read once per process ([`RowType::block_elems`]).
+//!
 //! Float rows (f32, f16, bf16) use this crate's own SIMD kernels ([`simd`]) against an f32
-//! activation. Quantized rows (q4_0, q4_1, q5_0, q5_1, q8_0, q2_K to q6_K) use ggml's CPU type
-//! traits ([`quant`]): the activation is quantized once to the type's `vec_dot_type`
-//! ([`Activation::prepare`]), then each row costs one ggml `vec_dot`; `axpy` dequantizes with
-//! ggml's `to_float`.
+//! activation. Every block-quantized type (q4_0 ... q6_K, the IQ family, tq1_0 / tq2_0, mxfp4,
+//! nvfp4, q1_0 / q2_0) goes through ggml's type traits ([`quant`], one table entry per type,
+//! loaded once): the activation is quantized once to the type's `vec_dot_type`
+//! ([`Activation::prepare`]), then each row costs one ggml `vec_dot` (the code ggml's own
+//! `mul_mat` runs for that type); `axpy` dequantizes with ggml's `to_float` in chunks into a
+//! per-call stack buffer, then runs the SIMD f32 axpy ([`to_f32`]: `to_float` straight into its
+//! output). q8_0, q4_0 and q6_K have fused AVX2 axpy and dequantization kernels
+//! ([`quant_x86`]), bit-identical to that generic path. There is no per-element branching on
+//! type: each call dispatches once per row.
 
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
@@ -14,8 +24,10 @@ pub mod simd;
 
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
+use std::sync::OnceLock;
 
-/// A weight storage type the kernels support (a subset of ggml's types).
+/// A weight storage type the kernels support: every type ggml can dequantize. The variants are
+/// declared in [`RowType::ALL`]'s order (their discriminant is their index there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RowType {
     /// `GGML_TYPE_F32`.
@@ -24,32 +36,66 @@ pub enum RowType {
     F16,
     /// `GGML_TYPE_BF16`.
     Bf16,
-    /// `GGML_TYPE_Q8_0`: blocks of 32, 34 bytes.
+    /// `GGML_TYPE_Q8_0`: blocks of 32.
     Q8_0,
-    /// `GGML_TYPE_Q4_0`: blocks of 32, 18 bytes.
+    /// `GGML_TYPE_Q4_0`: blocks of 32.
     Q4_0,
-    /// `GGML_TYPE_Q4_1`: blocks of 32, 20 bytes.
+    /// `GGML_TYPE_Q4_1`: blocks of 32.
     Q4_1,
-    /// `GGML_TYPE_Q5_0`: blocks of 32, 22 bytes (llama.cpp's fallback for q4_K on rows that are
-    /// not whole 256-blocks).
+    /// `GGML_TYPE_Q5_0`: blocks of 32 (llama.cpp's fallback for q4_K on rows that are not
+    /// whole 256-blocks).
     Q5_0,
-    /// `GGML_TYPE_Q5_1`: blocks of 32, 24 bytes (the fallback for q5_K).
+    /// `GGML_TYPE_Q5_1`: blocks of 32 (the fallback for q5_K).
     Q5_1,
-    /// `GGML_TYPE_Q2_K`: blocks of 256, 84 bytes.
+    /// `GGML_TYPE_Q2_K`: blocks of 256.
     Q2K,
-    /// `GGML_TYPE_Q3_K`: blocks of 256, 110 bytes.
+    /// `GGML_TYPE_Q3_K`: blocks of 256.
     Q3K,
-    /// `GGML_TYPE_Q4_K`: blocks of 256, 144 bytes.
+    /// `GGML_TYPE_Q4_K`: blocks of 256.
     Q4K,
-    /// `GGML_TYPE_Q5_K`: blocks of 256, 176 bytes.
+    /// `GGML_TYPE_Q5_K`: blocks of 256.
     Q5K,
-    /// `GGML_TYPE_Q6_K`: blocks of 256, 210 bytes.
+    /// `GGML_TYPE_Q6_K`: blocks of 256.
     Q6K,
+    /// `GGML_TYPE_IQ2_XXS`: blocks of 256 (quantizing needs an importance matrix).
+    Iq2Xxs,
+    /// `GGML_TYPE_IQ2_XS`: blocks of 256 (quantizing needs an importance matrix).
+    Iq2Xs,
+    /// `GGML_TYPE_IQ2_S`: blocks of 256.
+    Iq2S,
+    /// `GGML_TYPE_IQ3_XXS`: blocks of 256.
+    Iq3Xxs,
+    /// `GGML_TYPE_IQ3_S`: blocks of 256.
+    Iq3S,
+    /// `GGML_TYPE_IQ1_S`: blocks of 256 (quantizing needs an importance matrix).
+    Iq1S,
+    /// `GGML_TYPE_IQ1_M`: blocks of 256.
+    Iq1M,
+    /// `GGML_TYPE_IQ4_NL`: blocks of 32 (llama.cpp's fallback for iq4_xs, and for the 2- and
+    /// 3-bit IQ types, on rows that are not whole 256-blocks).
+    Iq4Nl,
+    /// `GGML_TYPE_IQ4_XS`: blocks of 256.
+    Iq4Xs,
+    /// `GGML_TYPE_TQ1_0`: ternary, blocks of 256.
+    Tq1_0,
+    /// `GGML_TYPE_TQ2_0`: ternary, blocks of 256.
+    Tq2_0,
+    /// `GGML_TYPE_MXFP4`: blocks of 32.
+    Mxfp4,
+    /// `GGML_TYPE_NVFP4`: blocks of 64.
+    Nvfp4,
+    /// `GGML_TYPE_Q1_0`: blocks of 128.
+    Q1_0,
+    /// `GGML_TYPE_Q2_0`: blocks of 64.
+    Q2_0,
 }
 
+/// Number of [`RowType`]s.
+const N_TYPES: usize = 28;
+
 impl RowType {
-    /// Every supported type.
-    pub const ALL: [RowType; 13] = [
+    /// Every supported type, in declaration order.
+    pub const ALL: [RowType; N_TYPES] = [
         RowType::F32,
         RowType::F16,
         RowType::Bf16,
@@ -63,16 +109,42 @@ impl RowType {
         RowType::Q4K,
         RowType::Q5K,
         RowType::Q6K,
+        RowType::Iq2Xxs,
+        RowType::Iq2Xs,
+        RowType::Iq2S,
+        RowType::Iq3Xxs,
+        RowType::Iq3S,
+        RowType::Iq1S,
+        RowType::Iq1M,
+        RowType::Iq4Nl,
+        RowType::Iq4Xs,
+        RowType::Tq1_0,
+        RowType::Tq2_0,
+        RowType::Mxfp4,
+        RowType::Nvfp4,
+        RowType::Q1_0,
+        RowType::Q2_0,
     ];
 
-    /// Every block-quantized type (those that go through ggml's CPU type traits).
+    /// Position in [`RowType::ALL`] (for per-type tables).
+    #[inline]
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Every block-quantized type (those that go through ggml's type traits).
     pub fn quantized() -> impl Iterator<Item = RowType> {
         Self::ALL.into_iter().filter(|t| t.is_quantized())
     }
 
-    /// The type for a ggml type id, if supported.
+    /// The type for a ggml type id, or `None` for an id ggml cannot dequantize (q8_1, q8_K,
+    /// the integer types, f64, removed or unknown ids) or whose block layout the linked ggml
+    /// does not report.
     pub fn from_ggml(ty: u32) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.ggml() == ty)
+        Self::ALL
+            .into_iter()
+            .find(|t| t.ggml() == ty)
+            .filter(|t| t.block_elems() > 0 && t.block_bytes() > 0)
     }
 
     /// The ggml type id (`GGML_TYPE_*`, from ggml's own header through the sys bindings).
@@ -91,36 +163,54 @@ impl RowType {
             RowType::Q5K => sys::GGML_TYPE_Q5_K,
             RowType::Q6K => sys::GGML_TYPE_Q6_K,
             RowType::Bf16 => sys::GGML_TYPE_BF16,
+            RowType::Iq2Xxs => sys::GGML_TYPE_IQ2_XXS,
+            RowType::Iq2Xs => sys::GGML_TYPE_IQ2_XS,
+            RowType::Iq2S => sys::GGML_TYPE_IQ2_S,
+            RowType::Iq3Xxs => sys::GGML_TYPE_IQ3_XXS,
+            RowType::Iq3S => sys::GGML_TYPE_IQ3_S,
+            RowType::Iq1S => sys::GGML_TYPE_IQ1_S,
+            RowType::Iq1M => sys::GGML_TYPE_IQ1_M,
+            RowType::Iq4Nl => sys::GGML_TYPE_IQ4_NL,
+            RowType::Iq4Xs => sys::GGML_TYPE_IQ4_XS,
+            RowType::Tq1_0 => sys::GGML_TYPE_TQ1_0,
+            RowType::Tq2_0 => sys::GGML_TYPE_TQ2_0,
+            RowType::Mxfp4 => sys::GGML_TYPE_MXFP4,
+            RowType::Nvfp4 => sys::GGML_TYPE_NVFP4,
+            RowType::Q1_0 => sys::GGML_TYPE_Q1_0,
+            RowType::Q2_0 => sys::GGML_TYPE_Q2_0,
         }
     }
 
-    /// Elements per block (1 for float types); equals the linked ggml's `ggml_blck_size`
-    /// (tested: `tests/ffn_rows.rs`).
-    pub const fn block_elems(self) -> usize {
-        match self {
-            RowType::F32 | RowType::F16 | RowType::Bf16 => 1,
-            RowType::Q8_0 | RowType::Q4_0 | RowType::Q4_1 | RowType::Q5_0 | RowType::Q5_1 => 32,
-            RowType::Q2K | RowType::Q3K | RowType::Q4K | RowType::Q5K | RowType::Q6K => 256,
-        }
+    /// (elements, bytes) per block as the linked ggml reports them (`ggml_blck_size`,
+    /// `ggml_type_size`), read once per process; (0, 0) for a type ggml gives no block size.
+    #[inline]
+    fn layout(self) -> (usize, usize) {
+        static LAYOUT: OnceLock<[(usize, usize); N_TYPES]> = OnceLock::new();
+        LAYOUT.get_or_init(|| {
+            RowType::ALL.map(|t| {
+                // SAFETY: both functions only index ggml's static type-traits table, and every
+                // RowType maps to a valid id below GGML_TYPE_COUNT.
+                let (blck, size) =
+                    unsafe { (sys::ggml_blck_size(t.ggml()), sys::ggml_type_size(t.ggml())) };
+                match usize::try_from(blck) {
+                    Ok(b) if b > 0 && size > 0 => (b, size),
+                    _ => (0, 0),
+                }
+            })
+        })[self.index()]
     }
 
-    /// Bytes per block; equals the linked ggml's `ggml_type_size` (tested:
-    /// `tests/ffn_rows.rs`). Row slice lengths of the ops are computed from it.
-    pub const fn block_bytes(self) -> usize {
-        match self {
-            RowType::F32 => 4,
-            RowType::F16 | RowType::Bf16 => 2,
-            RowType::Q8_0 => 34,
-            RowType::Q4_0 => 18,
-            RowType::Q4_1 => 20,
-            RowType::Q5_0 => 22,
-            RowType::Q5_1 => 24,
-            RowType::Q2K => 84,
-            RowType::Q3K => 110,
-            RowType::Q4K => 144,
-            RowType::Q5K => 176,
-            RowType::Q6K => 210,
-        }
+    /// Elements per block (1 for float types): the linked ggml's `ggml_blck_size`.
+    #[inline]
+    pub fn block_elems(self) -> usize {
+        self.layout().0
+    }
+
+    /// Bytes per block: the linked ggml's `ggml_type_size`. Row slice lengths of the ops are
+    /// computed from it.
+    #[inline]
+    pub fn block_bytes(self) -> usize {
+        self.layout().1
     }
 
     /// True for the block-quantized types.
@@ -128,13 +218,14 @@ impl RowType {
         self.block_elems() > 1
     }
 
-    /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks.
+    /// Bytes of a row of `n` elements (ggml's `ggml_row_size`), or `None` when `n` is not a
+    /// whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        n.is_multiple_of(self.block_elems())
-            .then(|| n / self.block_elems() * self.block_bytes())
+        let (be, bb) = self.layout();
+        (be > 0 && n.is_multiple_of(be)).then(|| n / be * bb)
     }
 
-    /// Short lowercase name as ggml spells it.
+    /// Short lowercase name as ggml spells it (`ggml_type_name`; tested equal).
     pub fn name(self) -> &'static str {
         match self {
             RowType::F32 => "f32",
@@ -150,6 +241,21 @@ impl RowType {
             RowType::Q4K => "q4_K",
             RowType::Q5K => "q5_K",
             RowType::Q6K => "q6_K",
+            RowType::Iq2Xxs => "iq2_xxs",
+            RowType::Iq2Xs => "iq2_xs",
+            RowType::Iq2S => "iq2_s",
+            RowType::Iq3Xxs => "iq3_xxs",
+            RowType::Iq3S => "iq3_s",
+            RowType::Iq1S => "iq1_s",
+            RowType::Iq1M => "iq1_m",
+            RowType::Iq4Nl => "iq4_nl",
+            RowType::Iq4Xs => "iq4_xs",
+            RowType::Tq1_0 => "tq1_0",
+            RowType::Tq2_0 => "tq2_0",
+            RowType::Mxfp4 => "mxfp4",
+            RowType::Nvfp4 => "nvfp4",
+            RowType::Q1_0 => "q1_0",
+            RowType::Q2_0 => "q2_0",
         }
     }
 }
@@ -206,6 +312,8 @@ pub struct RowMatrix<'a> {
     n_cols: usize,
     n_rows: usize,
     stride: usize,
+    /// Bytes of one row (`ty.row_bytes(n_cols)`).
+    row_len: usize,
     data: &'a [u8],
 }
 
@@ -246,6 +354,7 @@ impl<'a> RowMatrix<'a> {
             n_cols,
             n_rows,
             stride,
+            row_len: row,
             data,
         })
     }
@@ -281,11 +390,10 @@ impl<'a> RowMatrix<'a> {
     pub fn row(&self, j: usize) -> Row<'a> {
         assert!(j < self.n_rows, "row {j} out of {}", self.n_rows);
         let start = j * self.stride;
-        let len = self.n_cols / self.ty.block_elems() * self.ty.block_bytes();
         Row {
             ty: self.ty,
             n: self.n_cols,
-            bytes: &self.data[start..start + len],
+            bytes: &self.data[start..start + self.row_len],
         }
     }
 

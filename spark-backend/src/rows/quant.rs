@@ -1,7 +1,11 @@
-//! Quantized rows through ggml's own CPU type traits (the same code ggml's `mul_mat` runs).
+//! Quantized rows through ggml's own type traits (the same code ggml's `mul_mat` runs), for
+//! every block-quantized [`RowType`]: the k-quants, the IQ family, the ternary and FP4 types.
 //!
-//! `ggml_get_type_traits_cpu(ty)` gives `from_float` (quantizes an f32 activation to the row
-//! type's `vec_dot_type`) and `vec_dot`; `ggml_get_type_traits(ty)` gives `to_float`.
+//! `ggml_get_type_traits_cpu(ty)` gives `vec_dot` and the row type's `vec_dot_type`, whose own
+//! `from_float` quantizes an f32 activation for it; `ggml_get_type_traits(ty)` gives `to_float`
+//! (ggml's dequantizer). They are loaded once per type into a table ([`traits`]); a type
+//! missing any of them is refused with [`KernelError::UnsupportedType`]. In the pinned ggml
+//! every type with a `to_float` also has a CPU `vec_dot` (tested: `tests/ffn_rows.rs`).
 //! `ggml_cpu_init()` (fp16 and GELU tables, ggml's clock) runs once before the first use.
 
 use super::RowType;
@@ -35,6 +39,10 @@ pub fn ensure_cpu_init() {
 }
 
 fn load_traits(ty: RowType) -> Option<Traits> {
+    // `axpy` dequantizes whole blocks into chunks of CHUNK elements.
+    if !ty.is_quantized() || !CHUNK.is_multiple_of(ty.block_elems()) {
+        return None;
+    }
     ensure_cpu_init();
     // SAFETY: the trait getters return pointers to static tables for any valid type id; every
     // RowType maps to a valid ggml type.
@@ -62,14 +70,11 @@ fn load_traits(ty: RowType) -> Option<Traits> {
     }
 }
 
+/// The traits of `ty`, loaded on first use (one table slot per type).
 fn traits(ty: RowType) -> Result<&'static Traits, KernelError> {
     static TABLE: [OnceLock<Option<Traits>>; RowType::ALL.len()] =
         [const { OnceLock::new() }; RowType::ALL.len()];
-    let slot = RowType::ALL
-        .iter()
-        .position(|&t| t == ty)
-        .expect("RowType::ALL lists every type");
-    TABLE[slot]
+    TABLE[ty.index()]
         .get_or_init(|| load_traits(ty))
         .as_ref()
         .ok_or(KernelError::UnsupportedType {
@@ -132,11 +137,13 @@ pub(crate) unsafe fn vec_dot(ty: RowType, n: usize, row: &[u8], act: &[u8]) -> f
     s
 }
 
-/// Elements dequantized per step of [`axpy`] (a multiple of every block size).
+/// Elements dequantized per step of [`axpy`]: a multiple of every block size ggml has (types
+/// with larger blocks would be refused by [`load_traits`]).
 const CHUNK: usize = 256;
 
 /// `y += alpha * row` for a quantized row of `y.len()` elements: fused AVX2 kernels for q8_0,
-/// q4_0 and q6_K; otherwise dequantized by ggml in chunks of 256 into a stack buffer, then a SIMD axpy.
+/// q4_0 and q6_K; every other type (the generic path) is dequantized by ggml's `to_float` in
+/// chunks of 256 into a stack buffer of this call, then a SIMD f32 axpy.
 ///
 /// # Safety
 /// `row` must hold `y.len()` elements of `ty` (checked by length).
@@ -229,7 +236,9 @@ pub unsafe fn dequantize_ggml(ty: RowType, row: &[u8], out: &mut [f32]) {
 }
 
 /// Quantizes `n_rows` rows of `n_cols` f32 values to `ty` with ggml's reference quantizer
-/// (`ggml_quantize_chunk`, no importance matrix). Float types are converted element-wise.
+/// (`ggml_quantize_chunk`): without an importance matrix, except for the types ggml cannot
+/// quantize without one (`ggml_quantize_requires_imatrix`: iq2_xxs, iq2_xs, iq1_s), which get
+/// a uniform one (every column weighted 1). Float types are converted element-wise.
 pub fn quantize_rows(ty: RowType, x: &[f32], n_cols: usize) -> Result<Vec<u8>, KernelError> {
     let row_bytes = ty.row_bytes(n_cols).ok_or_else(|| {
         KernelError::Shape(format!(
@@ -259,8 +268,13 @@ pub fn quantize_rows(ty: RowType, x: &[f32], n_cols: usize) -> Result<Vec<u8>, K
         }
         _ => {
             ensure_cpu_init();
+            // SAFETY: a plain query of a static property of a valid type id.
+            let uniform = unsafe { sys::ggml_quantize_requires_imatrix(ty.ggml()) }
+                .then(|| vec![1f32; n_cols]);
+            let imatrix = uniform.as_ref().map_or(std::ptr::null(), |w| w.as_ptr());
             // SAFETY: `x` holds n_rows * n_cols floats and `out` the n_rows * row_bytes bytes
-            // ggml writes for them; no importance matrix is passed (allowed for these types).
+            // ggml writes for them; `imatrix` is null (allowed for types that do not require
+            // one) or n_cols weights, one per column, as ggml reads it.
             let written = unsafe {
                 sys::ggml_quantize_chunk(
                     ty.ggml(),
@@ -269,7 +283,7 @@ pub fn quantize_rows(ty: RowType, x: &[f32], n_cols: usize) -> Result<Vec<u8>, K
                     0,
                     n_rows as i64,
                     n_cols as i64,
-                    std::ptr::null(),
+                    imatrix,
                 )
             };
             if written != out.len() {

@@ -6,13 +6,11 @@
 
 use std::arch::x86_64::*;
 
-use super::RowType;
-
-/// Bytes per q8_0 block (f16 scale + 32 int8): ggml's size, through `RowType` (tested there).
-const Q8_0_BYTES: usize = RowType::Q8_0.block_bytes();
-/// Bytes per q4_0 block (f16 scale + 16 bytes of nibbles), as above.
-const Q4_0_BYTES: usize = RowType::Q4_0.block_bytes();
-const _: () = assert!(RowType::Q8_0.block_elems() == 32 && RowType::Q4_0.block_elems() == 32);
+/// Bytes per q8_0 block as these kernels decode it: f16 scale + 32 int8 (ggml's `block_q8_0`;
+/// equal to the linked ggml's `ggml_type_size`, tested below).
+const Q8_0_BYTES: usize = 2 + 32;
+/// Bytes per q4_0 block as decoded here: f16 scale + 16 bytes of nibbles (`block_q4_0`).
+const Q4_0_BYTES: usize = 2 + 16;
 
 /// A block's f16 scale (its first two bytes) as f32.
 #[inline(always)]
@@ -397,5 +395,27 @@ pub(crate) unsafe fn to_f32_q6_k(row: &[u8], out: &mut [f32]) {
                 _mm256_storeu_ps(op.add(8 * k), q6_k_weights(&q, &sc, k));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::RowType;
+
+    /// The block layouts these kernels decode are the linked ggml's.
+    #[test]
+    fn decoded_layouts_are_ggmls() {
+        assert_eq!(
+            (RowType::Q8_0.block_elems(), RowType::Q8_0.block_bytes()),
+            (32, super::Q8_0_BYTES)
+        );
+        assert_eq!(
+            (RowType::Q4_0.block_elems(), RowType::Q4_0.block_bytes()),
+            (32, super::Q4_0_BYTES)
+        );
+        assert_eq!(
+            (RowType::Q6K.block_elems(), RowType::Q6K.block_bytes()),
+            (256, super::Q6_K_BYTES)
+        );
     }
 }

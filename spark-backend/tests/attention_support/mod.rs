@@ -6,7 +6,7 @@
 use llama_cpp_sys_2 as sys;
 use spark_backend::attention::op::spark_attn;
 use spark_backend::attention::{AttnCall, SparseAttention};
-use spark_backend::params::AttnParams;
+use spark_backend::params::{AttnParams, OpParams};
 use spark_backend::tensor::TensorView;
 use spark_backend::topk::norm_ppf;
 use spark_backend::KernelError;
@@ -555,7 +555,9 @@ fn ty(t: Ty) -> sys::ggml_type {
 
 /// The `spark_attn` node for `case` in `ctx`, as llama.cpp builds it (K and V views of a
 /// larger cache; V either plain or transposed storage permuted to [H, KV, n_kv]), with
-/// `userdata` as its parameters. `mutate` may alter the arguments before the op is created.
+/// the parameters `userdata` points to (an `AttnParams`, or null for none) stored in the node as
+/// the graph stores them (`spark_op_set_params`). `mutate` may alter the arguments before the
+/// op is created.
 pub fn build_op(
     ctx: &Ctx,
     case: &Case,
@@ -633,7 +635,7 @@ pub fn build_op(
         fill(mask, &case.mask);
         let mut args = [q, k, v, mask];
         mutate(&mut args);
-        sys::ggml_custom_4d(
+        let node = sys::ggml_custom_4d(
             c,
             0,
             s.h as i64,
@@ -644,7 +646,18 @@ pub fn build_op(
             4,
             Some(spark_attn),
             -1,
-            userdata,
-        )
+            std::ptr::null_mut(),
+        );
+        if !userdata.is_null() {
+            let p = userdata.cast::<AttnParams>().read_unaligned();
+            let block = OpParams {
+                layer: p.layer,
+                k: p.k,
+                r: p.r,
+                softcap: p.softcap,
+            };
+            spark_backend::params::store(node, &block);
+        }
+        node
     }
 }

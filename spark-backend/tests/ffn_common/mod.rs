@@ -6,7 +6,7 @@
 use llama_cpp_sys_2 as sys;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::Batch;
-use spark_backend::params::FfnParams;
+use spark_backend::params::{FfnParams, OpParams};
 use spark_backend::rows::{quant, RowMatrix, RowType};
 use std::ffi::c_void;
 
@@ -240,7 +240,8 @@ impl Ggml {
         }
     }
 
-    /// `ggml_custom_4d` with the given sources, op and params; `ne` lists up to 4 sizes
+    /// `ggml_custom_4d` with the given sources and op, `params` (null: none) stored in the node
+    /// as the graph stores them (`spark_op_set_params`); `ne` lists up to 4 sizes
     /// (missing ones are 1).
     pub fn custom(
         &self,
@@ -250,9 +251,10 @@ impl Ggml {
         params: *const FfnParams,
     ) -> *mut sys::ggml_tensor {
         let size = |i: usize| ne.get(i).copied().unwrap_or(1) as i64;
-        // SAFETY: args are live tensors of this context; params outlives the graph (caller).
+        // SAFETY: args are live tensors of this context; params is null or valid for a read
+        // (caller), stored in the node as the graph stores it (spark_op_set_params).
         unsafe {
-            sys::ggml_custom_4d(
+            let node = sys::ggml_custom_4d(
                 self.ctx,
                 RowType::F32.ggml(),
                 size(0),
@@ -263,8 +265,18 @@ impl Ggml {
                 args.len() as i32,
                 Some(op),
                 -1, // GGML_N_TASKS_MAX
-                params as *mut c_void,
-            )
+                std::ptr::null_mut(),
+            );
+            if !params.is_null() {
+                let p = params.read_unaligned();
+                let block = OpParams {
+                    layer: p.layer,
+                    k: p.k,
+                    ..OpParams::default()
+                };
+                spark_backend::params::store(node, &block);
+            }
+            node
         }
     }
 

@@ -1,74 +1,111 @@
 """ggml's RPC backend with a Spark model: ggml-rpc-server (installed also as rpc-server) on
-127.0.0.1, and llama-completion offloading every layer to it (--rpc HOST:PORT -ngl 99) gives the
-text it gives locally: on the dense stock-op graph (no plugin) and with the Spark plugin.
+127.0.0.1, and llama-completion / llama-perplexity offloading layers to it (--rpc HOST:PORT
+-ngl N [-ts ...]) give what they give locally.
 
-Where the Spark kernels can run then: they are ggml custom ops, whose parameters hold a function
-pointer into the client's copy of the plugin, so only the client's local CPU backend can execute
-them; the RPC server (another process, without the plugin) never can. With the layers' weights
-in the server's buffers, the scheduler has to keep the custom-op nodes on the local CPU backend
-and copy the weights they read (ffn_up K2, ffn_down_t V) and their inputs back from the server
-for each evaluation, while the stock ops (projections, norms, the predictor product) run
-remotely; the plugin's table then shows every layer's sparse kernels having run locally. But
-ggml-rpc's supports_op answers true for every op (ggml-rpc.cpp: "TODO: call the remote backend"),
-so the scheduler assigns the custom nodes to the RPC device with their weights, and the server
-executes the client's function pointer. The test asserts the behaviour wanted; the timings of
-the local and the RPC runs are printed, not asserted."""
+Where the Spark kernels run: they are ggml custom ops whose nodes carry their parameters in their
+own op_params (spark_op_set_params, patch 0002) and no pointer of the client, and the plugin
+registers them by name with ggml-rpc (patch 0009). A server started with the plugin
+(GGML_BACKEND_PATH=... rpc-server) has registered the same names, so the client sends the Spark
+nodes of the layers it offloaded to it and the server runs them next to their weights: its
+SPARK_STATS table (printed when it is ended by SIGTERM) shows those layers, the client's shows
+the layers it kept. A server without the plugin (or whose plugin refused its ggml) has not: the
+client keeps the Spark nodes on its own CPU and the scheduler copies their weights back for
+every evaluation, as before patch 0009 (correct, slow). The byte counts over the connection are
+measured through a counting proxy. Timings are printed, not asserted (README, "Upstream
+llama.cpp" has the measured table)."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import subprocess
+import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from upstream_helpers import (CFG, TARGET_KEEP, THREADS, assert_stats_table, describe,
-                              exit_status, free_port, llama_completion, parse_stats, tail, tool,
-                              tool_env)
+from upstream_helpers import (CFG, HELDOUT, TARGET_KEEP, THREADS, UPSTREAM, assert_stats_table,
+                              describe, exit_status, free_port, llama_completion, parse_stats,
+                              run_until_complete, tail, tool, tool_env)
 
 PROMPT = "ROMEO:"
 N_PREDICT = 24
+N_LAYERS = CFG["n_layers"]
+REFUSED = "spark-backend: not registering the Spark kernels"
+
+
+@dataclass
+class RpcServer:
+    """An rpc-server on 127.0.0.1 with its log; `stop()` ends it with SIGTERM (the plugin prints
+    its SPARK_STATS table then) and returns the whole log."""
+    endpoint: str
+    proc: subprocess.Popen
+    args: list
+    env: dict
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def explain(self, what: str) -> str:
+        return (f"{what}\nrpc server: {describe(self.args, self.env)}\n--- its log ---\n"
+                f"{tail(self.log())}")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.log()
+
+
+def start_rpc_server(workdir: Path, with_plugin: bool, binary: Path | None = None,
+                     name: str = "rpc-server") -> RpcServer:
+    port = free_port()
+    args = [str(binary or tool("rpc-server")), "-H", "127.0.0.1", "-p", str(port), "-t", THREADS]
+    env = tool_env(with_plugin, stats=with_plugin)
+    log_path = workdir / f"{name}-{port}.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT)
+    log.close()
+    server = RpcServer(f"127.0.0.1:{port}", proc, args, env, log_path)
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(server.explain(f"rpc-server exited ({exit_status(proc.returncode)})"),
+                        pytrace=False)
+        # the server prints its banner before it listens; wait for the socket instead
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
+            return server
+        except OSError:
+            if time.monotonic() > deadline:
+                server.stop()
+                pytest.fail(server.explain("rpc-server not listening after 30 s"), pytrace=False)
+            time.sleep(0.1)
 
 
 @pytest.fixture
-def rpc_server(tmp_path):
-    port = free_port()
-    args = [str(tool("rpc-server")), "-H", "127.0.0.1", "-p", str(port), "-t", THREADS]
-    env = tool_env(False, stats=False)  # the server process never has the Spark kernels
-    log = open(tmp_path / "rpc-server.log", "w")
-    proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT)
+def servers(tmp_path):
+    """Starts rpc-servers on demand (`servers(with_plugin)`) and stops every one at the end."""
+    started = []
 
-    def explain(what):
-        log.flush()
-        return (f"{what}\nrpc server: {describe(args, env)}\n--- its log ---\n"
-                f"{tail((tmp_path / 'rpc-server.log').read_text(errors='replace'))}")
+    def start(with_plugin: bool, **kw) -> RpcServer:
+        s = start_rpc_server(tmp_path, with_plugin, **kw)
+        started.append(s)
+        return s
 
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(explain(f"rpc-server exited ({proc.returncode})"), pytrace=False)
-            # the server prints its banner before it listens; wait for the socket instead
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    pass
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(explain("rpc-server not listening after 30 s"), pytrace=False)
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}", proc, explain
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+    yield start
+    for s in started:
+        s.stop()
 
 
 def offloaded(res) -> tuple[int, int]:
@@ -78,41 +115,241 @@ def offloaded(res) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def rpc_completion(endpoint, proc, explain, model, with_plugin):
-    """llama-completion greedy text with every layer on the RPC device; fails with both logs
-    when the client or the server fails."""
-    text, res = llama_completion(model, PROMPT, N_PREDICT, with_plugin, "--rpc", endpoint, "-ngl",
-                                 "99", "-lv", "4", check=False)
-    server_rc = proc.poll()
-    if res.returncode != 0 or server_rc is not None:
-        pytest.fail(explain(res.explain(
-            f"llama-completion --rpc {endpoint} -ngl 99 failed (exit status "
-            f"{exit_status(res.returncode)}); the RPC server "
-            f"{'is running' if server_rc is None else f'exited ({exit_status(server_rc)})'}")),
-            pytrace=False)
-    done, total = offloaded(res)
-    assert done == total and f"RPC0[{endpoint}] model buffer size" in res.stderr, res.explain(
-        f"not every layer on the RPC device ({done}/{total})")
+def rpc_completion(model, servers: list[RpcServer], with_plugin: bool, *extra, ngl="99"):
+    """llama-completion greedy text with `ngl` layers on the RPC devices; fails with every log
+    when the client or a server fails."""
+    endpoints = ",".join(s.endpoint for s in servers)
+    text, res = llama_completion(model, PROMPT, N_PREDICT, with_plugin, "--rpc", endpoints, "-ngl",
+                                 ngl, "-lv", "4", *extra, check=False)
+    dead = [s for s in servers if s.proc.poll() is not None]
+    if res.returncode != 0 or dead:
+        logs = "\n".join(s.explain(f"server {s.endpoint}: "
+                                   f"{'exited ' + exit_status(s.proc.returncode) if s.proc.poll() is not None else 'running'}")
+                         for s in servers)
+        pytest.fail(res.explain(f"llama-completion --rpc {endpoints} -ngl {ngl} failed (exit status "
+                                f"{exit_status(res.returncode)})\n{logs}"), pytrace=False)
+    for s in servers:
+        assert re.search(rf"RPC\d+\[{re.escape(s.endpoint)}\] model buffer size", res.stderr), \
+            res.explain(f"nothing of the model on the RPC device of {s.endpoint}")
     return text, res
 
 
-def test_rpc_offload_on_the_dense_graph(shipped_f32, rpc_server):
+def layers_that_ran(text: str) -> set[int]:
+    """The layers whose sparse kernels ran in a process, from its SPARK_STATS table."""
+    return {layer for layer, row in parse_stats(text).rows.items()
+            if row.tokens > 0 or row.attn_queries > 0}
+
+
+def test_rpc_offload_on_the_dense_graph(shipped_f32, servers):
     """Without the plugin: stock ops only, all of them executed by the RPC server."""
-    endpoint, proc, explain = rpc_server
+    server = servers(False)
     local, local_res = llama_completion(shipped_f32, PROMPT, N_PREDICT, False)
-    remote, remote_res = rpc_completion(endpoint, proc, explain, shipped_f32, False)
+    remote, remote_res = rpc_completion(shipped_f32, [server], False)
     print(f"\ndense graph: local {local_res.seconds:.2f} s, rpc {remote_res.seconds:.2f} s")
     assert remote == local, (remote, local)
 
 
-def test_rpc_offload_with_the_plugin_gives_the_local_text(shipped_f32, rpc_server):
-    endpoint, proc, explain = rpc_server
+def test_rpc_offload_with_the_plugin_gives_the_local_text(shipped_f32, servers):
+    """Plugin in the client and the server: the Spark nodes run in the server, next to their
+    weights; the client's table shows no Spark kernel, the server's every layer."""
+    server = servers(True)
     local, local_res = llama_completion(shipped_f32, PROMPT, N_PREDICT, True)
-    remote, remote_res = rpc_completion(endpoint, proc, explain, shipped_f32, True)
+    remote, remote_res = rpc_completion(shipped_f32, [server], True)
+    done, total = offloaded(remote_res)
+    assert done == total, remote_res.explain(f"not every layer on the RPC device ({done}/{total})")
+    server_log = server.stop()
     print(f"\nsparse: local {local_res.seconds:.2f} s, rpc {remote_res.seconds:.2f} s\n"
-          f"rpc run's spark-stats:\n" + "\n".join(parse_stats(remote_res.stderr).lines))
+          f"server's spark-stats:\n" + "\n".join(parse_stats(server_log).lines))
     assert remote == local, remote_res.explain(
-        f"--rpc {endpoint} -ngl 99 gave\n  {remote!r}\nlocally\n  {local!r}")
-    # which layers ran the sparse kernels (locally): all of them, on every token
-    assert_stats_table(remote_res.stderr, CFG["n_layers"], TARGET_KEEP,
-                       explain=remote_res.explain)
+        f"--rpc {server.endpoint} -ngl 99 gave\n  {remote!r}\nlocally\n  {local!r}")
+    assert parse_stats(remote_res.stderr).none_ran, remote_res.explain(
+        "the client ran Spark kernels although every layer is on the RPC server")
+    assert_stats_table(server_log, N_LAYERS, TARGET_KEEP,
+                       explain=lambda what: server.explain(f"the server's table: {what}"))
+
+
+def test_rpc_server_without_the_plugin_keeps_the_spark_nodes_local(shipped_f32, servers):
+    """The old behaviour: the server has no named Spark ops, so the client runs them itself."""
+    server = servers(False)
+    local, _ = llama_completion(shipped_f32, PROMPT, N_PREDICT, True)
+    remote, remote_res = rpc_completion(shipped_f32, [server], True)
+    server_log = server.stop()
+    assert remote == local, (remote, local)
+    assert_stats_table(remote_res.stderr, N_LAYERS, TARGET_KEEP, explain=remote_res.explain)
+    assert "spark-stats" not in server_log, server.explain("a server without the plugin printed")
+
+
+def test_two_servers_and_the_client_split_the_layers(shipped_f32, servers):
+    """-ngl 4 (llama.cpp counts the output layer as one: layers 3-5 and the output) over two
+    servers (-ts 1,1): layers 0-2 stay in the client, the others go to the servers two by two;
+    each process runs the Spark kernels of its own layers, and the text is the local one."""
+    a, b = servers(True), servers(True)
+    local, _ = llama_completion(shipped_f32, PROMPT, N_PREDICT, True)
+    remote, res = rpc_completion(shipped_f32, [a, b], True, "-ts", "1,1", ngl="4")
+    assert remote == local, (remote, local)
+    ran = {"client": layers_that_ran(res.stderr), a.endpoint: layers_that_ran(a.stop()),
+           b.endpoint: layers_that_ran(b.stop())}
+    print(f"\nlayers run by each process: {ran}")
+    assert all(ran.values()), res.explain(f"a process ran no Spark layer: {ran}")
+    union = set().union(*ran.values())
+    assert union == set(range(N_LAYERS)), ran
+    assert sum(len(v) for v in ran.values()) == N_LAYERS, f"a layer ran twice: {ran}"
+    assert ran["client"] == set(range(N_LAYERS + 1 - 4)), ran
+
+
+# ---------------------------------------------------------------------------------------------
+# logits
+
+
+PERPLEXITY_END = re.compile(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+\n|"
+                            r"Same top p: *[0-9.]+ ± *[0-9.]+ %\n")
+
+
+def llama_perplexity(*args, with_plugin=True):
+    return run_until_complete([tool("llama-perplexity"), "-t", THREADS, *args],
+                              lambda r: PERPLEXITY_END.search(r.stdout + r.stderr) is not None,
+                              env=tool_env(with_plugin), timeout=300)
+
+
+def stat(res, name: str) -> float:
+    m = re.search(re.escape(name) + r"\s*:\s*(-?[0-9.]+)", res.stdout + res.stderr)
+    assert m, res.explain(f"no '{name}' in the output")
+    return float(m.group(1))
+
+
+def test_rpc_logits_equal_the_local_ones(shipped_f32, servers, tmp_path):
+    """llama-perplexity's KL divergence of the RPC run (plugin on both sides, every layer on the
+    server) against the local run as its base: the base file rounds log-probabilities to 16 bits,
+    so 'equal' is the model-against-itself bound of test_perplexity.py."""
+    server = servers(True)
+    base = tmp_path / "local.kld"
+    common = ["-m", shipped_f32, "-c", "256", "-b", "256", "--chunks", "4"]
+    llama_perplexity(*common, "-f", HELDOUT, "--kl-divergence-base", base)
+    res = llama_perplexity(*common, "--kl-divergence-base", base, "--kl-divergence", "--rpc",
+                           server.endpoint, "-ngl", "99")
+    assert stat(res, "Mean    KLD") <= 1e-4, res.stdout
+    assert stat(res, "Maximum KLD") <= 1e-3, res.stdout
+    assert stat(res, "Same top p") == pytest.approx(100.0), res.stdout
+    assert layers_that_ran(server.stop()) == set(range(N_LAYERS)), server.explain("server table")
+
+
+# ---------------------------------------------------------------------------------------------
+# a server whose ggml is another build
+
+
+@pytest.fixture
+def other_ggml_server_binary(tmp_path) -> Path:
+    """rpc-server with a copy of the installed libraries whose ggml_commit() is another build's
+    (the series tag in libggml-base changed): what the plugin's version check sees in a process
+    of another llama.cpp build."""
+    root = tmp_path / "other-ggml"
+    shutil.copytree(UPSTREAM / "lib", root / "lib", symlinks=True)
+    (root / "bin").mkdir()
+    shutil.copy2(tool("ggml-rpc-server"), root / "bin" / "rpc-server")
+    base = (root / "lib" / "libggml-base.so.0").resolve()
+    data = base.read_bytes()
+    tags = set(re.findall(rb"spark-[0-9a-f]{12}\x00", data))
+    assert len(tags) == 1, f"{base}: want one series tag string, found {tags}"
+    (tag,) = tags
+    other = b"spark-" + bytes(reversed(tag[6:18])) + b"\x00"
+    if other == tag:
+        other = b"spark-000000000000\x00"
+    base.write_bytes(data.replace(tag, other))
+    return root / "bin" / "rpc-server"
+
+
+def test_a_server_with_another_ggml_refuses_the_plugin_and_the_client_keeps_the_nodes(
+        shipped_f32, servers, other_ggml_server_binary):
+    server = servers(True, binary=other_ggml_server_binary, name="other-ggml")
+    local, _ = llama_completion(shipped_f32, PROMPT, N_PREDICT, True)
+    remote, res = rpc_completion(shipped_f32, [server], True)
+    log = server.stop()
+    refusals = [line for line in log.splitlines() if line.startswith(REFUSED)]
+    assert len(refusals) == 1, server.explain(f"want one '{REFUSED}' line, got {refusals}")
+    assert "spark-stats" not in log, server.explain("the refused plugin printed statistics")
+    assert remote == local, (remote, local)
+    assert_stats_table(res.stderr, N_LAYERS, TARGET_KEEP, explain=res.explain)
+
+
+# ---------------------------------------------------------------------------------------------
+# what crosses the connection
+
+
+class CountingProxy:
+    """A TCP relay 127.0.0.1:port -> target that counts the bytes of every connection in each
+    direction (to_server: client -> server)."""
+
+    def __init__(self, target: str):
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.to_server = 0
+        self.to_client = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pump, args=(client, server, "to_server"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, "to_client"), daemon=True).start()
+
+    def _pump(self, src, dst, counter):
+        try:
+            while data := src.recv(1 << 20):
+                dst.sendall(data)
+                with self.lock:
+                    setattr(self, counter, getattr(self, counter) + len(data))
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.listener.close()
+
+
+def bytes_of_run(model, server: RpcServer, with_plugin: bool, n: int) -> tuple[int, int]:
+    proxy = CountingProxy(server.endpoint)
+    try:
+        _, res = llama_completion(model, PROMPT, n, with_plugin, "--rpc", proxy.endpoint, "-ngl",
+                                  "99", "--ignore-eos")
+        time.sleep(0.2)  # the relays drain after the client exits
+        with proxy.lock:
+            return proxy.to_server, proxy.to_client
+    finally:
+        proxy.close()
+
+
+def test_no_weight_crosses_the_connection_after_load(shipped_f32, servers):
+    """Bytes per generated token (the difference of a 40- and an 8-token run, load alike): with
+    the plugin in the server, activations and logits only, far less than one layer's FFN
+    weights; with a server without it, the Spark nodes' weights come back for every evaluation."""
+    d, f, r = CFG["d_model"], CFG["d_ff"], CFG["ffn_r"]
+    ffn_bytes = 4 * ((d - r) * f + d * f)  # K2 and V of one layer, f32
+    rows = {}
+    for name, with_plugin_on_server in (("plugin in the server", True), ("server without", False)):
+        server = servers(with_plugin_on_server)
+        short = bytes_of_run(shipped_f32, server, True, 8)
+        long = bytes_of_run(shipped_f32, server, True, 40)
+        rows[name] = tuple((b - a) / 32 for a, b in zip(short, long))
+        server.stop()
+    print("\nbytes per token over the connection (to server, to client); one layer's K2 + V: "
+          f"{ffn_bytes}")
+    for name, (up, down) in rows.items():
+        print(f"  {name}: {up:.0f}, {down:.0f}")
+    up, down = rows["plugin in the server"]
+    assert up + down < ffn_bytes / 8, rows
+    old_up, old_down = rows["server without"]
+    assert old_down > N_LAYERS * ffn_bytes, rows  # every layer's K2 and V, every token
