@@ -14,9 +14,9 @@
 #      exact importance of a neuron-major V's columns (docs/QUALITY.md, "Importance matrix").
 #   3. llama-quantize: Q4_K_M with each importance matrix, IQ4_XS plain and with the dense-graph
 #      matrices.
-#   4. spark perplexity, sparse kernels: f32 (writes the KLD base), Q8_0, the Q4_K_Ms.
-#      Dense stock-op graph (`--dense`): f32 (its own KLD base), the Q4_K_Ms and the IQ4_XSs (the
-#      sparse kernels take no IQ type: patches/README.md, "Known limits").
+#   4. spark perplexity, sparse kernels: f32 (writes the KLD base), Q8_0, the Q4_K_Ms, the
+#      IQ4_XSs. Dense stock-op graph (`--dense`): f32 (its own KLD base), the Q4_K_Ms and the
+#      IQ4_XSs.
 #   5. A summary table (markdown) of every run.
 #
 # Usage: bash tools/quality.sh [THREADS]
@@ -153,7 +153,8 @@ ppl() { # ppl NAME MODEL [ARGS...]: spark perplexity, output shown and kept in l
     $bin/spark perplexity -m "$model" -c 256 -t "$threads" "$@" 2>&1 | tee "$logs/ppl-$name.txt"
 }
 ppl f32 "$out/f32.gguf" -f models/heldout.txt --kl-divergence-base "$out/f32.kld" --spark-stats
-for q in Q8_0 Q4_K_M Q4_K_M-imatrix Q4_K_M-imatrix-plugin Q4_K_M-imatrix-v; do
+for q in Q8_0 Q4_K_M Q4_K_M-imatrix Q4_K_M-imatrix-plugin Q4_K_M-imatrix-v \
+         IQ4_XS IQ4_XS-imatrix IQ4_XS-imatrix-v; do
     ppl "$q" "$out/$q.gguf" --kl-divergence-base "$out/f32.kld" --kl-divergence
 done
 ppl f32-dense "$out/f32.gguf" -f models/heldout.txt --kl-divergence-base "$out/f32-dense.kld" --dense
@@ -170,6 +171,7 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 rows = ["f32", "Q8_0", "Q4_K_M", "Q4_K_M-imatrix", "Q4_K_M-imatrix-plugin", "Q4_K_M-imatrix-v",
+        "IQ4_XS", "IQ4_XS-imatrix", "IQ4_XS-imatrix-v",
         "f32-dense", "Q4_K_M-dense", "Q4_K_M-imatrix-dense", "Q4_K_M-imatrix-v-dense",
         "IQ4_XS-dense", "IQ4_XS-imatrix-dense", "IQ4_XS-imatrix-v-dense"]
 print("| model | path | file size | PPL | PPL(Q)/PPL(f32) | mean KLD | median KLD | 99% KLD "
