@@ -1,7 +1,7 @@
 //! `spark eval`: logits for every position of a token sequence, saved as a `.npy` file.
 
 use crate::error::{CliError, Result};
-use crate::session::{decode, ModelArgs, Session};
+use crate::session::{decode, finite_logits, ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
@@ -95,7 +95,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         }
         decode(&mut ctx, &mut batch)?;
         for j in 0..chunk.len() {
-            logits.extend_from_slice(ctx.get_logits_ith(j as i32));
+            let position = chunk_index * n_batch + j;
+            logits.extend_from_slice(finite_logits(ctx.get_logits_ith(j as i32), position)?);
         }
     }
     write_atomically(&args.logits_out, Existing::Replace, |w| {

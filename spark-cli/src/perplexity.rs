@@ -9,7 +9,7 @@
 
 use crate::error::{CliError, Result};
 use crate::kld::{self, BaseReader, BaseShape, BaseWriter, KldStats};
-use crate::session::{decode, ModelArgs, Session};
+use crate::session::{decode, finite_logits, ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -172,7 +172,7 @@ fn score_chunks(
                 let pos = b * n_batch + j;
                 if pos >= first && pos + 1 < n_ctx {
                     let target = tokens[start + pos + 1];
-                    let logits = ctx.get_logits_ith(j as i32);
+                    let logits = finite_logits(ctx.get_logits_ith(j as i32), start + pos)?;
                     let target = usize::try_from(target)
                         .ok()
                         .filter(|&t| t < logits.len())

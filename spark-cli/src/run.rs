@@ -1,7 +1,7 @@
 //! `spark run`: generate text from a prompt, streaming it, then report speeds like llama-cli.
 
 use crate::error::{CliError, Result};
-use crate::session::{decode, ModelArgs, Session};
+use crate::session::{decode, finite_logits, ModelArgs, Session};
 use clap::Args;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::sampling::LlamaSampler;
@@ -128,6 +128,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut last_index = batch.n_tokens() - 1;
     let mut pending = Vec::new();
     while n_generated < args.n_predict {
+        finite_logits(ctx.get_logits_ith(last_index), pos as usize - 1)?;
         let token = sampler.sample(&ctx, last_index);
         sampler.accept(token);
         n_generated += 1;

@@ -282,3 +282,18 @@ pub fn decode(
         CliError::new(format!("decode failed: {cause}"))
     })
 }
+
+/// The logits of `position` (a token position of the input), or an error when any is not
+/// finite: a Spark kernel that failed fills its output with NaN (with a `spark-backend: ...`
+/// line on stderr), and the NaN reaches every logit downstream; no command goes on to sample,
+/// score or write such values as if they were results.
+pub fn finite_logits(logits: &[f32], position: usize) -> Result<&[f32]> {
+    match logits.iter().position(|x| !x.is_finite()) {
+        None => Ok(logits),
+        Some(i) => Err(CliError::new(format!(
+            "the model produced a non-finite logit ({} for token {i}) at position {position}: a \
+             Spark kernel failed (see the spark-backend lines above) or the weights hold NaN/inf",
+            logits[i]
+        ))),
+    }
+}

@@ -350,3 +350,29 @@ def test_spark_bench_reports_a_bad_model(tmp_path):
     assert "bad.gguf" in proc.stderr, proc.stderr
     proc = spark("bench", "-m", bad, "-p", "0", "-n", "0", check=False)
     assert proc.returncode != 0 and "nothing to measure" in proc.stderr
+
+
+def test_non_finite_logits_are_an_error_and_nothing_is_written(tiny, tmp_path):
+    """A NaN in the weights (or a Spark kernel that failed: it fills its output with NaN) reaches
+    the logits: spark eval, run and perplexity stop with one line naming the position instead of
+    writing, sampling or scoring NaN, and exit non-zero; eval leaves no .npy behind."""
+    import shutil
+    from gguf import GGUFReader
+
+    bad = tmp_path / "nan.gguf"
+    shutil.copy(tiny.gguf, bad)
+    reader = GGUFReader(bad)
+    norm = next(t for t in reader.tensors if t.name == "output_norm.weight")
+    offset = int(norm.data_offset)
+    del reader
+    with open(bad, "r+b") as f:  # output_norm is f32: its first weight becomes NaN
+        f.seek(offset)
+        f.write(np.float32(np.nan).tobytes())
+    out = tmp_path / "logits.npy"
+    tokens = ",".join(map(str, tiny.tokens[:8]))
+    for args in (["eval", "-m", bad, "--tokens", tokens, "--logits-out", out],
+                 ["run", "-m", bad, "-p", "ab", "-n", "4", "--temp", "0"]):
+        proc = spark(*args, "--quiet", check=False)
+        assert proc.returncode != 0, (args, proc.stderr)
+        assert re.search(r"non-finite logit \(NaN for token \d+\) at position \d+", proc.stderr), proc.stderr
+    assert not out.exists()
