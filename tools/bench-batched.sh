@@ -35,27 +35,17 @@ done
 
 bench=$upstream/bin/llama-batched-bench
 plugin=$upstream/lib/libggml-spark.so
-for f in "$bench" "$plugin"; do
-    [ -e "$f" ] || { echo "bench-batched: $f missing: run bash tools/upstream.sh" >&2; exit 1; }
-done
-convert=
-for c in target/debug/spark-convert target/release/spark-convert; do
-    if [ -x "$c" ]; then convert=$c; break; fi
-done
-[ -n "$convert" ] || { echo "bench-batched: spark-convert not found: cargo build" >&2; exit 1; }
-python=.venv/bin/python
-[ -x "$python" ] || python=python3
-
-mkdir -p "$models" target/bench-batched
-spark=$models/spark-gemma2-2b-q8_0.gguf
-stock=$models/gemma2-2b-q8_0.gguf
-[ -f "$spark" ] || "$convert" --synthetic spark-gemma2-2b "$spark" --outtype q8_0 --quiet
-[ -f "$stock" ] || "$convert" --synthetic gemma2-2b "$stock" --outtype q8_0 --quiet
+# shellcheck source=tools/bench-common.sh
+source tools/bench-common.sh
+bench_need "$bench" "$plugin"
+bench_models "$models"
+bench_python
+mkdir -p target/bench-batched
 
 # Room for every sequence's prompt and generation (llama-batched-bench's n_kv_max).
 max_npl=$(tr ',' '\n' <<<"$npl" | sort -n | tail -1)
 ctx=$(( max_npl * (npp + ntg) + 256 ))
-echo "bench-batched: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, -t $threads, -c $ctx" >&2
+echo "bench-batched: $(bench_cpu), -t $threads, -c $ctx" >&2
 
 out=target/bench-batched
 for r in $(seq 1 "$reps"); do

@@ -30,22 +30,12 @@ done
 bench=$upstream/bin/llama-bench
 server_bin=$upstream/bin/rpc-server
 plugin=$upstream/lib/libggml-spark.so
-for f in "$bench" "$server_bin" "$plugin"; do
-    [ -e "$f" ] || { echo "bench-rpc: $f missing: run bash tools/upstream.sh" >&2; exit 1; }
-done
-convert=
-for c in target/debug/spark-convert target/release/spark-convert; do
-    if [ -x "$c" ]; then convert=$c; break; fi
-done
-[ -n "$convert" ] || { echo "bench-rpc: spark-convert not found: cargo build" >&2; exit 1; }
-python=.venv/bin/python
-[ -x "$python" ] || python=python3
-
-mkdir -p "$models" target/bench-rpc
-spark=$models/spark-gemma2-2b-q8_0.gguf
-stock=$models/gemma2-2b-q8_0.gguf
-[ -f "$spark" ] || "$convert" --synthetic spark-gemma2-2b "$spark" --outtype q8_0 --quiet
-[ -f "$stock" ] || "$convert" --synthetic gemma2-2b "$stock" --outtype q8_0 --quiet
+# shellcheck source=tools/bench-common.sh
+source tools/bench-common.sh
+bench_need "$bench" "$server_bin" "$plugin"
+bench_models "$models"
+bench_python
+mkdir -p target/bench-rpc
 out=target/bench-rpc
 
 free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -70,7 +60,7 @@ start_server() { # start_server NAME WITH_PLUGIN -> prints the endpoint
 }
 with_plugin_ep=$(start_server with-plugin 1)
 without_ep=$(start_server without-plugin 0)
-echo "bench-rpc: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, -t $threads, servers $with_plugin_ep (plugin), $without_ep (none)" >&2
+echo "bench-rpc: $(bench_cpu), -t $threads, servers $with_plugin_ep (plugin), $without_ep (none)" >&2
 
 run() { # run NAME CLIENT_PLUGIN MODEL [ARGS...]
     local name=$1 client_plugin=$2 model=$3; shift 3

@@ -12,7 +12,7 @@
 #                                                                default: target/bench-models
 #   -o md|json      llama-bench's output format                  default: md
 #   -- ARGS         passed on to llama-bench (e.g. -- --no-warmup)
-# Needs spark-convert (target/debug, target/release or DIR/bin). Prints the CPU model first.
+# Needs spark-convert (target/debug or target/release). Prints the CPU model first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,22 +37,12 @@ done
 
 bench=$upstream/bin/llama-bench
 plugin=$upstream/lib/libggml-spark.so
-for f in "$bench" "$plugin"; do
-    [ -e "$f" ] || { echo "bench-scaling: $f missing: run bash tools/upstream.sh" >&2; exit 1; }
-done
-convert=
-for c in "$upstream/bin/spark-convert" target/release/spark-convert target/debug/spark-convert; do
-    if [ -x "$c" ]; then convert=$c; break; fi
-done
-[ -n "$convert" ] || { echo "bench-scaling: spark-convert not found: cargo build" >&2; exit 1; }
+# shellcheck source=tools/bench-common.sh
+source tools/bench-common.sh
+bench_need "$bench" "$plugin"
+bench_models "$models"
 
-mkdir -p "$models"
-spark=$models/spark-gemma2-2b-q8_0.gguf
-stock=$models/gemma2-2b-q8_0.gguf
-[ -f "$spark" ] || "$convert" --synthetic spark-gemma2-2b "$spark" --outtype q8_0 --quiet
-[ -f "$stock" ] || "$convert" --synthetic gemma2-2b "$stock" --outtype q8_0 --quiet
-
-echo "bench-scaling: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs" >&2
+echo "bench-scaling: $(bench_cpu)" >&2
 # Both models in one llama-bench run (the plugin registers for the whole process; the stock
 # model's graph never calls it), so the two are measured side by side, interleaved by test.
 GGML_BACKEND_PATH=$plugin "$bench" -m "$spark" -m "$stock" -t "$threads" -p "$prompt" \

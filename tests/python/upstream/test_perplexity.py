@@ -5,41 +5,14 @@ small and positive for llama-quantize's Q8_0 and Q4_K_M."""
 
 from __future__ import annotations
 
-import re
 
 import pytest
 
 from upstream_helpers import (CFG, EVAL, HELDOUT, TARGET_KEEP, THREADS, assert_stats_table,
-                              run_until_complete, spark_cli, tool, tool_env)
+                              final_ppl, llama_perplexity, spark_cli, stat)
 
 SLICE = EVAL["slice_first_8_chunks"]  # n_ctx 256, 8 chunks: what tests/python/model scores
 CTX, CHUNKS = str(SLICE["n_ctx"]), str(SLICE["n_chunks"])
-
-
-def final_ppl(res) -> str:
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", res.stdout + res.stderr)
-    assert m, res.explain("no 'Final estimate: PPL = X' in the output")
-    return m.group(1)
-
-
-# What a complete llama-perplexity run prints last: the final estimate (perplexity and
-# --kl-divergence-base modes, on stderr), or the "Same top p" line (--kl-divergence, on stdout).
-PERPLEXITY_END = re.compile(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+\n|"
-                            r"Same top p: *[0-9.]+ ± *[0-9.]+ %\n")
-
-
-def llama_perplexity(model, *extra, with_plugin=True):
-    """One llama-perplexity run; a capture that lost its end (`run_until_complete`) is run
-    again."""
-    return run_until_complete([tool("llama-perplexity"), "-m", model, "-t", THREADS, *extra],
-                              lambda r: PERPLEXITY_END.search(r.stdout + r.stderr) is not None,
-                              env=tool_env(with_plugin), timeout=300)
-
-
-def stat(res, name: str) -> float:
-    m = re.search(re.escape(name) + r"\s*:\s*(-?[0-9.]+)", res.stdout + res.stderr)
-    assert m, res.explain(f"no '{name}' in the output")
-    return float(m.group(1))
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ import pytest
 from gguf import GGUFReader, GGUFValueType
 
 from upstream_helpers import (CFG, HELDOUT, MODEL_NPZ, TARGET_KEEP, THREADS, Result,
-                              assert_stats_table, llama_completion, parse_stats,
-                              run, run_until_complete, tool, tool_env)
+                              assert_stats_table, llama_completion, llama_perplexity,
+                              parse_stats, run, run_until_complete, tool, tool_env)
 
 N_LAYERS = CFG["n_layers"]
 R_F = CFG["ffn_r"]
@@ -258,18 +258,6 @@ def test_imatrix_entries_are_the_mul_mat_weights(imatrix, reference_mean_squares
 
 
 KLD_CHUNKS = 2
-
-# What a complete llama-perplexity run prints last: the final estimate (--kl-divergence-base), or
-# the "Same top p" line (--kl-divergence); see test_perplexity.py.
-PERPLEXITY_END = re.compile(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+\n|"
-                            r"Same top p: *[0-9.]+ ± *[0-9.]+ %\n")
-
-
-def llama_perplexity(model, *extra, with_plugin: bool) -> Result:
-    return run_until_complete([tool("llama-perplexity"), "-m", model, "-t", THREADS, *extra],
-                              lambda r: PERPLEXITY_END.search(r.stdout + r.stderr) is not None,
-                              env=tool_env(with_plugin), timeout=300)
-
 
 def kld_stats(res: Result) -> tuple[float, float]:
     """(mean KLD, same top-1 %) of a llama-perplexity --kl-divergence run."""

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from upstream_helpers import (CFG, HELDOUT, TARGET_KEEP, THREADS, UPSTREAM, assert_stats_table,
-                              describe, exit_status, free_port, llama_completion, parse_stats,
-                              run_until_complete, tail, tool, tool_env)
+                              describe, exit_status, free_port, llama_completion, llama_perplexity,
+                              parse_stats, stat, tail, tool, tool_env)
 
 PROMPT = "ROMEO:"
 N_PREDICT = 24
@@ -201,29 +201,13 @@ def test_two_servers_and_the_client_split_the_layers(shipped_f32, servers):
 # logits
 
 
-PERPLEXITY_END = re.compile(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+\n|"
-                            r"Same top p: *[0-9.]+ ± *[0-9.]+ %\n")
-
-
-def llama_perplexity(*args, with_plugin=True):
-    return run_until_complete([tool("llama-perplexity"), "-t", THREADS, *args],
-                              lambda r: PERPLEXITY_END.search(r.stdout + r.stderr) is not None,
-                              env=tool_env(with_plugin), timeout=300)
-
-
-def stat(res, name: str) -> float:
-    m = re.search(re.escape(name) + r"\s*:\s*(-?[0-9.]+)", res.stdout + res.stderr)
-    assert m, res.explain(f"no '{name}' in the output")
-    return float(m.group(1))
-
-
 def test_rpc_logits_equal_the_local_ones(shipped_f32, servers, tmp_path):
     """llama-perplexity's KL divergence of the RPC run (plugin on both sides, every layer on the
     server) against the local run as its base: the base file rounds log-probabilities to 16 bits,
     so 'equal' is the model-against-itself bound of test_perplexity.py."""
     server = servers(True)
     base = tmp_path / "local.kld"
-    common = ["-m", shipped_f32, "-c", "256", "-b", "256", "--chunks", "4"]
+    common = [shipped_f32, "-c", "256", "-b", "256", "--chunks", "4"]
     llama_perplexity(*common, "-f", HELDOUT, "--kl-divergence-base", base)
     res = llama_perplexity(*common, "--kl-divergence-base", base, "--kl-divergence", "--rpc",
                            server.endpoint, "-ngl", "99")

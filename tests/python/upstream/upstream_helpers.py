@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -444,3 +445,33 @@ def llama_quantize(src: Path, dst: Path, qtype: str) -> Result:
     res = run([tool("llama-quantize"), src, dst, qtype, THREADS], env=tool_env(False, stats=False))
     assert dst.is_file() and dst.stat().st_size > 0, res.explain(f"{dst} was not written")
     return res
+
+# ---------------------------------------------------------------------------------------------
+# llama-perplexity
+
+
+def final_ppl(res) -> str:
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", res.stdout + res.stderr)
+    assert m, res.explain("no 'Final estimate: PPL = X' in the output")
+    return m.group(1)
+
+
+# What a complete llama-perplexity run prints last: the final estimate (perplexity and
+# --kl-divergence-base modes, on stderr), or the "Same top p" line (--kl-divergence, on stdout).
+PERPLEXITY_END = re.compile(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+\n|"
+                            r"Same top p: *[0-9.]+ ± *[0-9.]+ %\n")
+
+
+def llama_perplexity(model, *extra, with_plugin=True):
+    """One llama-perplexity run; a capture that lost its end (`run_until_complete`) is run
+    again."""
+    return run_until_complete([tool("llama-perplexity"), "-m", model, "-t", THREADS, *extra],
+                              lambda r: PERPLEXITY_END.search(r.stdout + r.stderr) is not None,
+                              env=tool_env(with_plugin), timeout=300)
+
+
+def stat(res, name: str) -> float:
+    """A figure llama-perplexity prints as `name : value`."""
+    m = re.search(re.escape(name) + r"\s*:\s*(-?[0-9.]+)", res.stdout + res.stderr)
+    assert m, res.explain(f"no '{name}' in the output")
+    return float(m.group(1))

@@ -1,0 +1,37 @@
+# Sourced by the tools/bench-*.sh scripts (run from the repository root): what they share.
+#
+#   bench_need FILE...     exits with a hint when one of what tools/upstream.sh installs is missing
+#   bench_models DIR       sets $spark and $stock: the synthetic Gemma-2 2B Q8_0 models (Spark and
+#                          stock gemma2; random weights, speed does not depend on them), made
+#                          once in DIR with spark-convert
+#   bench_python           sets $python: the project's .venv interpreter, else python3
+#   bench_cpu              prints the CPU model and count
+
+bench_need() {
+    local f
+    for f in "$@"; do
+        [ -e "$f" ] || { echo "$(basename "$0" .sh): $f missing: run bash tools/upstream.sh" >&2; exit 1; }
+    done
+}
+
+bench_models() {
+    local convert= c
+    for c in target/debug/spark-convert target/release/spark-convert; do
+        if [ -x "$c" ]; then convert=$c; break; fi
+    done
+    [ -n "$convert" ] || { echo "$(basename "$0" .sh): spark-convert not found: cargo build" >&2; exit 1; }
+    mkdir -p "$1"
+    spark=$1/spark-gemma2-2b-q8_0.gguf
+    stock=$1/gemma2-2b-q8_0.gguf
+    [ -f "$spark" ] || "$convert" --synthetic spark-gemma2-2b "$spark" --outtype q8_0 --quiet
+    [ -f "$stock" ] || "$convert" --synthetic gemma2-2b "$stock" --outtype q8_0 --quiet
+}
+
+bench_python() {
+    python=.venv/bin/python
+    [ -x "$python" ] || python=python3
+}
+
+bench_cpu() {
+    echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs"
+}
