@@ -7,7 +7,9 @@
 //! positions get the second-part dot product and the value accumulation. A unit covers every
 //! head of its group, unless that leaves fewer than [`UNITS_PER_THREAD`] units per thread of
 //! the call (a decode step on more than two threads, where each KV head would be one unit), in
-//! which case each query head is a unit of its own ([`Tiling`]).
+//! which case each query head is a unit of its own, and its tokens shrink to one when even
+//! that leaves threads without a unit ([`Tiling`]). A decode step of one sequence stops at one
+//! unit per query head.
 //!
 //! Work units are a fixed partition of the (token, head) pairs that depends only on the shapes
 //! and the call's thread count; the `spark_attn` op hands them out from a shared counter
@@ -83,7 +85,8 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// Tokens per work unit: about eight queries share each key row read.
+/// Tokens per work unit while the units outnumber the threads: about eight queries share each
+/// key row read.
 fn tokens_per_unit(group: usize, n_tokens: usize) -> usize {
     (8 / group).clamp(1, n_tokens.max(1))
 }
@@ -108,22 +111,38 @@ pub struct Tiling {
 }
 
 impl Tiling {
-    /// The tiling of `l` for a call on `nth` threads.
+    /// The tiling of `l` for a call on `nth` threads: blocks of [`tokens_per_unit`] tokens times
+    /// KV groups; single query heads when that gives fewer than [`UNITS_PER_THREAD`] units per
+    /// thread; and when even those are fewer than the threads (a few tokens per stream, such as
+    /// a decode step of several sequences, on many threads), fewer tokens per block, down to
+    /// one, until every thread has a unit. A decode step of one sequence has one unit per query
+    /// head at most (8 at Gemma-2 2B shapes): its positions cannot be split without a merge of
+    /// the threshold statistics across threads, which a ggml node has no barrier for.
     pub(crate) fn new(l: &AttnLayout, nth: usize) -> Self {
         let gs = l.group_size();
-        let tokens = tokens_per_unit(gs, l.n_tokens);
-        let token_blocks = l.n_tokens.div_ceil(tokens);
-        let group_units = l.n_stream * token_blocks * l.n_head_kv;
-        let heads = if group_units < UNITS_PER_THREAD * nth.max(1) {
+        let nth = nth.max(1);
+        let mut tokens = tokens_per_unit(gs, l.n_tokens);
+        let group_units = l.n_stream * l.n_tokens.div_ceil(tokens) * l.n_head_kv;
+        let heads = if group_units < UNITS_PER_THREAD * nth {
             1
         } else {
             gs
         };
+        let per_block = l.n_stream * l.n_head_kv * (gs / heads);
+        if per_block * l.n_tokens.div_ceil(tokens) < nth {
+            let blocks = nth.div_ceil(per_block.max(1));
+            tokens = l.n_tokens.div_ceil(blocks).clamp(1, tokens);
+        }
         Self {
             tokens,
             heads,
-            token_blocks,
+            token_blocks: l.n_tokens.div_ceil(tokens),
         }
+    }
+
+    /// Tokens per unit (the last block of a stream may have fewer).
+    pub fn tokens_per_unit(&self) -> usize {
+        self.tokens
     }
 
     /// Query heads per unit: the group size, or 1 when the heads of a group are split.
@@ -147,17 +166,21 @@ struct Unit {
     heads: Range<usize>,
 }
 
-/// Unit `u` of `l` under tiling `ti` (`u < n_units(l, ti)`).
+/// Unit `u` of `l` under tiling `ti` (`u < n_units(l, ti)`). Within a stream the last token
+/// block comes first: in a causal prefill later tokens see more positions, so the threads take
+/// the largest units first and the small ones last fill the gaps (a 64-token ubatch on 64
+/// threads, two units each: equal loads in this order, the largest 1.43x the mean in the
+/// other; `tests::prefill_units_balance_the_causal_mask`).
 fn unit_bounds(l: &AttnLayout, ti: Tiling, u: usize) -> Unit {
-    let (tb, heads, n_tb) = (ti.tokens, ti.heads, ti.token_blocks);
+    let (tb, heads, n_tb) = (ti.tokens, ti.heads, ti.token_blocks.max(1));
     let gs = l.group_size();
     let parts = gs / heads;
     let (part, rest) = (u % parts, u / parts);
     let g = rest % l.n_head_kv;
-    let t0 = (rest / l.n_head_kv) % n_tb.max(1) * tb;
+    let t0 = (n_tb - 1 - (rest / l.n_head_kv) % n_tb) * tb;
     let h0 = g * gs + part * heads;
     Unit {
-        stream: rest / (l.n_head_kv * n_tb.max(1)),
+        stream: rest / (l.n_head_kv * n_tb),
         tokens: t0..(t0 + tb).min(l.n_tokens),
         kv_head: g,
         heads: h0..h0 + heads,
@@ -443,6 +466,172 @@ unsafe fn unit(
                 head: n,
                 positions: &sc.pos,
             });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::layout::Strided;
+
+    /// Gemma-2 2B's attention (H 256, 8 query heads on 4 KV heads, r_a 128, k_a 256) for
+    /// `n_tokens` tokens in each of `n_stream` streams over `n_kv` cache positions, tensors
+    /// unread (the tiling reads shapes only).
+    fn layout(n_tokens: usize, n_kv: usize, n_stream: usize) -> AttnLayout {
+        let none = Strided {
+            data: std::ptr::null_mut(),
+            ty: ElemType::F32,
+            nb: [4; 4],
+            ne: [1; 4],
+        };
+        AttnLayout {
+            head_dim: 256,
+            n_head: 8,
+            n_head_kv: 4,
+            n_tokens,
+            n_kv,
+            n_stream,
+            q: none,
+            k: none,
+            v: none,
+            mask: none,
+            dst: none,
+            layer: 0,
+            k_keep: 256,
+            r: 128,
+            softcap: 50.0,
+        }
+    }
+
+    /// Every unit in counter order; checks that they cover every (stream, token, head) once.
+    fn units(l: &AttnLayout, ti: Tiling) -> Vec<Unit> {
+        let all: Vec<Unit> = (0..n_units(l, ti)).map(|u| unit_bounds(l, ti, u)).collect();
+        let mut seen = vec![0u32; l.n_stream * l.n_tokens * l.n_head];
+        for u in &all {
+            assert!(u.stream < l.n_stream && u.tokens.end <= l.n_tokens, "{u:?}");
+            assert!(!u.tokens.is_empty() && !u.heads.is_empty(), "{u:?}");
+            assert_eq!(u.heads.start / l.group_size(), u.kv_head, "{u:?}");
+            for t in u.tokens.clone() {
+                for n in u.heads.clone() {
+                    seen[(u.stream * l.n_tokens + t) * l.n_head + n] += 1;
+                }
+            }
+        }
+        assert!(
+            seen.iter().all(|&c| c == 1),
+            "a query row computed {seen:?} times"
+        );
+        all
+    }
+
+    /// A unit's cost: the valid positions of each of its queries in a causal ubatch that
+    /// follows `depth` cached positions (Gemma-2's window of 4096 or more never cuts these).
+    fn cost(u: &Unit, depth: usize) -> f64 {
+        let positions: usize = u.tokens.clone().map(|t| depth + t + 1).sum();
+        (positions * u.heads.len()) as f64
+    }
+
+    /// The makespan over the mean load of list scheduling in counter order (the shared counter
+    /// with threads of equal speed).
+    fn imbalance(costs: &[f64], nth: usize) -> f64 {
+        let mut loads = vec![0f64; nth];
+        for &c in costs {
+            let i = (0..nth)
+                .min_by(|&a, &b| loads[a].total_cmp(&loads[b]))
+                .unwrap();
+            loads[i] += c;
+        }
+        let max = loads.iter().copied().fold(0f64, f64::max);
+        max / (loads.iter().sum::<f64>() / nth as f64)
+    }
+
+    #[test]
+    fn up_to_two_threads_keep_whole_groups_of_four_tokens() {
+        for n_tokens in [1, 4, 64, 512] {
+            for nth in [1, 2] {
+                let l = layout(n_tokens, 512 + n_tokens, 1);
+                let ti = Tiling::new(&l, nth);
+                assert_eq!(
+                    (ti.heads_per_unit(), ti.tokens_per_unit()),
+                    (2, n_tokens.min(4))
+                );
+                assert_eq!(n_units(&l, ti), 4 * n_tokens.div_ceil(4));
+                units(&l, ti);
+            }
+        }
+    }
+
+    /// Issue 26 item 5: 64- and 512-token ubatches give every one of 16, 32 or 64 threads
+    /// units, with at most 1.05x the mean load on the busiest thread at depths 0, 512 and 4096
+    /// (the largest units first, `unit_bounds`).
+    #[test]
+    fn prefill_units_give_16_to_64_threads_work() {
+        for n_tokens in [64, 512] {
+            for depth in [0, 512, 4096] {
+                let l = layout(n_tokens, depth + n_tokens, 1);
+                for nth in [16, 32, 64] {
+                    let ti = Tiling::new(&l, nth);
+                    let all = units(&l, ti);
+                    assert!(all.len() >= nth, "T {n_tokens} nth {nth}");
+                    let costs: Vec<f64> = all.iter().map(|u| cost(u, depth)).collect();
+                    let ratio = imbalance(&costs, nth);
+                    assert!(
+                        ratio <= 1.05,
+                        "T {n_tokens} depth {depth} nth {nth}: {ratio}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A 64-token ubatch at depth 0 on 64 threads: 128 single-head units of 4 tokens, 2 per
+    /// thread. Largest first pairs each large unit with a small one (equal loads); smallest
+    /// first (the order before) gave the last threads two large ones.
+    #[test]
+    fn prefill_units_balance_the_causal_mask() {
+        let l = layout(64, 64, 1);
+        let ti = Tiling::new(&l, 64);
+        let all = units(&l, ti);
+        assert_eq!((all.len(), ti.heads_per_unit()), (128, 1));
+        assert_eq!(all[0].tokens, 60..64);
+        let costs: Vec<f64> = all.iter().map(|u| cost(u, 0)).collect();
+        assert!(imbalance(&costs, 64) < 1.0 + 1e-12);
+        let rising: Vec<f64> = costs.iter().rev().copied().collect();
+        assert!(imbalance(&rising, 64) > 1.4);
+    }
+
+    /// A decode step of one sequence: 4 KV-group units on 1-2 threads, 8 query-head units
+    /// beyond, at most: a query's positions are not split (module docs), so on 16-64 threads
+    /// 8 work and the rest wait at the node's barrier.
+    #[test]
+    fn a_decode_step_has_at_most_one_unit_per_query_head() {
+        for depth in [512, 4096] {
+            let l = layout(1, depth + 1, 1);
+            for (nth, want) in [(1, 4), (2, 4), (3, 8), (16, 8), (32, 8), (64, 8)] {
+                let ti = Tiling::new(&l, nth);
+                assert_eq!(units(&l, ti).len(), want, "nth {nth}");
+            }
+        }
+    }
+
+    /// A decode step of several sequences (tokens of one stream, or one token in each of
+    /// several streams): blocks shrink to single tokens before threads go without a unit.
+    #[test]
+    fn several_sequences_give_many_threads_work() {
+        for (n_tokens, n_stream, nth, want) in [
+            (4, 1, 32, 32),
+            (4, 1, 64, 32),
+            (8, 1, 64, 64),
+            (3, 1, 16, 16),
+            (1, 8, 64, 64),
+            (16, 1, 16, 32),
+            (4, 1, 4, 8),
+        ] {
+            let l = layout(n_tokens, 700, n_stream);
+            let ti = Tiling::new(&l, nth);
+            let all = units(&l, ti);
+            assert_eq!(all.len(), want, "T {n_tokens} S {n_stream} nth {nth}");
         }
     }
 }
