@@ -8,9 +8,12 @@
 //! walks the chunk's active neurons once: the K2 row dot, the gate, and the V row accumulated
 //! straight into the chunk's own partial output (`n_tokens x D`). [`sum_partials`] then adds
 //! the partials in chunk order. The chunking does not depend on the thread count, and each
-//! token's row of a partial is computed by one thread in neuron order, so results are
-//! bit-identical for any split of the work units (chunk, group of [`UNIT_TOKENS`] tokens) over
-//! threads. Within a unit of several tokens the K2 dots run neuron by neuron (each row read
+//! element of a partial is computed by one thread in neuron order, so results are bit-identical
+//! for any split of the work units over threads and for any cut into units
+//! ([`super::tiling::FusedUnits`]: chunk x group of up to [`super::tiling::UNIT_TOKENS`] tokens, cut finer
+//! when the threads outnumber those; on more threads than chunks a one-token unit may be part
+//! of its row's columns, whose K2 dots it repeats). Within a unit of several tokens the K2
+//! dots run neuron by neuron (each row read
 //! once for all the unit's tokens that use it) and the V rows are added token by token, four
 //! per pass over the token's output row (a quarter of the output traffic of one update per
 //! (neuron, token), docs/PERF.md); each token's `u` values and the order its V rows are added
@@ -23,11 +26,13 @@
 //! over all neurons, [`rows::axpy`]), so the fused and two-stage paths agree to rounding, not
 //! bit for bit.
 
+use super::tiling::FusedUnit;
 use super::{
-    check_batch_width, check_len, prefetch_row, prepare_tokens, Batch, FfnWeights, PendingAxpy,
+    check_batch_width, check_len, prefetch_row, prefetch_row_range, Batch, FfnWeights, PendingAxpy,
     Scratch, UpInputs, PREFETCH_AHEAD,
 };
-use crate::rows::{self, RowMatrix};
+use crate::rows::{self, Activation, RowMatrix};
+use crate::topk;
 use crate::KernelError;
 use std::ops::Range;
 
@@ -85,37 +90,65 @@ pub(crate) fn chunk_partials<'p>(
     Ok(kept)
 }
 
-/// Tokens per work unit of `spark_ffn_fused`: a unit is one chunk's partial for up to this
-/// many consecutive tokens of the batch ([`unit_bounds`]).
-pub(crate) const UNIT_TOKENS: usize = 64;
-
-/// Work units of a call with `n_chunks` chunks and `n_tokens` tokens: every chunk times every
-/// group of [`UNIT_TOKENS`] tokens (a function of the shapes only).
+/// Work units of a call with `n_chunks` chunks and `n_tokens` tokens cut for one thread (as
+/// many as for any thread count up to `n_chunks * ceil(n_tokens / 64)`): every chunk times
+/// every group of up to [`super::tiling::UNIT_TOKENS`] tokens ([`super::tiling::FusedUnits`]).
 pub(crate) fn n_units(n_chunks: usize, n_tokens: usize) -> usize {
-    n_chunks * n_tokens.div_ceil(UNIT_TOKENS)
+    super::tiling::FusedUnits::new(n_chunks, n_tokens, 0, 1, 1).count()
 }
 
-/// Unit `u` of [`n_units`]: its chunk and its tokens (chunk-major order).
+/// Unit `u` of [`n_units`]: its chunk and its tokens (chunk-major order; the token groups of a
+/// chunk are balanced, sizes differing by at most one token).
 pub(crate) fn unit_bounds(n_tokens: usize, u: usize) -> (usize, Range<usize>) {
-    let groups = n_tokens.div_ceil(UNIT_TOKENS).max(1);
-    let t0 = u % groups * UNIT_TOKENS;
-    (u / groups, t0..(t0 + UNIT_TOKENS).min(n_tokens))
+    let unit = super::tiling::FusedUnits::new(1, n_tokens, 0, 1, 1).get(u);
+    (unit.chunk, unit.tokens)
 }
 
-/// The per-call part every unit of a thread shares (checks, each token's threshold and
-/// prepared activations, into `scratch`).
+/// The per-call part every unit of a thread shares: the checks, and the per-token state in
+/// `scratch` reset. Each token's threshold and prepared activations are computed by the first
+/// unit of the thread that needs them ([`unit`]), so a thread that takes a few units of a
+/// large ubatch (many threads) prepares only their tokens, not all of them.
 pub(crate) fn prepare(
     inputs: &FusedInputs<'_>,
     n_chunks: usize,
     scratch: &mut Scratch,
 ) -> Result<(), KernelError> {
-    let (_, f) = inputs.check()?;
+    let (d, f) = inputs.check()?;
     if n_chunks == 0 || n_chunks > f.max(1) {
         return Err(KernelError::Shape(format!(
             "{n_chunks} chunks of F = {f} neurons (1 <= P <= F)"
         )));
     }
-    prepare_tokens(&inputs.up, scratch)
+    let batch = &inputs.up.batch;
+    if let Some(last) = batch.n_tokens.checked_sub(1) {
+        // Rows are at increasing offsets: the last one in bounds means all are.
+        batch.row(last, 0..d)?;
+    }
+    let n = batch.n_tokens;
+    scratch.thetas.clear();
+    scratch.thetas.resize(n, None);
+    scratch.acts.resize_with(n, Activation::new);
+    scratch.unit.prepared.clear();
+    scratch.unit.prepared.resize(n, false);
+    Ok(())
+}
+
+/// Token `t`'s threshold and `h[r_f..D]` prepared for K2's row type, unless this thread has
+/// them for this call already (the values `super::prepare_tokens` computes for every token).
+fn prepare_token(
+    inputs: &FusedInputs<'_>,
+    t: usize,
+    scratch: &mut Scratch,
+) -> Result<(), KernelError> {
+    if scratch.unit.prepared[t] {
+        return Ok(());
+    }
+    let (k2, batch) = (inputs.up.k2, &inputs.up.batch);
+    let (d, f) = (batch.width, k2.n_rows());
+    scratch.thetas[t] = topk::threshold(&inputs.up.scores[t * f..(t + 1) * f], inputs.up.k);
+    scratch.acts[t].prepare(k2.ty(), batch.row(t, d - k2.n_cols()..d)?)?;
+    scratch.unit.prepared[t] = true;
+    Ok(())
 }
 
 /// Chunk `c`'s partial for tokens `tokens`, after [`prepare`] with the same inputs and
@@ -129,26 +162,83 @@ pub(crate) fn unit_partial(
     out: &mut [f32],
     scratch: &mut Scratch,
 ) -> Result<u64, KernelError> {
+    let cols = 0..inputs.v.n_cols();
+    let u = FusedUnit {
+        chunk: c,
+        tokens,
+        cols,
+    };
+    unit(inputs, n_chunks, &u, out, scratch)
+}
+
+/// Work unit `u` ([`super::tiling::FusedUnits`]), after [`prepare`] with the same inputs and
+/// `scratch`: `out` holds its values, `u.tokens.len()` rows of `u.cols.len()` columns (whole
+/// rows, or part of one token's row), bit for bit what [`chunk_partials`] writes there. A part
+/// of a row does the K2 dots of all the chunk's active neurons for its token and adds the
+/// matching columns of their V rows (each element's arithmetic is the whole row's). Returns
+/// the active pairs (counted by the unit that holds column 0, so each pair once).
+pub(crate) fn unit(
+    inputs: &FusedInputs<'_>,
+    n_chunks: usize,
+    u: &FusedUnit,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) -> Result<u64, KernelError> {
     let (d, f) = (inputs.v.n_cols(), inputs.v.n_rows());
     let n_tokens = inputs.up.batch.n_tokens;
-    if c >= n_chunks || tokens.end > n_tokens {
+    let FusedUnit {
+        chunk: c,
+        tokens,
+        cols,
+    } = u.clone();
+    let be = inputs.v.ty().block_elems();
+    let whole = cols == (0..d);
+    if c >= n_chunks
+        || tokens.end > n_tokens
+        || tokens.start > tokens.end
+        || cols.start > cols.end
+        || cols.end > d
+        || (!whole
+            && (tokens.len() > 1 || !cols.start.is_multiple_of(be) || !cols.end.is_multiple_of(be)))
+    {
         return Err(KernelError::Shape(format!(
-            "chunk {c} of {n_chunks}, tokens {tokens:?} of {n_tokens}"
+            "unit of chunk {c} of {n_chunks}, tokens {tokens:?} of {n_tokens}, columns \
+             {cols:?} of {d} ({}: whole rows, or blocks of one row)",
+            inputs.v.ty().name()
         )));
     }
-    if scratch.thetas.len() != n_tokens || scratch.acts.len() < n_tokens {
+    if scratch.thetas.len() != n_tokens
+        || scratch.acts.len() < n_tokens
+        || scratch.unit.prepared.len() != n_tokens
+    {
         return Err(KernelError::Shape(
             "fused unit before its per-call preparation".into(),
         ));
     }
-    check_len("partial", out.len(), tokens.len() * d)?;
-    // Every token's row is written from zero by its walk (`PendingAxpy::folded`).
-    let out = &mut out[..tokens.len() * d];
-    let neurons = chunk_neurons(f, n_chunks, c);
-    if tokens.len() == 1 {
-        return Ok(token_chunk(inputs, tokens.start, neurons, out, scratch));
+    let width = cols.len();
+    check_len("partial", out.len(), tokens.len() * width)?;
+    for t in tokens.clone() {
+        prepare_token(inputs, t, scratch)?;
     }
-    Ok(tokens_chunk(inputs, tokens, neurons, out, scratch))
+    // Every token's row is written from zero by its walk (`PendingAxpy::folded`).
+    let out = &mut out[..tokens.len() * width];
+    let neurons = chunk_neurons(f, n_chunks, c);
+    match tokens.len() {
+        0 => Ok(0),
+        1 if whole => Ok(token_chunk::<false>(
+            inputs,
+            tokens.start,
+            neurons,
+            &cols,
+            out,
+            scratch,
+        )),
+        1 => {
+            let kept = token_chunk::<true>(inputs, tokens.start, neurons, &cols, out, scratch);
+            Ok(if cols.start == 0 { kept } else { 0 })
+        }
+        _ => Ok(tokens_chunk(inputs, tokens, neurons, out, scratch)),
+    }
 }
 
 /// Token `t`: list the chunk's active neurons first so that their K2 and V rows can be
@@ -157,25 +247,37 @@ pub(crate) fn unit_partial(
 /// its tokens: the output rows are read and written a quarter as often as one update per
 /// (neuron, token) would, and each token gets exactly what it gets alone. A neuron active for
 /// several tokens has its K2 and V rows read once per token (from cache after the first).
-fn token_chunk(
+/// With `PART`, only columns `cols` of the V rows are added (`out` holds just them);
+/// without, `cols` is all of them and unused (the walk of whole rows, as it was before parts).
+fn token_chunk<const PART: bool>(
     inputs: &FusedInputs<'_>,
     t: usize,
     neurons: Range<usize>,
+    cols: &Range<usize>,
     out: &mut [f32],
     scratch: &mut Scratch,
 ) -> u64 {
-    let k2 = inputs.up.k2;
-    scratch.list_active_token(inputs.up.scores, inputs.v.n_rows(), t, neurons);
+    let (k2, v) = (inputs.up.k2, inputs.v);
+    scratch.list_active_token(inputs.up.scores, v.n_rows(), t, neurons);
     let mut pending = PendingAxpy::folded();
     for (i, (&j, &(_, a))) in scratch.active.iter().zip(&scratch.tokens).enumerate() {
         if let Some(&next) = scratch.active.get(i + PREFETCH_AHEAD) {
             prefetch_row(k2, next as usize);
-            prefetch_row(inputs.v, next as usize);
+            if PART {
+                prefetch_row_range(v, next as usize, cols.clone());
+            } else {
+                prefetch_row(v, next as usize);
+            }
         }
         let j = j as usize;
         let u = a * rows::dot(k2.row(j), &scratch.acts[t]);
         if u != 0.0 {
-            pending.push(inputs.v.row(j), u, out);
+            let row = if PART {
+                v.row(j).slice(cols.start, cols.end)
+            } else {
+                v.row(j)
+            };
+            pending.push(row, u, out);
         }
     }
     pending.flush(out);
@@ -194,6 +296,8 @@ pub(super) struct UnitLists {
     neurons: Vec<(u32, u32)>,
     /// `(token, index in the token's list)`, grouped by neuron.
     pairs: Vec<(u32, u32)>,
+    /// Per token of the call: are its threshold and activations prepared ([`prepare`])?
+    prepared: Vec<bool>,
 }
 
 /// Several tokens `tokens` (their output rows back to back in `out`): the same values as
@@ -345,4 +449,178 @@ pub fn sparse_ffn_fused(
         sum_partials(&partials, len, 0..len, out)?;
     }
     Ok(kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffn::tiling::{self, FusedUnits};
+    use crate::rows::{quant, RowType};
+
+    /// Deterministic normals (xorshift + Box-Muller).
+    struct Rng(u64);
+
+    impl Rng {
+        fn uniform(&mut self) -> f64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+
+        fn normals(&mut self, n: usize, scale: f64) -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    let (a, b) = (self.uniform().max(1e-300), self.uniform());
+                    ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos() * scale) as f32
+                })
+                .collect()
+        }
+    }
+
+    /// Every unit of every cut (thread counts 1 to 200, tokens 1 to 70: whole rows, more token
+    /// groups, column parts) computed on its own, in reverse order over two scratch buffers,
+    /// writes exactly what `chunk_partials` writes, and the active pairs add up to its count.
+    #[test]
+    fn every_cut_into_units_gives_the_partials_bit_for_bit() {
+        quant::ensure_cpu_init();
+        let mut rng = Rng(0x5EED_1234_ABCD_0001);
+        for ty in [RowType::Q8_0, RowType::F16, RowType::Q4K] {
+            let (d, r, f) = if ty == RowType::Q4K {
+                (1024, 256, 160)
+            } else {
+                (256, 64, 320)
+            };
+            let k2b = quant::quantize_rows(ty, &rng.normals(f * (d - r), 0.3), d - r).unwrap();
+            let vb = quant::quantize_rows(ty, &rng.normals(f * d, 0.3), d).unwrap();
+            let k2 = RowMatrix::packed(ty, d - r, f, &k2b).unwrap();
+            let v = RowMatrix::packed(ty, d, f, &vb).unwrap();
+            let p = tiling::default_chunks(f);
+            for n_tokens in [1, 2, 3, 5, 70] {
+                let h = rng.normals(n_tokens * d, 1.0);
+                let scores = rng.normals(n_tokens * f, 1.0);
+                let inputs = FusedInputs {
+                    up: UpInputs {
+                        scores: &scores,
+                        batch: Batch {
+                            h: &h,
+                            stride: d,
+                            width: d,
+                            n_tokens,
+                        },
+                        k2: &k2,
+                        k: f / 3,
+                    },
+                    v: &v,
+                };
+                let len = n_tokens * d;
+                let mut want = vec![0f32; p * len];
+                let kept = chunk_partials(
+                    &inputs,
+                    p,
+                    want.chunks_mut(len).enumerate(),
+                    &mut Scratch::new(),
+                )
+                .unwrap();
+                assert!(kept > 0);
+                for nth in [1, 2, 7, 16, 32, 64, 200] {
+                    let units = FusedUnits::new(p, n_tokens, d, ty.block_elems(), nth);
+                    let mut got = vec![f32::NAN; p * len];
+                    let mut sc = [Scratch::new(), Scratch::new()];
+                    for s in &mut sc {
+                        prepare(&inputs, p, s).unwrap();
+                    }
+                    let mut pairs = 0;
+                    for u in (0..units.count()).rev() {
+                        let one = units.get(u);
+                        let span = units.span(&one);
+                        assert_eq!(span.len(), one.tokens.len() * one.cols.len());
+                        pairs += unit(&inputs, p, &one, &mut got[span], &mut sc[u % 2]).unwrap();
+                    }
+                    let what = format!("{ty:?} T {n_tokens} nth {nth}");
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}"
+                    );
+                    assert_eq!(pairs, kept, "{what}");
+                }
+            }
+        }
+    }
+
+    /// A unit that is not whole rows nor whole blocks of one row, or that runs before its
+    /// call's preparation, is an error naming it, not a panic.
+    #[test]
+    fn malformed_units_are_errors() {
+        quant::ensure_cpu_init();
+        let mut rng = Rng(77);
+        let (d, r, f, n_tokens) = (128, 32, 40, 3);
+        let k2b = quant::quantize_rows(RowType::Q8_0, &rng.normals(f * (d - r), 0.3), d - r);
+        let vb = quant::quantize_rows(RowType::Q8_0, &rng.normals(f * d, 0.3), d).unwrap();
+        let k2b = k2b.unwrap();
+        let k2 = RowMatrix::packed(RowType::Q8_0, d - r, f, &k2b).unwrap();
+        let v = RowMatrix::packed(RowType::Q8_0, d, f, &vb).unwrap();
+        let (h, scores) = (
+            rng.normals(n_tokens * d, 1.0),
+            rng.normals(n_tokens * f, 1.0),
+        );
+        let inputs = FusedInputs {
+            up: UpInputs {
+                scores: &scores,
+                batch: Batch {
+                    h: &h,
+                    stride: d,
+                    width: d,
+                    n_tokens,
+                },
+                k2: &k2,
+                k: 5,
+            },
+            v: &v,
+        };
+        let mut out = vec![0f32; n_tokens * d];
+        let mut sc = Scratch::new();
+        let whole = FusedUnit {
+            chunk: 0,
+            tokens: 0..1,
+            cols: 0..d,
+        };
+        let early = unit(&inputs, 4, &whole, &mut out, &mut sc).unwrap_err();
+        assert!(early.to_string().contains("preparation"), "{early}");
+        prepare(&inputs, 4, &mut sc).unwrap();
+        let bad = [
+            FusedUnit {
+                chunk: 0,
+                tokens: 0..2,
+                cols: 0..64,
+            },
+            FusedUnit {
+                chunk: 0,
+                tokens: 0..1,
+                cols: 16..64,
+            },
+            FusedUnit {
+                chunk: 0,
+                tokens: 0..1,
+                cols: 64..d + 32,
+            },
+            FusedUnit {
+                chunk: 4,
+                tokens: 0..1,
+                cols: 0..d,
+            },
+            FusedUnit {
+                chunk: 0,
+                tokens: 2..4,
+                cols: 0..d,
+            },
+        ];
+        for b in bad {
+            let e = unit(&inputs, 4, &b, &mut out, &mut sc).unwrap_err();
+            assert!(e.to_string().contains("unit of chunk"), "{b:?}: {e}");
+        }
+        assert!(unit(&inputs, 4, &whole, &mut out, &mut sc).is_ok());
+    }
 }
