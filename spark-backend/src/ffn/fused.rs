@@ -106,7 +106,7 @@ pub(crate) fn unit_bounds(n_tokens: usize, u: usize) -> (usize, Range<usize>) {
 
 /// The per-call part every unit of a thread shares: the checks, and the per-token state in
 /// `scratch` reset. Each token's threshold and prepared activations are computed by the first
-/// unit of the thread that needs them ([`unit`]), so a thread that takes a few units of a
+/// unit of the thread that needs them ([`unit()`]), so a thread that takes a few units of a
 /// large ubatch (many threads) prepares only their tokens, not all of them.
 pub(crate) fn prepare(
     inputs: &FusedInputs<'_>,
