@@ -90,20 +90,6 @@ pub(crate) fn chunk_partials<'p>(
     Ok(kept)
 }
 
-/// Work units of a call with `n_chunks` chunks and `n_tokens` tokens cut for one thread (as
-/// many as for any thread count up to `n_chunks * ceil(n_tokens / 64)`): every chunk times
-/// every group of up to [`super::tiling::UNIT_TOKENS`] tokens ([`super::tiling::FusedUnits`]).
-pub(crate) fn n_units(n_chunks: usize, n_tokens: usize) -> usize {
-    super::tiling::FusedUnits::new(n_chunks, n_tokens, 0, 1, 1).count()
-}
-
-/// Unit `u` of [`n_units`]: its chunk and its tokens (chunk-major order; the token groups of a
-/// chunk are balanced, sizes differing by at most one token).
-pub(crate) fn unit_bounds(n_tokens: usize, u: usize) -> (usize, Range<usize>) {
-    let unit = super::tiling::FusedUnits::new(1, n_tokens, 0, 1, 1).get(u);
-    (unit.chunk, unit.tokens)
-}
-
 /// The per-call part every unit of a thread shares: the checks, and the per-token state in
 /// `scratch` reset. Each token's threshold and prepared activations are computed by the first
 /// unit of the thread that needs them ([`unit()`]), so a thread that takes a few units of a

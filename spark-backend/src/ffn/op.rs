@@ -7,12 +7,15 @@
 //! of the shapes only, defined once below and used both to compute and to NaN-fill), and the
 //! threads of a call take them from a shared counter (`crate::op::Claims`): up, blocks of
 //! [`UP_BLOCK`] neurons (rows of `u`); down, blocks of about [`DOWN_COLS`] columns of every
-//! token row; fused, one chunk's partial for up to `super::fused::UNIT_TOKENS` tokens; sum,
-//! blocks of elements ([`sum_block`]). Each element is computed by one thread in an order that
-//! does not depend on the block, so results do not depend on `nth` or on the schedule.
+//! token row; fused and sum, the units of [`super::tiling::FusedUnits`] and
+//! [`super::tiling::SumUnits`] for the call's `nth` (rows of a chunk's partial plane for a
+//! group of tokens, or part of one token's row; ranges of whole cache lines). Each element is
+//! computed by one thread in an order that does not depend on the chunk, so results do not
+//! depend on `nth` or on the schedule.
 
 use super::fused::{self, FusedInputs};
 use super::shapes::{self, StageDims};
+use super::tiling::{FusedUnit, FusedUnits, SumUnits};
 use super::{two_stage, Batch, Scratch, UpInputs};
 use crate::op::{Claims, SparkOp};
 use crate::params;
@@ -25,9 +28,9 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 use std::ops::Range;
 
-/// Output-dimension ranges of `spark_ffn_down` and `spark_ffn_sum` are multiples of this many
-/// elements (and, for down, of the weight type's block size), so SIMD loops run on whole vectors.
-const DIM_ALIGN: usize = 16;
+/// Output-dimension ranges of `spark_ffn_down` are multiples of this many elements (and of the
+/// weight type's block size), so SIMD loops run on whole vectors.
+const DIM_ALIGN: usize = super::tiling::DIM_ALIGN;
 
 /// Neurons per work chunk of `spark_ffn_up` (108 chunks at F = 13824; the op runs for ubatches
 /// of more than `super::tiling::FUSED_MAX_TOKENS` = 512 tokens, so a chunk is at least ~60 K
@@ -37,12 +40,6 @@ pub(crate) const UP_BLOCK: usize = 128;
 /// Columns per work chunk of `spark_ffn_down`, before rounding up to the alignment (9 chunks
 /// at D = 2304; the op runs for ubatches of more than 512 tokens, as `spark_ffn_up`).
 pub(crate) const DOWN_COLS: usize = 256;
-
-/// Elements per work chunk of `spark_ffn_sum` for `len` output elements: 256 at a decode step
-/// (9 chunks at D = 2304), more for a batch (at most ~64 chunks), a multiple of 16.
-pub(crate) fn sum_block(len: usize) -> usize {
-    len.div_ceil(64).next_multiple_of(DIM_ALIGN).max(256)
-}
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
@@ -384,31 +381,32 @@ impl SparkOp for Down<'_> {
     }
 }
 
-/// `spark_ffn_fused`, checked. Work chunk `u` (of `fused::n_units`) is the rows of neuron
-/// chunk `c`'s partial plane for tokens `t0..t1`, `(c, t0..t1) = fused::unit_bounds(u)`.
+/// `spark_ffn_fused`, checked. Work chunk `u` is unit `u` of [`FusedUnits`] for the call's
+/// `nth`: rows of one neuron chunk's partial plane for a group of tokens, or part of one
+/// token's row.
 pub(crate) struct Fused<'a> {
     inputs: StageInputs<'a>,
     v: RowMatrix<'a>,
     /// P, the neuron chunks (partial planes).
     p: usize,
+    units: FusedUnits,
     out: *mut f32,
 }
 
 impl Fused<'_> {
-    /// Work unit `u`'s neuron chunk, its tokens and its rows of the chunk's partial plane (a
-    /// slice into ggml's dst, not into `self`).
+    /// Work unit `u` and its elements of the partials (a slice into ggml's dst, not into
+    /// `self`).
     ///
     /// # Safety
     /// The caller owns unit `u` and drops the slice before the op call returns.
-    unsafe fn unit<'s>(&self, u: usize) -> (usize, Range<usize>, &'s mut [f32]) {
-        let (d, n_tokens) = (self.v.n_cols(), self.inputs.batch.n_tokens);
-        let (c, tokens) = fused::unit_bounds(n_tokens, u);
-        let start = (c * n_tokens + tokens.start) * d;
-        // SAFETY: rows `tokens` of plane c (contiguous f32) lie inside dst (shape and strides
-        // checked in prepare; c < P and tokens within n_tokens for u < n_units); the caller owns
-        // them.
-        let rows = unsafe { std::slice::from_raw_parts_mut(self.out.add(start), tokens.len() * d) };
-        (c, tokens, rows)
+    unsafe fn unit<'s>(&self, u: usize) -> (FusedUnit, &'s mut [f32]) {
+        let one = self.units.get(u);
+        let span = self.units.span(&one);
+        // SAFETY: the unit's span lies inside dst ([D, n_tokens, P] contiguous f32, checked in
+        // prepare; the units of `FusedUnits` for these shapes are within it for u < count());
+        // the caller owns it.
+        let rows = unsafe { std::slice::from_raw_parts_mut(self.out.add(span.start), span.len()) };
+        (one, rows)
     }
 }
 
@@ -418,7 +416,7 @@ impl SparkOp for Fused<'_> {
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
         userdata: *mut c_void,
-        _nth: usize,
+        nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
@@ -427,16 +425,19 @@ impl SparkOp for Fused<'_> {
         let p = shapes::fused_dst(inputs.dims(), &v, &out)?;
         // SAFETY: v is a live tensor (contract).
         let vm = unsafe { weight(&v, "ffn_down_t")? };
+        let (d, n_tokens) = (vm.n_cols(), inputs.batch.n_tokens);
+        let units = FusedUnits::new(p, n_tokens, d, vm.ty().block_elems(), nth);
         Ok(Self {
             inputs,
             v: vm,
             p,
+            units,
             out: out.data.cast(),
         })
     }
 
     fn n_chunks(&self) -> usize {
-        fused::n_units(self.p, self.inputs.batch.n_tokens)
+        self.units.count()
     }
 
     unsafe fn run(&self, ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
@@ -452,8 +453,8 @@ impl SparkOp for Fused<'_> {
                     fused::prepare(&inputs, self.p, sc)?;
                 }
                 // SAFETY: unit u was claimed by this thread (SparkOp contract).
-                let (c, tokens, rows) = unsafe { self.unit(u) };
-                kept += fused::unit_partial(&inputs, self.p, c, tokens, rows, sc)?;
+                let (one, rows) = unsafe { self.unit(u) };
+                kept += fused::unit(&inputs, self.p, &one, rows, sc)?;
             }
             Ok::<_, KernelError>(kept)
         })?;
@@ -463,22 +464,22 @@ impl SparkOp for Fused<'_> {
 
     unsafe fn fill_chunk(&self, u: usize, value: f32) {
         // SAFETY: the caller claimed unit u (SparkOp contract).
-        unsafe { self.unit(u) }.2.fill(value);
+        unsafe { self.unit(u) }.1.fill(value);
     }
 }
 
-/// `spark_ffn_sum`, checked. Chunk `c` is elements `c * b .. (c + 1) * b` of dst (contiguous;
-/// `b` = [`sum_block`] of `D * n_tokens`, the last one shorter).
+/// `spark_ffn_sum`, checked. Chunk `c` is the elements `SumUnits::get(c)` of dst (contiguous,
+/// whole cache lines; [`SumUnits`] of `D * n_tokens` for the call's `nth`).
 pub(crate) struct Sum<'a> {
     partials: &'a [f32],
     len: usize,
+    units: SumUnits,
     out: *mut f32,
 }
 
 impl Sum<'_> {
     fn block(&self, c: usize) -> Range<usize> {
-        let b = sum_block(self.len);
-        (c * b).min(self.len)..((c + 1) * b).min(self.len)
+        self.units.get(c)
     }
 
     /// Elements `range` of dst (a slice into ggml's dst, not into `self`).
@@ -498,7 +499,7 @@ impl SparkOp for Sum<'_> {
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
         _userdata: *mut c_void,
-        _nth: usize,
+        nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [partials]) = unsafe { views::<1>(dst)? };
@@ -511,12 +512,13 @@ impl SparkOp for Sum<'_> {
         Ok(Self {
             partials: all,
             len,
+            units: SumUnits::new(len, nth),
             out: out.data.cast(),
         })
     }
 
     fn n_chunks(&self) -> usize {
-        self.len.div_ceil(sum_block(self.len))
+        self.units.count()
     }
 
     unsafe fn run(&self, _ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
