@@ -5,24 +5,28 @@
 # the Spark nodes and copies their weights back: what patch 0007 alone did), and neither side
 # with it (the dense stock-op graph, all in the server). Synthetic Gemma-2 2B shapes (Q8_0).
 #
-# Usage: bash tools/bench-rpc.sh [-n 32] [-d 512] [-t 2] [-r 2] [--upstream DIR] [--models DIR]
-#   -n/-d/-r/-t  as llama-bench (decode tgN @ dD)        default: 32 / 512 / 2 / 2
+# Usage: bash tools/bench-rpc.sh [-n 32] [-d 512] [-t 2] [-r 2] [--client-threads 1]
+#                                [--upstream DIR] [--models DIR]
+#   -n/-d/-r/-t  as llama-bench (decode tgN @ dD); -t: local runs and the servers  default: 32 / 512 / 2 / 2
+#   --client-threads N  threads of llama-bench in the RPC runs: with -ngl 99 it computes next to
+#                       nothing, and on one machine its threads would take the server's cores  default: 1
 #   --upstream DIR  what tools/upstream.sh installed     default: target/upstream
 #   --models DIR    where the two models are made once  default: target/bench-models
 # Prints a markdown table: ms per token and the ratio to local Spark with the plugin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-gen=32 depth=512 threads=2 reps=2 upstream=target/upstream models=target/bench-models
+gen=32 depth=512 threads=2 client_threads=1 reps=2 upstream=target/upstream models=target/bench-models
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) gen=$2; shift 2 ;;
         -d) depth=$2; shift 2 ;;
         -t) threads=$2; shift 2 ;;
+        --client-threads) client_threads=$2; shift 2 ;;
         -r) reps=$2; shift 2 ;;
         --upstream) upstream=$2; shift 2 ;;
         --models) models=$2; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-rpc: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -64,11 +68,13 @@ echo "bench-rpc: $(bench_cpu), -t $threads, servers $with_plugin_ep (plugin), $w
 
 run() { # run NAME CLIENT_PLUGIN MODEL [ARGS...]
     local name=$1 client_plugin=$2 model=$3; shift 3
+    local t=$threads
+    case "$name" in *rpc*) t=$client_threads ;; esac
     echo "bench-rpc: $name" >&2
     if [ "$client_plugin" = 1 ]; then
-        GGML_BACKEND_PATH=$plugin "$bench" -m "$model" -p 0 -n "$gen" -d "$depth" -t "$threads" -r "$reps" -o json "$@" >"$out/$name.json"
+        GGML_BACKEND_PATH=$plugin "$bench" -m "$model" -p 0 -n "$gen" -d "$depth" -t "$t" -r "$reps" -o json "$@" >"$out/$name.json"
     else
-        "$bench" -m "$model" -p 0 -n "$gen" -d "$depth" -t "$threads" -r "$reps" -o json "$@" >"$out/$name.json"
+        "$bench" -m "$model" -p 0 -n "$gen" -d "$depth" -t "$t" -r "$reps" -o json "$@" >"$out/$name.json"
     fi
 }
 # Spark and stock alternate within each configuration.
