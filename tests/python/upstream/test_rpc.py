@@ -198,6 +198,42 @@ def test_two_servers_and_the_client_split_the_layers(shipped_f32, servers):
 
 
 # ---------------------------------------------------------------------------------------------
+# the server's repacked weights (patch 0013)
+
+
+def model_buffers(stderr: str) -> dict[str, float]:
+    """{buffer type: MiB} of the model buffers in llama.cpp's load log (at -lv 4)."""
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", stderr)}
+
+
+def test_a_quantized_model_uses_the_servers_repacked_weights(shipped_quantized, servers):
+    """Q8_0: a local CPU keeps the weights of the stock matrix products (attention, the K1
+    predictor, the output) in an extra buffer type, repacked for its kernels (AMX_INT8 or
+    CPU_REPACK, where the CPU has one), and K2/V plain (the Spark kernels read their rows). Over
+    RPC the server offers its extra types and the client puts the same weights in the server's
+    (RPC0[host:port]_AMX ...); the server runs the repacked kernels, the text is the local one.
+    With --no-repack neither side repacks, and the text is the same again."""
+    q8 = shipped_quantized("Q8_0")
+    local, local_res = llama_completion(q8, PROMPT, N_PREDICT, True, "-lv", "4")
+    extras = set(model_buffers(local_res.stderr)) - {"CPU", "CPU_Mapped"}
+    if not extras:
+        pytest.skip(f"this CPU repacks no Q8_0 weight: {model_buffers(local_res.stderr)}")
+    server = servers(True)
+    remote, res = rpc_completion(q8, [server], True)
+    on_server = {name.split("]_", 1)[1] for name in model_buffers(res.stderr)
+                 if name.startswith("RPC") and f"[{server.endpoint}]_" in name}
+    assert on_server == extras, res.explain(
+        f"local extra buffer types {extras}, the server's used over RPC {on_server}")
+    assert remote == local, res.explain(f"--rpc gave\n  {remote!r}\nlocally\n  {local!r}")
+    plain, plain_res = rpc_completion(q8, [server], True, "--no-repack")
+    assert not [n for n in model_buffers(plain_res.stderr) if "]_" in n], plain_res.explain(
+        "--no-repack still put weights in an extra buffer type of the server")
+    assert plain == local, plain_res.explain(f"--no-repack gave\n  {plain!r}\nlocally\n  {local!r}")
+    assert layers_that_ran(server.stop()) == set(range(N_LAYERS)), server.explain("server table")
+
+
+# ---------------------------------------------------------------------------------------------
 # logits
 
 
@@ -316,21 +352,26 @@ def bytes_of_run(model, server: RpcServer, with_plugin: bool, n: int) -> tuple[i
         proxy.close()
 
 
-def test_no_weight_crosses_the_connection_after_load(shipped_f32, servers):
+@pytest.mark.parametrize("qtype, bytes_per_weight", [("F32", 4.0), ("Q8_0", 34 / 32)])
+def test_no_weight_crosses_the_connection_after_load(shipped_f32, shipped_quantized, servers,
+                                                     qtype, bytes_per_weight):
     """Bytes per generated token (the difference of a 40- and an 8-token run, load alike): with
     the plugin in the server, activations and logits only, far less than one layer's FFN
-    weights; with a server without it, the Spark nodes' weights come back for every evaluation."""
+    weights; with a server without it, the Spark nodes' weights come back for every evaluation.
+    Q8_0: the same with the server's repacked (extra) buffers, whose supports_op answers the
+    client keeps."""
+    model = shipped_f32 if qtype == "F32" else shipped_quantized(qtype)
     d, f, r = CFG["d_model"], CFG["d_ff"], CFG["ffn_r"]
-    ffn_bytes = 4 * ((d - r) * f + d * f)  # K2 and V of one layer, f32
+    ffn_bytes = bytes_per_weight * ((d - r) * f + d * f)  # K2 and V of one layer
     rows = {}
     for name, with_plugin_on_server in (("plugin in the server", True), ("server without", False)):
         server = servers(with_plugin_on_server)
-        short = bytes_of_run(shipped_f32, server, True, 8)
-        long = bytes_of_run(shipped_f32, server, True, 40)
+        short = bytes_of_run(model, server, True, 8)
+        long = bytes_of_run(model, server, True, 40)
         rows[name] = tuple((b - a) / 32 for a, b in zip(short, long))
         server.stop()
-    print("\nbytes per token over the connection (to server, to client); one layer's K2 + V: "
-          f"{ffn_bytes}")
+    print(f"\n{qtype}: bytes per token over the connection (to server, to client); one layer's "
+          f"K2 + V: {ffn_bytes:.0f}")
     for name, (up, down) in rows.items():
         print(f"  {name}: {up:.0f}, {down:.0f}")
     up, down = rows["plugin in the server"]
