@@ -4,6 +4,8 @@
 # Spark plugin (the sparse kernels run in the server, patch 0009), without it (the client keeps
 # the Spark nodes and copies their weights back: what patch 0007 alone did), and neither side
 # with it (the dense stock-op graph, all in the server). Synthetic Gemma-2 2B shapes (Q8_0).
+# The last two rows run with --repack 0: plain weights, no AMX or repacked buffers on either side
+# (over RPC, the server's extra buffer types are what patch 0013 makes reachable).
 #
 # Usage: bash tools/bench-rpc.sh [-n 32] [-d 512] [-t 2] [-r 2] [--client-threads 1]
 #                                [--upstream DIR] [--models DIR]
@@ -26,7 +28,7 @@ while [ $# -gt 0 ]; do
         -r) reps=$2; shift 2 ;;
         --upstream) upstream=$2; shift 2 ;;
         --models) models=$2; shift 2 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-rpc: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -85,6 +87,9 @@ run stock-rpc 0 "$stock" --rpc "$without_ep" -ngl 99
 run spark-rpc-server-without 1 "$spark" --rpc "$without_ep" -ngl 99
 run spark-rpc-dense 0 "$spark" --rpc "$without_ep" -ngl 99
 run spark-local-dense 0 "$spark"
+# plain weights on both sides (no AMX / repacked buffer types): what RPC gave before patch 0013
+run spark-local-norepack 1 "$spark" --repack 0
+run spark-rpc-plugin-norepack 1 "$spark" --rpc "$with_plugin_ep" -ngl 99 --repack 0
 
 "$python" - "$out" "$gen" "$depth" <<'EOF'
 import json, sys
@@ -99,6 +104,8 @@ rows = [
     ("Spark, RPC, plugin in client and server", "spark-rpc-plugin"),
     ("Spark, RPC, plugin in the client only", "spark-rpc-server-without"),
     ("Spark, RPC, no plugin (dense graph)", "spark-rpc-dense"),
+    ("Spark, local, plugin, --repack 0", "spark-local-norepack"),
+    ("Spark, RPC, plugin in client and server, --repack 0", "spark-rpc-plugin-norepack"),
     ("stock Gemma-2, local", "stock-local"),
     ("stock Gemma-2, RPC", "stock-rpc"),
 ]
