@@ -9,10 +9,12 @@
 
 mod attention_support;
 mod ffn_common;
+mod op_node;
 
 use attention_support::{build_op, Case, Ctx, Spec};
 use ffn_common::{op_case, OpCase, Rng, Runner};
 use llama_cpp_sys_2 as sys;
+use op_node::{Node, OpFn};
 use spark_backend::attention::op::spark_attn;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::{self, Batch};
@@ -25,46 +27,7 @@ use std::sync::Arc;
 /// A value no op writes: what is still there after a run was not written.
 const SENTINEL: f32 = 1234.5;
 
-type OpFn = unsafe extern "C" fn(*mut sys::ggml_tensor, i32, i32, *mut c_void);
-
-/// One custom-op node run by hand, one call per thread index.
-struct Node {
-    name: &'static str,
-    layer: i32,
-    dst: *mut sys::ggml_tensor,
-    op: OpFn,
-    userdata: *mut c_void,
-}
-
 impl Node {
-    fn call(&self, ith: i32, nth: i32) {
-        // SAFETY: dst is a live custom-op tensor of a live context, built with its sources and
-        // userdata as the op's contract requires.
-        unsafe { (self.op)(self.dst, ith, nth, self.userdata) };
-    }
-
-    fn run_all(&self, nth: i32) {
-        for ith in 0..nth {
-            self.call(ith, nth);
-        }
-    }
-
-    fn len(&self) -> usize {
-        // SAFETY: dst is a live tensor.
-        unsafe { sys::ggml_nelements(self.dst) as usize }
-    }
-
-    fn read(&self) -> Vec<f32> {
-        // SAFETY: dst is a live, contiguous f32 tensor; no op runs meanwhile.
-        unsafe { std::slice::from_raw_parts((*self.dst).data.cast::<f32>(), self.len()).to_vec() }
-    }
-
-    fn set(&self, v: f32) {
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts_mut((*self.dst).data.cast::<f32>(), self.len()) }
-            .fill(v);
-    }
-
     /// Which elements thread `ith` of `nth` writes: run it alone over the sentinel.
     fn owned(&self, ith: i32, nth: i32) -> Vec<bool> {
         self.set(SENTINEL);

@@ -10,16 +10,13 @@
 
 mod attention_support;
 mod ffn_common;
+mod op_node;
 
 use attention_support::{build_op, Case, Ctx, Spec};
-use ffn_common::{op_case, OpCase, Rng};
-use llama_cpp_sys_2 as sys;
+use op_node::{ffn_nodes, Node};
 use spark_backend::attention::op::spark_attn;
-use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
-use spark_backend::ffn::{self, Batch};
 use spark_backend::op::fault::{self, ClaimEvent};
-use spark_backend::params::{self, AttnParams, FfnParams, OpParams};
-use spark_backend::rows::RowType;
+use spark_backend::params::{self, AttnParams, OpParams};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,23 +24,6 @@ use std::sync::Arc;
 /// A value no op writes: what is still there after a run was not written.
 const SENTINEL: f32 = 1234.5;
 const THREAD_COUNTS: [i32; 4] = [1, 2, 3, 7];
-
-type OpFn = unsafe extern "C" fn(*mut sys::ggml_tensor, i32, i32, *mut c_void);
-
-/// One custom-op node called by hand (shareable with the threads that call it).
-#[derive(Clone, Copy)]
-struct Node {
-    name: &'static str,
-    dst: *mut sys::ggml_tensor,
-    op: OpFn,
-    userdata: *mut c_void,
-}
-
-// SAFETY: the tensors and params a Node points to outlive every thread the tests start (scoped
-// threads), and ggml custom ops are made to be called from several threads at once.
-unsafe impl Send for Node {}
-// SAFETY: as above; a Node is only read.
-unsafe impl Sync for Node {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Schedule {
@@ -65,32 +45,6 @@ const SCHEDULES: [Schedule; 4] = [
 ];
 
 impl Node {
-    fn call(&self, ith: i32, nth: i32) {
-        self.call_with(ith, nth, self.userdata);
-    }
-
-    fn call_with(&self, ith: i32, nth: i32, userdata: *mut c_void) {
-        // SAFETY: dst is a live custom-op tensor of a live context, built with its sources and
-        // userdata as the op's contract requires (or with userdata the op rejects).
-        unsafe { (self.op)(self.dst, ith, nth, userdata) };
-    }
-
-    fn len(&self) -> usize {
-        // SAFETY: dst is a live tensor.
-        unsafe { sys::ggml_nelements(self.dst) as usize }
-    }
-
-    fn read(&self) -> Vec<f32> {
-        // SAFETY: dst is a live, contiguous f32 tensor; no op runs meanwhile.
-        unsafe { std::slice::from_raw_parts((*self.dst).data.cast::<f32>(), self.len()).to_vec() }
-    }
-
-    fn set(&self, v: f32) {
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts_mut((*self.dst).data.cast::<f32>(), self.len()) }
-            .fill(v);
-    }
-
     /// One call of the node by `nth` threads under `schedule`.
     fn run(&self, nth: i32, schedule: Schedule) {
         match schedule {
@@ -168,64 +122,6 @@ fn quiet_injected_panics() {
     });
 }
 
-/// The FFN case: its four nodes (fused and sum read each other's output; up feeds down). The
-/// context and params live in `OpCase`.
-struct FfnNodes {
-    _case: OpCase,
-    up: Node,
-    down: Node,
-    fused: Node,
-    sum: Node,
-}
-
-/// D 1024, r_f 256, F 600, `n` tokens, k_f 60: several chunks per op (fused 16 x token groups,
-/// sum up to 64 element blocks, up 5 neuron blocks, down 4 column blocks).
-fn ffn_nodes(n: usize, seed: u64) -> FfnNodes {
-    let (d, r, f) = (1024, 256, 600);
-    let mut rng = Rng::new(seed);
-    let (c, [k1, _, _], h) = op_case(&mut rng, RowType::Q8_0, d, r, f, n, 60, 9);
-    let mut scores = vec![0f32; n * f];
-    let batch = Batch {
-        h: &h,
-        stride: d,
-        width: d,
-        n_tokens: n,
-    };
-    ffn::predictor_scores(&k1.matrix(), &batch, &mut scores).unwrap();
-    let params = &*c.params as *const FfnParams;
-    let userdata = params.cast_mut().cast::<c_void>();
-    let st = c.ggml.f32_tensor(f, n, &scores);
-    let p = ffn::tiling::default_chunks(f);
-    let u = c
-        .ggml
-        .custom(&[n, f], &mut [st, c.h, c.k2], spark_ffn_up, params);
-    let down = c
-        .ggml
-        .custom(&[d, n], &mut [u, c.v], spark_ffn_down, params);
-    let partials = c.ggml.custom(
-        &[d, n, p],
-        &mut [st, c.h, c.k2, c.v],
-        spark_ffn_fused,
-        params,
-    );
-    let sum = c
-        .ggml
-        .custom(&[d, n], &mut [partials], spark_ffn_sum, params);
-    let node = |name, dst, op| Node {
-        name,
-        dst,
-        op,
-        userdata,
-    };
-    FfnNodes {
-        up: node("spark_ffn_up", u, spark_ffn_up),
-        down: node("spark_ffn_down", down, spark_ffn_down),
-        fused: node("spark_ffn_fused", partials, spark_ffn_fused),
-        sum: node("spark_ffn_sum", sum, spark_ffn_sum),
-        _case: c,
-    }
-}
-
 /// An attention case (context, params, case data) and its node.
 struct AttnNode {
     _ctx: Ctx,
@@ -246,12 +142,14 @@ fn attn_node(n_tokens: usize) -> AttnNode {
     let ctx = Ctx::new(64 << 20);
     let ud: *mut c_void = (&mut *params as *mut AttnParams).cast();
     let dst = build_op(&ctx, &case, ud, |_| {});
+    let layer = params.layer;
     AttnNode {
         _ctx: ctx,
         _case: case,
         _params: params,
         node: Node {
             name: "spark_attn",
+            layer,
             dst,
             op: spark_attn,
             userdata: ud,
@@ -284,7 +182,7 @@ fn check_schedules(node: &Node) {
 #[test]
 fn ffn_ops_are_bit_identical_for_any_thread_count_and_schedule() {
     for (n, seed) in [(1, 11), (70, 12)] {
-        let f = ffn_nodes(n, seed);
+        let f = ffn_nodes(n, seed, 9);
         f.fused.run(1, Schedule::InOrder); // sum's input
         f.up.run(1, Schedule::InOrder); // down's input
         for node in [&f.fused, &f.sum, &f.up, &f.down] {
@@ -353,7 +251,7 @@ fn check_reset_after_panic(node: &Node) {
 
 #[test]
 fn the_counter_is_reset_after_a_panic() {
-    let f = ffn_nodes(3, 21);
+    let f = ffn_nodes(3, 21, 9);
     f.fused.run(1, Schedule::InOrder);
     f.up.run(1, Schedule::InOrder);
     for node in [&f.fused, &f.sum, &f.up, &f.down] {
@@ -366,7 +264,7 @@ fn the_counter_is_reset_after_a_panic() {
 /// state behind: the next good call is complete.
 #[test]
 fn the_counter_is_reset_after_bad_parameters_and_bad_thread_indices() {
-    let f = ffn_nodes(2, 31);
+    let f = ffn_nodes(2, 31, 9);
     let node = f.fused;
     let want = node.output(1, Schedule::InOrder);
     let bad_k = OpParams {
@@ -405,8 +303,8 @@ fn the_counter_is_reset_after_bad_parameters_and_bad_thread_indices() {
 /// never share a counter: both outputs are complete and exact.
 #[test]
 fn concurrent_calls_of_different_nodes_do_not_share_chunks() {
-    let a = ffn_nodes(5, 41);
-    let b = ffn_nodes(5, 42);
+    let a = ffn_nodes(5, 41, 9);
+    let b = ffn_nodes(5, 42, 9);
     let (wa, wb) = (
         a.fused.output(1, Schedule::InOrder),
         b.fused.output(1, Schedule::InOrder),
