@@ -462,6 +462,22 @@ mod fault {
     pub(crate) fn after_claim(_dst: usize, _ith: usize, _chunk: Option<usize>) {}
 }
 
+/// How even a partition is under the shared chunk counter: the makespan over the mean load of
+/// list scheduling in counter order (each unit to the thread that is free first, as the counter
+/// hands units to threads of equal speed). The tiling tests of both ops measure with it.
+#[cfg(test)]
+pub(crate) fn list_schedule_imbalance(costs: &[f64], nth: usize) -> f64 {
+    let mut loads = vec![0f64; nth];
+    for &c in costs {
+        let i = (0..nth)
+            .min_by(|&a, &b| loads[a].total_cmp(&loads[b]))
+            .unwrap();
+        loads[i] += c;
+    }
+    let max = loads.iter().copied().fold(0f64, f64::max);
+    max / (loads.iter().sum::<f64>() / nth as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

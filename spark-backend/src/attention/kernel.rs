@@ -532,19 +532,7 @@ mod tests {
         (positions * u.heads.len()) as f64
     }
 
-    /// The makespan over the mean load of list scheduling in counter order (the shared counter
-    /// with threads of equal speed).
-    fn imbalance(costs: &[f64], nth: usize) -> f64 {
-        let mut loads = vec![0f64; nth];
-        for &c in costs {
-            let i = (0..nth)
-                .min_by(|&a, &b| loads[a].total_cmp(&loads[b]))
-                .unwrap();
-            loads[i] += c;
-        }
-        let max = loads.iter().copied().fold(0f64, f64::max);
-        max / (loads.iter().sum::<f64>() / nth as f64)
-    }
+    use crate::op::list_schedule_imbalance as imbalance;
 
     #[test]
     fn up_to_two_threads_keep_whole_groups_of_four_tokens() {

@@ -464,6 +464,31 @@ mod tests {
         }
     }
 
+    /// The fused path's inputs over the packed rows of `h` (width D: `v`'s columns).
+    fn packed_inputs<'a>(
+        scores: &'a [f32],
+        h: &'a [f32],
+        k2: &'a RowMatrix<'a>,
+        v: &'a RowMatrix<'a>,
+        k: usize,
+    ) -> FusedInputs<'a> {
+        let d = v.n_cols();
+        FusedInputs {
+            up: UpInputs {
+                scores,
+                batch: Batch {
+                    h,
+                    stride: d,
+                    width: d,
+                    n_tokens: h.len() / d,
+                },
+                k2,
+                k,
+            },
+            v,
+        }
+    }
+
     /// Every unit of every cut (thread counts 1 to 200, tokens 1 to 70: whole rows, more token
     /// groups, column parts) computed on its own, in reverse order over two scratch buffers,
     /// writes exactly what `chunk_partials` writes, and the active pairs add up to its count.
@@ -485,20 +510,7 @@ mod tests {
             for n_tokens in [1, 2, 3, 5, 70] {
                 let h = rng.normals(n_tokens * d, 1.0);
                 let scores = rng.normals(n_tokens * f, 1.0);
-                let inputs = FusedInputs {
-                    up: UpInputs {
-                        scores: &scores,
-                        batch: Batch {
-                            h: &h,
-                            stride: d,
-                            width: d,
-                            n_tokens,
-                        },
-                        k2: &k2,
-                        k: f / 3,
-                    },
-                    v: &v,
-                };
+                let inputs = packed_inputs(&scores, &h, &k2, &v, f / 3);
                 let len = n_tokens * d;
                 let mut want = vec![0f32; p * len];
                 let kept = chunk_partials(
@@ -552,20 +564,7 @@ mod tests {
             rng.normals(n_tokens * d, 1.0),
             rng.normals(n_tokens * f, 1.0),
         );
-        let inputs = FusedInputs {
-            up: UpInputs {
-                scores: &scores,
-                batch: Batch {
-                    h: &h,
-                    stride: d,
-                    width: d,
-                    n_tokens,
-                },
-                k2: &k2,
-                k: 5,
-            },
-            v: &v,
-        };
+        let inputs = packed_inputs(&scores, &h, &k2, &v, 5);
         let mut out = vec![0f32; n_tokens * d];
         let mut sc = Scratch::new();
         let whole = FusedUnit {

@@ -334,20 +334,7 @@ mod tests {
     const F: usize = 13824;
     const Q8_0_BLOCK: usize = 32;
 
-    /// The thread loads of list scheduling in counter order (each unit to the thread that is
-    /// free first, as the shared counter hands them to threads of equal speed): the makespan
-    /// over the mean load.
-    fn imbalance(costs: &[f64], nth: usize) -> f64 {
-        let mut loads = vec![0f64; nth];
-        for &c in costs {
-            let i = (0..nth)
-                .min_by(|&a, &b| loads[a].total_cmp(&loads[b]))
-                .unwrap();
-            loads[i] += c;
-        }
-        let max = loads.iter().copied().fold(0f64, f64::max);
-        max / (loads.iter().sum::<f64>() / nth as f64)
-    }
+    use crate::op::list_schedule_imbalance as imbalance;
 
     /// A fused unit's multiply-adds if every neuron of its chunk were active: a K2 dot per
     /// (neuron, token) and its columns of the V rows (the activity is random, ~8 % per neuron).
