@@ -48,7 +48,8 @@ free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
-start_server() { # start_server NAME WITH_PLUGIN -> prints the endpoint
+# not in $(...): a subshell's pids+= would not reach the cleanup trap, and the servers would outlive the run
+start_server() { # start_server NAME WITH_PLUGIN -> sets $endpoint
     local port; port=$(free_port)
     if [ "$2" = 1 ]; then
         GGML_BACKEND_PATH=$plugin "$server_bin" -H 127.0.0.1 -p "$port" -t "$threads" >"$out/$1.log" 2>&1 &
@@ -58,14 +59,14 @@ start_server() { # start_server NAME WITH_PLUGIN -> prints the endpoint
     pids+=($!)
     for _ in $(seq 1 100); do
         if "$python" -c "import socket,sys; socket.create_connection(('127.0.0.1',$port),1)" 2>/dev/null; then
-            echo "127.0.0.1:$port"; return
+            endpoint="127.0.0.1:$port"; return
         fi
         sleep 0.1
     done
     echo "bench-rpc: rpc-server $1 did not start (see $out/$1.log)" >&2; exit 1
 }
-with_plugin_ep=$(start_server with-plugin 1)
-without_ep=$(start_server without-plugin 0)
+start_server with-plugin 1; with_plugin_ep=$endpoint
+start_server without-plugin 0; without_ep=$endpoint
 echo "bench-rpc: $(bench_cpu), -t $threads, servers $with_plugin_ep (plugin), $without_ep (none)" >&2
 
 run() { # run NAME CLIENT_PLUGIN MODEL [ARGS...]
