@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from upstream_helpers import (CFG, TARGET_KEEP, assert_stats_table, llama_completion,
+from upstream_helpers import (CFG, TARGET_KEEP, assert_k_dial, assert_stats_table, llama_completion,
                               parse_stats, spark_run_text)
 
 PROMPTS = ["ROMEO:", "JULIET.\nO Romeo, Romeo, wherefore"]
@@ -73,19 +73,4 @@ def test_override_kv_ffn_k_is_the_k_dial(shipped_f32, sparse_runs):
     text, res = llama_completion(shipped_f32, prompt, N_PREDICT, True, "--override-kv",
                                  f"spark-gemma2.spark.ffn_k=int:{SMALL_K}")
     assert text.strip(), res.explain("no text generated")
-    small_keep = SMALL_K / CFG["d_ff"]
-    small = assert_stats_table(res.stderr, CFG["n_layers"], small_keep, tol=0.01,
-                               explain=res.explain)
-    full = parse_stats(base.stderr)
-    for layer, row in small.rows.items():
-        assert row.keep < full.rows[layer].keep * 0.75, res.explain(
-            f"layer {layer}: keep rate {row.keep} with k={SMALL_K}, "
-            f"{full.rows[layer].keep} with k={CFG['ffn_k']}")
-    # the same dial as `spark run --spark-ffn-k`: the same neurons kept, the same text
-    want, spark_res = spark_run_text(shipped_f32, prompt, N_PREDICT, "--spark-stats",
-                                     "--spark-ffn-k", str(SMALL_K))
-    assert text == want, (text, want)
-    assert small.rows == parse_stats(spark_res.stderr).rows
-    print(f"\nk_f={SMALL_K}: " + " ".join(f"{r.keep:.4f}" for r in small.rows.values())
-          + f" (target {small_keep:.4f})\nk_f={CFG['ffn_k']}: "
-          + " ".join(f"{r.keep:.4f}" for r in full.rows.values()) + f" (target {TARGET_KEEP:.4f})")
+    assert_k_dial(res, text, base.stderr, shipped_f32, prompt, N_PREDICT, SMALL_K)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from upstream_helpers import (CFG, ROOT, TARGET_KEEP, UPSTREAM, Result, assert_stats_table,
-                              gemma2_prompt, parse_stats, plugin, run, spark_run_text)
+from upstream_helpers import (CFG, ROOT, TARGET_KEEP, UPSTREAM, Result, assert_k_dial,
+                              assert_stats_table, gemma2_prompt, parse_stats, plugin, run,
+                              spark_run_text)
 
 PKG_VERSION = "0.3.36"  # tools/python.sh's pin
 PROMPTS = ["ROMEO:", "JULIET.\nO Romeo, Romeo, wherefore"]
@@ -235,21 +236,8 @@ def test_kv_overrides_ffn_k_is_the_k_dial(shipped_f32, python_runs):
                          llama={"kv_overrides": {"spark-gemma2.spark.ffn_k": SMALL_K}})
     assert "error" not in out, res.explain(f"{out}")
     text = out["calls"][0]["choices"][0]["text"]
-    small_keep = SMALL_K / CFG["d_ff"]
-    small = assert_stats_table(res.stderr, CFG["n_layers"], small_keep, tol=0.01,
-                               explain=res.explain)
-    full = parse_stats(python_runs[prompt][2].stderr)
-    for layer, row in small.rows.items():
-        assert row.keep < full.rows[layer].keep * 0.75, res.explain(
-            f"layer {layer}: keep rate {row.keep} with k={SMALL_K}, "
-            f"{full.rows[layer].keep} with k={CFG['ffn_k']}")
-    want, spark_res = spark_run_text(shipped_f32, prompt, N_PREDICT, "--spark-stats",
-                                     "--spark-ffn-k", str(SMALL_K))
-    assert text == want, (text, want)
-    assert small.rows == parse_stats(spark_res.stderr).rows, (small.rows, spark_res.stderr)
-    print(f"\nk_f={SMALL_K}: " + " ".join(f"{r.keep:.4f}" for r in small.rows.values())
-          + f" (target {small_keep:.4f})\nk_f={CFG['ffn_k']}: "
-          + " ".join(f"{r.keep:.4f}" for r in full.rows.values()) + f" (target {TARGET_KEEP:.4f})")
+    full_k_run = python_runs[prompt][2]
+    assert_k_dial(res, text, full_k_run.stderr, shipped_f32, prompt, N_PREDICT, SMALL_K)
 
 
 def test_create_chat_completion_uses_the_models_template(shipped_f32_chat, server_factory):

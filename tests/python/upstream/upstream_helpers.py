@@ -286,6 +286,29 @@ def llama_completion(model: Path, prompt: str, n: int, with_plugin: bool, *extra
     return completion_text(res.stdout), res
 
 
+def assert_k_dial(res: Result, text: str, full_stderr: str, model: Path, prompt: str, n: int,
+                  small_k: int) -> None:
+    """A run at k_f = `small_k` through llama.cpp's key override (from any client): keep rates
+    at small_k / F in every layer, each under 3/4 of the full-k run's (`full_stderr`), and the
+    same text and per-layer statistics as `spark run --spark-ffn-k small_k` (the same neurons
+    kept); prints both runs' rates."""
+    small_keep = small_k / CFG["d_ff"]
+    small = assert_stats_table(res.stderr, CFG["n_layers"], small_keep, tol=0.01,
+                               explain=res.explain)
+    full = parse_stats(full_stderr)
+    for layer, row in small.rows.items():
+        assert row.keep < full.rows[layer].keep * 0.75, res.explain(
+            f"layer {layer}: keep rate {row.keep} with k={small_k}, "
+            f"{full.rows[layer].keep} with k={CFG['ffn_k']}")
+    want, spark_res = spark_run_text(model, prompt, n, "--spark-stats", "--spark-ffn-k",
+                                     str(small_k))
+    assert text == want, (text, want)
+    assert small.rows == parse_stats(spark_res.stderr).rows, (small.rows, spark_res.stderr)
+    print(f"\nk_f={small_k}: " + " ".join(f"{r.keep:.4f}" for r in small.rows.values())
+          + f" (target {small_keep:.4f})\nk_f={CFG['ffn_k']}: "
+          + " ".join(f"{r.keep:.4f}" for r in full.rows.values()) + f" (target {TARGET_KEEP:.4f})")
+
+
 def spark_run_text(model: Path, prompt: str, n: int, *extra) -> tuple[str, Result]:
     """`spark run` greedy text: its stdout is the prompt, the generated text and one newline."""
     res = spark_cli("run", "-m", model, "-p", prompt, "-n", n, "--temp", "0", "--seed", SEED,
