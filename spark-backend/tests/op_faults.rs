@@ -12,12 +12,11 @@ mod ffn_common;
 mod op_node;
 
 use attention_support::{build_op, Case, Ctx, Spec};
-use ffn_common::{op_case, OpCase, Rng, Runner};
-use llama_cpp_sys_2 as sys;
-use op_node::{Node, OpFn};
+use ffn_common::Runner;
+use op_node::{ffn_nodes_of, FfnNodes, FfnShape, Node, OpFn};
 use spark_backend::attention::op::spark_attn;
-use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
-use spark_backend::ffn::{self, Batch};
+use spark_backend::ffn;
+use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_up};
 use spark_backend::op::fault;
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;
@@ -115,66 +114,28 @@ fn check_fault_path(node: &Node) {
 /// D 256, r_f 64, F 72, 3 tokens, k_f 10 (every op's share is non-empty for up to 4 threads).
 /// One FFN case; `layer` tells its failure lines apart from those of the tests running beside
 /// it (the fault reports are one list for the process).
-fn ffn_case(ty: RowType, seed: u64, layer: i32) -> (OpCase, Vec<f32>) {
-    let (d, r, f, n) = (256, 64, 72, 3);
-    let mut rng = Rng::new(seed);
-    let (case, [k1, _, _], h) = op_case(&mut rng, ty, d, r, f, n, 10, layer);
-    let mut scores = vec![0f32; n * f];
-    let batch = Batch {
-        h: &h,
-        stride: d,
-        width: d,
-        n_tokens: n,
+fn ffn_case(ty: RowType, seed: u64, layer: i32) -> (FfnNodes, Vec<f32>) {
+    let shape = FfnShape {
+        ty,
+        d: 256,
+        r: 64,
+        f: 72,
+        n: 3,
+        k: 10,
     };
-    ffn::predictor_scores(&k1.matrix(), &batch, &mut scores).unwrap();
-    (case, scores)
-}
-
-fn node(c: &OpCase, name: &'static str, dst: *mut sys::ggml_tensor, op: OpFn) -> Node {
-    Node {
-        name,
-        layer: c.params.layer,
-        dst,
-        op,
-        userdata: (&*c.params as *const FfnParams).cast_mut().cast(),
-    }
+    ffn_nodes_of(shape, seed, layer)
 }
 
 #[test]
 fn a_failing_ffn_thread_nans_exactly_its_share() {
     for (i, ty) in [RowType::Q8_0, RowType::F16].into_iter().enumerate() {
-        let (c, scores) = ffn_case(ty, 70 + i as u64, 7);
-        // SAFETY: c.h is a live tensor of c.ggml.
-        let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
-        let f = scores.len() / n;
-        let p = ffn::tiling::default_chunks(f);
-        let params = &*c.params as *const FfnParams;
-        let st = c.ggml.f32_tensor(f, n, &scores);
-        let u = c
-            .ggml
-            .custom(&[n, f], &mut [st, c.h, c.k2], spark_ffn_up, params);
-        let down = c
-            .ggml
-            .custom(&[d, n], &mut [u, c.v], spark_ffn_down, params);
-        let partials = c.ggml.custom(
-            &[d, n, p],
-            &mut [st, c.h, c.k2, c.v],
-            spark_ffn_fused,
-            params,
-        );
-        let sum = c
-            .ggml
-            .custom(&[d, n], &mut [partials], spark_ffn_sum, params);
-
-        let up_node = node(&c, "spark_ffn_up", u, spark_ffn_up);
-        check_fault_path(&up_node);
-        up_node.run_all(1); // down's input
-        check_fault_path(&node(&c, "spark_ffn_down", down, spark_ffn_down));
-
-        let fused_node = node(&c, "spark_ffn_fused", partials, spark_ffn_fused);
-        check_fault_path(&fused_node);
-        fused_node.run_all(1); // sum's input
-        check_fault_path(&node(&c, "spark_ffn_sum", sum, spark_ffn_sum));
+        let (nodes, _) = ffn_case(ty, 70 + i as u64, 7);
+        check_fault_path(&nodes.up);
+        nodes.up.run_all(1); // down's input
+        check_fault_path(&nodes.down);
+        check_fault_path(&nodes.fused);
+        nodes.fused.run_all(1); // sum's input
+        check_fault_path(&nodes.sum);
     }
 }
 
@@ -203,7 +164,8 @@ fn a_failing_attention_thread_nans_exactly_its_share() {
 #[test]
 fn a_failing_thread_makes_the_whole_ffn_output_nan_in_a_ggml_graph() {
     quiet_injected_panics();
-    let (c, _) = ffn_case(RowType::Q8_0, 80, 8);
+    let (nodes, _) = ffn_case(RowType::Q8_0, 80, 8);
+    let c = &nodes.case;
     for fused_path in [true, false] {
         for n_threads in 1..=4 {
             for bad in 0..n_threads {
@@ -254,7 +216,8 @@ fn bad_claims_first(bad: usize) -> fault::ClaimHook {
 /// NaN for every thread count, with one line naming the op.
 #[test]
 fn bad_parameters_nan_the_whole_output() {
-    let (c, scores) = ffn_case(RowType::Q8_0, 90, 9);
+    let (nodes, scores) = ffn_case(RowType::Q8_0, 90, 9);
+    let c = &nodes.case;
     // SAFETY: c.h is a live tensor of c.ggml.
     let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
     let f = scores.len() / n;

@@ -74,20 +74,46 @@ impl Node {
 /// The FFN case: its four nodes (fused and sum read each other's output; up feeds down). The
 /// context and params live in `OpCase`.
 pub struct FfnNodes {
-    pub _case: OpCase,
+    /// The context, tensors and params the nodes point to.
+    pub case: OpCase,
     pub up: Node,
     pub down: Node,
     pub fused: Node,
     pub sum: Node,
 }
 
+/// The shape of an FFN case: row type, D, r_f, F, tokens, k_f.
+#[derive(Clone, Copy, Debug)]
+pub struct FfnShape {
+    pub ty: RowType,
+    pub d: usize,
+    pub r: usize,
+    pub f: usize,
+    pub n: usize,
+    pub k: i32,
+}
+
 /// D 1024 (q8_0: 32 blocks of 32), r_f 256, F 600 (P = 16 chunks of 37-38 neurons), `n` tokens,
 /// k_f 60, statistics in `layer`: several chunks per op (fused 16 x token groups, sum up to 64
 /// element blocks, up 5 neuron blocks, down 4 column blocks).
 pub fn ffn_nodes(n: usize, seed: u64, layer: i32) -> FfnNodes {
-    let (d, r, f) = (1024, 256, 600);
+    let shape = FfnShape {
+        ty: RowType::Q8_0,
+        d: 1024,
+        r: 256,
+        f: 600,
+        n,
+        k: 60,
+    };
+    ffn_nodes_of(shape, seed, layer).0
+}
+
+/// The four FFN nodes of a random case of `shape` (weights and inputs from `seed`, statistics in
+/// `layer`), and the predictor scores they read.
+pub fn ffn_nodes_of(shape: FfnShape, seed: u64, layer: i32) -> (FfnNodes, Vec<f32>) {
+    let FfnShape { ty, d, r, f, n, k } = shape;
     let mut rng = Rng::new(seed);
-    let (c, [k1, _, _], h) = op_case(&mut rng, RowType::Q8_0, d, r, f, n, 60, layer);
+    let (c, [k1, _, _], h) = op_case(&mut rng, ty, d, r, f, n, k, layer);
     let mut scores = vec![0f32; n * f];
     let batch = Batch {
         h: &h,
@@ -122,11 +148,12 @@ pub fn ffn_nodes(n: usize, seed: u64, layer: i32) -> FfnNodes {
         op,
         userdata,
     };
-    FfnNodes {
+    let nodes = FfnNodes {
         up: node("spark_ffn_up", u, spark_ffn_up),
         down: node("spark_ffn_down", down, spark_ffn_down),
         fused: node("spark_ffn_fused", partials, spark_ffn_fused),
         sum: node("spark_ffn_sum", sum, spark_ffn_sum),
-        _case: c,
-    }
+        case: c,
+    };
+    (nodes, scores)
 }
