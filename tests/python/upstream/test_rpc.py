@@ -307,6 +307,7 @@ class CountingProxy:
         self.to_server = 0
         self.to_client = 0
         self.lock = threading.Lock()
+        self.pumps: list[threading.Thread] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -318,8 +319,11 @@ class CountingProxy:
             server = socket.create_connection(self.target)
             for s in (client, server):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._pump, args=(client, server, "to_server"), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, "to_client"), daemon=True).start()
+            for args in ((client, server, "to_server"), (server, client, "to_client")):
+                pump = threading.Thread(target=self._pump, args=args, daemon=True)
+                with self.lock:
+                    self.pumps.append(pump)
+                pump.start()
 
     def _pump(self, src, dst, counter):
         try:
@@ -336,6 +340,20 @@ class CountingProxy:
                 except OSError:
                     pass
 
+    def drained(self, timeout: float = 60.0) -> tuple[int, int]:
+        """(to_server, to_client) once every relay has ended: the client has exited, so each of
+        its connections closes and both of its pumps stop. A fixed wait undercounted on a busy
+        machine (a relay still forwarding the load's weights when the counts were read)."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            pumps = list(self.pumps)
+        for pump in pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
+        alive = sum(p.is_alive() for p in pumps)
+        assert not alive, f"{alive} of {len(pumps)} relays still open {timeout} s after the client exited"
+        with self.lock:
+            return self.to_server, self.to_client
+
     def close(self):
         self.listener.close()
 
@@ -343,11 +361,11 @@ class CountingProxy:
 def bytes_of_run(model, server: RpcServer, with_plugin: bool, n: int) -> tuple[int, int]:
     proxy = CountingProxy(server.endpoint)
     try:
-        _, res = llama_completion(model, PROMPT, n, with_plugin, "--rpc", proxy.endpoint, "-ngl",
-                                  "99", "--ignore-eos")
-        time.sleep(0.2)  # the relays drain after the client exits
-        with proxy.lock:
-            return proxy.to_server, proxy.to_client
+        # One run: a retry after a lost capture would send the model's weights through the
+        # proxy a second time (seen on a busy machine: 22 MB more in a 40-token run).
+        llama_completion(model, PROMPT, n, with_plugin, "--rpc", proxy.endpoint, "-ngl", "99",
+                         "--ignore-eos", once=True)
+        return proxy.drained()
     finally:
         proxy.close()
 

@@ -274,15 +274,21 @@ def completion_text(stdout: str) -> str:
 
 
 def llama_completion(model: Path, prompt: str, n: int, with_plugin: bool, *extra,
-                     stats: bool = True, timeout: float = 180,
-                     check: bool = True) -> tuple[str, Result]:
+                     stats: bool = True, timeout: float = 180, check: bool = True,
+                     once: bool = False) -> tuple[str, Result]:
     """Greedy completion (temperature 0, fixed seed, 2 threads, no chat mode, no warm-up run).
     Every complete run ends its stdout with COMPLETION_END; a capture without it (the last
-    token was seen missing with it) is run again (`run_until_complete`)."""
+    token was seen missing with it) is run again (`run_until_complete`), unless `once`: a caller
+    that measures the run itself (bytes over a connection) needs exactly one, whatever its
+    capture."""
     cmd = [tool("llama-completion"), "-m", model, "-p", prompt, "-n", n, "--temp", "0",
            "--seed", SEED, "-t", THREADS, "-no-cnv", "--no-display-prompt", "--no-warmup", *extra]
-    res = run_until_complete(cmd, lambda r: r.stdout.endswith(COMPLETION_END),
-                             env=tool_env(with_plugin, stats), timeout=timeout, check=check)
+    env = tool_env(with_plugin, stats)
+    if once:
+        res = run(cmd, env=env, timeout=timeout, check=check)
+    else:
+        res = run_until_complete(cmd, lambda r: r.stdout.endswith(COMPLETION_END), env=env,
+                                 timeout=timeout, check=check)
     return completion_text(res.stdout), res
 
 
