@@ -342,8 +342,8 @@ class CountingProxy:
 
     def drained(self, timeout: float = 60.0) -> tuple[int, int]:
         """(to_server, to_client) once every relay has ended: the client has exited, so each of
-        its connections closes and both of its pumps stop. A fixed wait undercounted on a busy
-        machine (a relay still forwarding the load's weights when the counts were read)."""
+        its connections closes and both of its pumps stop (a fixed wait could read the counts
+        before the last bytes were relayed)."""
         deadline = time.monotonic() + timeout
         with self.lock:
             pumps = list(self.pumps)

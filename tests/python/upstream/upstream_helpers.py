@@ -169,11 +169,12 @@ LOST_CAPTURE_RUNS = 3
 
 
 def run_until_complete(args, complete: Callable[[Result], bool], env: dict | None = None,
-                       timeout: float = 180, check: bool = True) -> Result:
-    """`run`, again (LOST_CAPTURE_RUNS runs in all) while a run that exited 0 lacks what every
-    complete run of the tool prints last (`complete(res)` is false): such a run is a lost
-    capture, not a result. The last run is returned either way, for the caller's assertions."""
-    for _ in range(LOST_CAPTURE_RUNS):
+                       timeout: float = 180, check: bool = True,
+                       runs: int = LOST_CAPTURE_RUNS) -> Result:
+    """`run`, again (`runs` runs in all) while a run that exited 0 lacks what every complete run
+    of the tool prints last (`complete(res)` is false): such a run is a lost capture, not a
+    result. The last run is returned either way, for the caller's assertions."""
+    for _ in range(runs):
         res = run(args, env=env, timeout=timeout, check=check)
         if res.returncode != 0 or complete(res):
             break
@@ -283,12 +284,9 @@ def llama_completion(model: Path, prompt: str, n: int, with_plugin: bool, *extra
     capture."""
     cmd = [tool("llama-completion"), "-m", model, "-p", prompt, "-n", n, "--temp", "0",
            "--seed", SEED, "-t", THREADS, "-no-cnv", "--no-display-prompt", "--no-warmup", *extra]
-    env = tool_env(with_plugin, stats)
-    if once:
-        res = run(cmd, env=env, timeout=timeout, check=check)
-    else:
-        res = run_until_complete(cmd, lambda r: r.stdout.endswith(COMPLETION_END), env=env,
-                                 timeout=timeout, check=check)
+    res = run_until_complete(cmd, lambda r: r.stdout.endswith(COMPLETION_END),
+                             env=tool_env(with_plugin, stats), timeout=timeout, check=check,
+                             runs=1 if once else LOST_CAPTURE_RUNS)
     return completion_text(res.stdout), res
 
 
