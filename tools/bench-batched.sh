@@ -13,12 +13,14 @@
 #   --upstream DIR  what tools/upstream.sh installed (bin/, lib/)   default: target/upstream
 #   --models DIR    where the two models are made once (spark-convert --synthetic)
 #                                                                default: target/bench-models
-# Raw jsonl lines go to DIR/batched-<model>-<rep>.jsonl under target/bench-batched/.
+#   --out DIR       where the raw jsonl lines go                default: target/bench-batched
+#   -- ARGS         passed on to llama-batched-bench (e.g. -- -ngl 99 on a GPU build)
+# Raw jsonl lines go to OUT/batched-<model>-<rep>.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 npl=1,2,4,8 npp=128 ntg=32 threads=2 reps=1
-upstream=target/upstream models=target/bench-models
+upstream=target/upstream models=target/bench-models out=target/bench-batched
 while [ $# -gt 0 ]; do
     case "$1" in
         -npl) npl=$2; shift 2 ;;
@@ -28,7 +30,9 @@ while [ $# -gt 0 ]; do
         -r) reps=$2; shift 2 ;;
         --upstream) upstream=$2; shift 2 ;;
         --models) models=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --out) out=$2; shift 2 ;;
+        --) shift; break ;;
+        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-batched: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -40,21 +44,20 @@ source tools/bench-common.sh
 bench_need "$bench" "$plugin"
 bench_models "$models"
 bench_python
-mkdir -p target/bench-batched
+mkdir -p "$out"
 
 # Room for every sequence's prompt and generation (llama-batched-bench's n_kv_max).
 max_npl=$(tr ',' '\n' <<<"$npl" | sort -n | tail -1)
 ctx=$(( max_npl * (npp + ntg) + 256 ))
 echo "bench-batched: $(bench_cpu), -t $threads, -c $ctx" >&2
 
-out=target/bench-batched
 for r in $(seq 1 "$reps"); do
     for m in spark stock; do
         model=$spark; [ "$m" = stock ] && model=$stock
         echo "bench-batched: repetition $r/$reps, $m" >&2
         # The plugin is loaded for both (the stock graph never calls it), as in bench-scaling.sh.
         GGML_BACKEND_PATH=$plugin "$bench" -m "$model" -c "$ctx" -b 2048 -ub 512 -t "$threads" \
-            -npp "$npp" -ntg "$ntg" -npl "$npl" --output-format jsonl 2>"$out/batched-$m-$r.log" \
+            -npp "$npp" -ntg "$ntg" -npl "$npl" --output-format jsonl "$@" 2>"$out/batched-$m-$r.log" \
             | grep '^{' >"$out/batched-$m-$r.jsonl" \
             || { cat "$out/batched-$m-$r.log" >&2; exit 1; }
     done

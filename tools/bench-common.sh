@@ -3,7 +3,7 @@
 #   bench_need FILE...     exits with a hint when one of what tools/upstream.sh installs is missing
 #   bench_models DIR       sets $spark and $stock: the synthetic Gemma-2 2B Q8_0 models (Spark and
 #                          stock gemma2; random weights, speed does not depend on them), made
-#                          once in DIR with spark-convert
+#                          once in DIR with spark-convert ($SPARK_CONVERT, else target/*/)
 #   bench_python           sets $python: the project's .venv interpreter, else python3
 #   bench_cpu              prints the CPU model and count
 
@@ -16,7 +16,7 @@ bench_need() {
 
 bench_models() {
     local convert= c
-    for c in target/debug/spark-convert target/release/spark-convert; do
+    for c in ${SPARK_CONVERT:-} target/debug/spark-convert target/release/spark-convert; do
         if [ -x "$c" ]; then convert=$c; break; fi
     done
     [ -n "$convert" ] || { echo "$(basename "$0" .sh): spark-convert not found: cargo build" >&2; exit 1; }

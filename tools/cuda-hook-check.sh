@@ -62,21 +62,8 @@ run() {
 if [ "$quiet" = 1 ]; then bash tools/cuda-tools.sh --quiet; else bash tools/cuda-tools.sh; fi
 # shellcheck source=/dev/null
 source target/cuda-tools/env.sh
-cu=$(cd "$(dirname "$SPARK_NVCC")/.." && pwd)
-# The wheels lack what CMake's CUDA support looks for in a toolkit root: unversioned libcudart
-# and libcublas(Lt) links (FindCUDAToolkit), libcuda.so (CUDA::cuda_driver: a stub, never
-# loaded), and nvcc links its compiler check against $TOP/lib64 (LIBRARY_PATH below instead).
-# A root of symlinks provides them without touching target/cuda-tools.
-tk=$work/toolkit
-mkdir -p "$tk/lib/stubs"
-for d in bin include nvvm; do ln -sfn "$cu/$d" "$tk/$d"; done
-for f in "$cu"/lib/*; do ln -sfn "$f" "$tk/lib/$(basename "$f")"; done
-ln -sfn libcudart.so.13 "$tk/lib/libcudart.so"
-ln -sfn libcublas.so.13 "$tk/lib/libcublas.so"
-ln -sfn libcublasLt.so.13 "$tk/lib/libcublasLt.so"
-[ -f "$tk/lib/stubs/libcuda.so" ] || echo 'void cuInit(void) {}' \
-    | cc -shared -fPIC -x c - -o "$tk/lib/stubs/libcuda.so"
-export LIBRARY_PATH="$tk/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+tk=$SPARK_CUDA_TOOLKIT
+export LIBRARY_PATH="$tk/lib:$tk/lib/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
 
 # 2. The patched source tree. The stamp names the pinned version and every patch's content;
 #    the tree is rebuilt from the pristine sources whenever it changes.

@@ -9,7 +9,10 @@
 # Afterwards `source target/cuda-tools/env.sh` sets
 #   SPARK_CUDA_TOOLS   the install root,
 #   SPARK_NVRTC_LIB    the directory holding libnvrtc.so.13 (put on LD_LIBRARY_PATH for tests),
-#   SPARK_NVCC         the nvcc binary.
+#   SPARK_NVCC         the nvcc binary,
+#   SPARK_CUDA_TOOLKIT a toolkit root of symlinks that CMake's CUDA support accepts
+#                      (-DCUDAToolkit_ROOT, -DCMAKE_CUDA_COMPILER=$SPARK_CUDA_TOOLKIT/bin/nvcc;
+#                      link with LIBRARY_PATH=$SPARK_CUDA_TOOLKIT/lib:$SPARK_CUDA_TOOLKIT/lib/stubs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quiet=0
@@ -44,9 +47,26 @@ nvcc="$cu/bin/nvcc"
 [ -x "$nvcc" ] || { echo "cuda-tools: nvcc missing at $nvcc" >&2; exit 1; }
 # libnvrtc.so (unversioned) is what cudarc's loader asks for first; the wheel ships only .so.13.
 [ -e "$nvrtc_lib/libnvrtc.so" ] || ln -s "$(basename "$(ls "$nvrtc_lib"/libnvrtc.so.13* | head -1)")" "$nvrtc_lib/libnvrtc.so"
+# The wheels lack what CMake's CUDA support looks for in a toolkit root: unversioned libcudart
+# and libcublas(Lt) links (FindCUDAToolkit), libcuda.so (CUDA::cuda_driver: a stub with the
+# driver's soname, linked against and never loaded: the GPU machine's driver provides the real
+# one), and nvcc links its compiler check against $TOP/lib64 (LIBRARY_PATH instead). A root of
+# symlinks provides them without touching the wheels.
+cu_root=$(cd "$(dirname "$nvcc")/.." && pwd)
+tk=$root/toolkit
+mkdir -p "$tk/lib/stubs"
+for d in bin include nvvm; do ln -sfn "$cu_root/$d" "$tk/$d"; done
+for f in "$cu_root"/lib/*; do ln -sfn "$f" "$tk/lib/$(basename "$f")"; done
+ln -sfn libcudart.so.13 "$tk/lib/libcudart.so"
+ln -sfn libcublas.so.13 "$tk/lib/libcublas.so"
+ln -sfn libcublasLt.so.13 "$tk/lib/libcublasLt.so"
+if [ ! -f "$tk/lib/stubs/libcuda.so" ]; then
+    echo 'void cuInit(void) {}' | cc -shared -fPIC -Wl,-soname,libcuda.so.1 -x c - -o "$tk/lib/stubs/libcuda.so"
+fi
 cat >"$root/env.sh" <<ENV
 export SPARK_CUDA_TOOLS="$root"
 export SPARK_NVRTC_LIB="$nvrtc_lib"
 export SPARK_NVCC="$nvcc"
+export SPARK_CUDA_TOOLKIT="$tk"
 ENV
 say "ready: $("$nvcc" --version | tail -2 | head -1)"

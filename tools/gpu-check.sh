@@ -6,10 +6,12 @@
 #
 # Phases, in this order (each one's section of the report is kept in target/gpuwork, so running
 # the same command again on the still-warm machine continues where a time limit stopped it):
-#   build    the patched llama.cpp from target/gpucarry/llama-src.tar.gz: GGML_CUDA=ON for this
-#            GPU's architecture (nvidia-smi; 90 for H100/H200), GGML_CUDA_FA=OFF, shared
-#            libraries, GGML_BUILD_COMMIT_OVERRIDE = the series tag the plugin was built against;
-#            targets llama-bench llama-perplexity llama-completion llama-quantize (~4 min)
+#   build    the patched llama.cpp with GGML_CUDA=ON for this GPU's architecture (nvidia-smi;
+#            90 for H100/H200), GGML_CUDA_FA=OFF, shared libraries, GGML_BUILD_COMMIT_OVERRIDE =
+#            the series tag the plugin was built against; tools llama-bench llama-batched-bench
+#            llama-perplexity llama-completion llama-quantize. The prebuilt of
+#            gpu-pack.sh --cuda-arch when the carry has one for this arch and it loads (seconds),
+#            else from target/gpucarry/llama-src.tar.gz (~4 min)
 #   correct  the shipped model (models/spark-shakespeare.npz, converted here; quantized here to
 #            F16 BF16 Q8_0 Q4_0 Q4_K_M) on models/heldout.txt, llama-perplexity -c 256: CPU with
 #            the plugin (GPU hidden) writes --kl-divergence-base, GPU (-ngl 99) with the plugin
@@ -18,40 +20,46 @@
 #            SPARK_STATS=1 keep-rate tables CPU vs GPU; GGML_SCHED_DEBUG=2 shows on which
 #            backend every GGML_OP_CUSTOM node ran (prefill and decode)
 #   bench    llama-bench -ngl 99 -fa 0, Spark vs stock Gemma-2 2B (synthetic, spark-convert
-#            --synthetic, f16 and q8_0) at -p 512 -n 128 -d 0,512,4096 -r 3
+#            --synthetic; q8_0 and q4_0) at -p 512 -n 128 -d 0,512,4096 -r 3; the stock q8_0
+#            decode without CUDA graphs (Spark graphs run without them)
 #   prof     device-to-device copy bandwidth (PyTorch), then each Spark kernel's time and DRAM
 #            bytes (nsys if it works here, else ncu) against it
+#   batched  tools/bench-batched.sh -npl 1,4,16 -- -ngl 99 (llama-batched-bench, q8_0)
+#   scaling  the CPU alone (GPU hidden): tools/bench-scaling.sh -t 4,8,16, decode at depth 512
 #
 # Fails (exit 1) when the build fails, the GPU run's KL divergence or top-1 agreement is out of
 # bounds, SPARK_STATS differ, or the Spark kernels did not run on the GPU (the plugin's
 # "spark-backend: CUDA kernels registered" line missing, or a GGML_OP_CUSTOM node scheduled on
 # the CPU under -ngl 99). Exit 2: passed so far, but a phase was skipped for time (run again).
 #
-# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,prof] [--budget SECONDS] [--redo]
+# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,prof,batched,scaling]
+#                                [--budget SECONDS] [--redo]
 #   --budget   stop starting phases that would not end within SECONDS of the start (default 570,
 #              inside the run call's 600)
 #   --redo     ignore the kept sections and run every phase again (the build stays incremental)
 # Tunables (environment): GPU_CHECK_CHUNKS (40 perplexity chunks of 256 tokens),
-# GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_BENCH_REPS (3),
-# GPU_CHECK_BENCH_TYPES ("f16 q8_0"), CUDA_ARCH (from nvidia-smi).
+# GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_UB_CHUNKS (8: the -ub 1/8 rows),
+# GPU_CHECK_BENCH_REPS (3),
+# GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), CUDA_ARCH (from nvidia-smi); for gpu-pack.sh's prebuild:
+# GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU), GPU_CHECK_PORTABLE=1.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 
-phases=build,correct,bench,prof budget=570 redo=0
+phases=build,correct,bench,prof,batched,scaling budget=570 redo=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --phases) phases=$2; shift ;;
         --budget) budget=$2; shift ;;
         --redo) redo=1 ;;
-        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
 
 carry=$root/target/gpucarry
-work=$root/target/gpuwork
+work=${GPU_CHECK_WORK:-$root/target/gpuwork}
 out=${OUT:-$work/out}
 logs=$work/logs
 mkdir -p "$out" "$work/sections" "$logs" "$work/models" "$work/kld"
@@ -70,7 +78,7 @@ fail() { failures+=("$1"); say "FAIL: $1"; }
 left() { echo $((deadline - SECONDS)); }
 # Saves the logs into $OUT after every phase: what is there when a time limit kills the command
 # still comes back.
-save_logs() { tar -C "$work" -czf "$out/gpu-logs.tar.gz.tmp" logs bench.json prof 2>/dev/null
+save_logs() { tar -C "$work" -czf "$out/gpu-logs.tar.gz.tmp" logs bench.json bench-nographs.json scaling.json prof 2>/dev/null
               mv -f "$out/gpu-logs.tar.gz.tmp" "$out/gpu-logs.tar.gz"; }
 has_phase() { [[ ",$phases," == *",$1,"* ]]; }
 
@@ -94,6 +102,15 @@ cuda_root=${nvcc:+$(cd "$(dirname "$nvcc")/.." && pwd)}
 for d in "$cuda_root/lib64" "$cuda_root/targets/x86_64-linux/lib" /usr/local/nvidia/lib64; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+# folders use_prebuilt found for libraries the loader missed (kept for a rerun on this machine)
+ld_extra() {
+    local d
+    [ -f "$work/ld-extra" ] || return 0
+    while read -r d; do
+        [[ ":${LD_LIBRARY_PATH:-}:" == *":$d:"* ]] || export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done <"$work/ld-extra"
+}
+ld_extra
 arch=${CUDA_ARCH:-}
 if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
@@ -140,12 +157,56 @@ run_phase() {
 }
 
 # --- build -------------------------------------------------------------------------------------
+# Two ways to the CUDA build, the same cmake options either way (cuda_build):
+# - prebuilt: tools/gpu-pack.sh --cuda-arch ARCH made it on the dev machine with the PyPI nvcc
+#   (target/gpucarry/llama-cuda-smARCH.tar.xz: bin/ with the tools and shared libraries, RPATH
+#   $ORIGIN); used when its arch and tag match and every library it needs resolves here;
+# - from source: target/gpucarry/llama-src.tar.gz, built here (~4 min on 16 cores).
 src=$work/src/llama.cpp
 bld=$work/build
 bin=$bld/bin
-phase_build() {
+tools_built=(llama-bench llama-batched-bench llama-perplexity llama-completion llama-quantize)
+
+# cuda_build: configure and build the tools in $bld from $src. GPU_CHECK_PORTABLE=1 builds the
+# CPU backend for x86-64-v3 (AVX2 FMA F16C BMI2) instead of -march=native: a prebuilt must run
+# on a CPU nobody has seen. With SPARK_CUDA_TOOLKIT (tools/cuda-tools.sh, the dev machine) it
+# compiles and links against that toolkit root and its libcuda stub.
+cuda_build() {
+    local gen=() cpu=(-DGGML_NATIVE=ON) tk=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    [ -f "$bld/CMakeCache.txt" ] && gen=()
+    if [ "${GPU_CHECK_PORTABLE:-0}" = 1 ]; then
+        cpu=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+    fi
+    if [ -n "${SPARK_CUDA_TOOLKIT:-}" ]; then
+        tk=(-DCUDAToolkit_ROOT="$SPARK_CUDA_TOOLKIT" -DCMAKE_CUDA_COMPILER="$SPARK_CUDA_TOOLKIT/bin/nvcc"
+            "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined")
+        export LIBRARY_PATH="$SPARK_CUDA_TOOLKIT/lib:$SPARK_CUDA_TOOLKIT/lib/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    elif [ -n "$nvcc" ]; then
+        tk=(-DCMAKE_CUDA_COMPILER="$nvcc")
+    fi
+    if ! cmake -S "$src" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+            -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON \
+            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+            -DGGML_CUDA_FA=OFF "${cpu[@]}" -DGGML_RPC=ON -DGGML_CCACHE=OFF \
+            -DGGML_BUILD_COMMIT_OVERRIDE="$tag" \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+            "${tk[@]}" >"$logs/cmake-configure.log" 2>&1; then
+        tail -n 30 "$logs/cmake-configure.log" | emit
+        fail "build: cmake configure failed"; return 1
+    fi
+    if ! cmake --build "$bld" -j "$threads" --target "${tools_built[@]}" >"$logs/cmake-build.log" 2>&1; then
+        grep -m 20 -B2 -A6 'error' "$logs/cmake-build.log" | emit
+        fail "build: compile failed (logs/cmake-build.log)"; return 1
+    fi
+}
+
+unpack_src() {
+    # the tree is the series (its tag) plus the tools' sdist: unpacked again only when they change
+    # (a new tarball of the same tree keeps an incremental build)
     local tstamp
-    tstamp=$(sha256sum "$carry/llama-src.tar.gz" | cut -c1-16)
+    tstamp="$tag $(grep '^tools_sdist ' "$carry/MANIFEST")"
     if [ "$(cat "$work/src.stamp" 2>/dev/null)" != "$tstamp" ]; then
         rm -rf "$work/src"
         mkdir -p "$work/src"
@@ -154,36 +215,64 @@ phase_build() {
     fi
     [ "$(cat "$src/SPARK_SERIES_TAG")" = "$tag" ] \
         || { fail "build: the source tarball's tag $(cat "$src/SPARK_SERIES_TAG") is not the plugin's $tag"; return 1; }
-    local gen=()
-    command -v ninja >/dev/null && gen=(-G Ninja)
-    [ -f "$bld/CMakeCache.txt" ] && gen=()
-    if ! cmake -S "$src" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-            -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-            -DGGML_CUDA_FA=OFF -DGGML_NATIVE=ON -DGGML_RPC=ON -DGGML_CCACHE=OFF \
-            -DGGML_BUILD_COMMIT_OVERRIDE="$tag" \
-            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-            -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-            ${nvcc:+-DCMAKE_CUDA_COMPILER="$nvcc"} >"$logs/cmake-configure.log" 2>&1; then
-        tail -n 30 "$logs/cmake-configure.log" | emit
-        fail "build: cmake configure failed"; return 1
+}
+
+# use_prebuilt: unpacks the carried prebuilt for this arch into $bin when it carries the
+# plugin's tag and every library it needs resolves on this machine; else returns 1 and says why.
+use_prebuilt() {
+    local pre=$carry/llama-cuda-sm$arch.tar.xz missing
+    [ -f "$pre" ] || { say "no prebuilt for sm_$arch in the carry: building from source"; return 1; }
+    rm -rf "$bld" "$work/ld-extra"
+    mkdir -p "$bld"
+    tar -xJf "$pre" -C "$bld" || { say "cannot unpack $(basename "$pre"): building from source"; return 1; }
+    if [ "$(cat "$bld/SPARK_SERIES_TAG" 2>/dev/null)" != "$tag" ]; then
+        say "the prebuilt's tag $(cat "$bld/SPARK_SERIES_TAG" 2>/dev/null) is not the plugin's $tag: building from source"
+        rm -rf "$bld"; return 1
     fi
-    if ! cmake --build "$bld" -j "$threads" --target llama-bench llama-perplexity llama-completion \
-            llama-quantize >"$logs/cmake-build.log" 2>&1; then
-        grep -m 20 -B2 -A6 'error' "$logs/cmake-build.log" | emit
-        fail "build: compile failed (logs/cmake-build.log)"; return 1
+    # a library the dynamic loader misses may still be on the machine (a pip wheel's folder)
+    local lib found
+    for lib in $(ldd "$bin"/llama-* "$bin"/*.so 2>&1 | sed -n 's/^\s*\(\S*\) => not found/\1/p' | sort -u); do
+        found=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | head -1)
+        [ -n "$found" ] && dirname "$found" >>"$work/ld-extra"
+    done
+    ld_extra
+    missing=$(ldd "$bin"/llama-* "$bin"/*.so 2>&1 | grep 'not found' | sort -u | tr -s ' \t' ' ')
+    if [ -n "$missing" ]; then
+        say "the prebuilt needs libraries this machine lacks ($missing): building from source"
+        rm -rf "$bld"; return 1
     fi
-    say "built in $bld (CUDA arch $arch, ggml_commit $tag): $(cd "$bin" && echo llama-*)"
+    say "prebuilt $(basename "$pre") ($(cat "$bld/BUILT_ON" 2>/dev/null)): $(ldd "$bin/libggml-cuda.so" \
+        | grep -o 'lib\(cudart\|cublas\|cuda\)\.so[.0-9]* => [^ ]*' | tr '\n' ' ')"
+}
+
+phase_build() {
+    if [ "${GPU_CHECK_PREBUILD:-0}" = 1 ]; then
+        # on the dev machine, for gpu-pack.sh --cuda-arch: no GPU to check the plugin against
+        unpack_src && cuda_build || return 1
+        say "built in $bld (CUDA arch $arch, ggml_commit $tag, portable CPU ${GPU_CHECK_PORTABLE:-0})"
+        return 0
+    fi
+    if ! use_prebuilt; then
+        unpack_src && cuda_build || return 1
+    fi
+    say "CUDA build in $bld (arch $arch, ggml_commit $tag): $(cd "$bin" && echo llama-*)"
     # the plugin accepts this ggml (same tag) and registers its CUDA launchers
     GGML_BACKEND_PATH=$plugin "$bin/llama-completion" --list-devices >"$logs/list-devices.log" 2>&1
     sed -n '/spark-backend\|CUDA0\|Available devices/p' "$logs/list-devices.log" | head -8 | emit
     if grep -q 'not registering' "$logs/list-devices.log"; then
         fail "build: the plugin refused this ggml (see logs/list-devices.log)"; return 1
     fi
+    if ! grep -q 'CUDA0' "$logs/list-devices.log"; then
+        tail -n 5 "$logs/list-devices.log" | emit
+        fail "build: llama-completion lists no CUDA0 device (logs/list-devices.log)"; return 1
+    fi
 }
-run_phase build 420 phase_build
+build_need=420
+[ -f "$carry/llama-cuda-sm$arch.tar.xz" ] && build_need=60
+run_phase build "$build_need" phase_build
 if [ ! -x "$bin/llama-perplexity" ] || [ ! -f "$work/sections/build.done" ]; then
     # the other phases need the build
-    for p in correct bench prof; do has_phase "$p" && skipped+=("$p"); done
+    for p in correct bench prof batched scaling; do has_phase "$p" && skipped+=("$p"); done
     phases=build
 fi
 
@@ -191,18 +280,22 @@ fi
 chunks=${GPU_CHECK_CHUNKS:-40}
 max_kld=${GPU_CHECK_MAX_KLD:-5e-4}
 min_top1=${GPU_CHECK_MIN_TOP1:-98.5}
+ub_chunks=${GPU_CHECK_UB_CHUNKS:-8}
 
-# kld_pair LABEL MODEL PLUGIN(yes|no): CPU base run, GPU KLD run; prints one table row
+# kld_pair LABEL MODEL PLUGIN(yes|no) CHUNKS [GPU ARGS...]: CPU base run (whole 256-token
+# ubatches), GPU KLD run (with the extra arguments, e.g. -ub 1 for the decode kernels); prints one
+# table row. Each run is bounded (a hang must not take the call's other phases with it).
 kld_pair() {
-    local label=$1 model=$2 with=$3 env_plugin=()
+    local label=$1 model=$2 with=$3 n_chunks=$4 env_plugin=()
+    shift 4
     [ "$with" = yes ] && env_plugin=(GGML_BACKEND_PATH="$plugin")
     local cpu=$logs/ppl-$label-cpu.log gpu=$logs/ppl-$label-gpu.log base=$work/kld/$label.kld
-    env "${env_plugin[@]}" SPARK_STATS=1 CUDA_VISIBLE_DEVICES= \
-        "$bin/llama-perplexity" -m "$model" -f models/heldout.txt -c 256 --chunks "$chunks" -t "$threads" \
+    env "${env_plugin[@]}" SPARK_STATS=1 CUDA_VISIBLE_DEVICES= timeout 120 \
+        "$bin/llama-perplexity" -m "$model" -f models/heldout.txt -c 256 --chunks "$n_chunks" -t "$threads" \
         --no-warmup -ngl 0 --kl-divergence-base "$base" >"$cpu" 2>&1 \
         || { fail "correct: $label CPU run failed (logs/$(basename "$cpu"))"; return; }
-    env "${env_plugin[@]}" SPARK_STATS=1 \
-        "$bin/llama-perplexity" -m "$model" -c 256 -t "$threads" --no-warmup -ngl 99 \
+    env "${env_plugin[@]}" SPARK_STATS=1 timeout 120 \
+        "$bin/llama-perplexity" -m "$model" -c 256 -t "$threads" --no-warmup -ngl 99 "$@" \
         --kl-divergence-base "$base" --kl-divergence >"$gpu" 2>&1 \
         || { fail "correct: $label GPU run failed (logs/$(basename "$gpu"))"; return; }
     local ppl_cpu ppl_q ppl_base kld top1
@@ -266,12 +359,17 @@ phase_correct() {
     say ""
     say "| model        | plugin | PPL CPU    | PPL(Q) GPU | PPL(base)  | mean KLD   | top-1 % |"
     say "|---|---|---|---|---|---|---|"
-    kld_pair f32 "$m/shakespeare-f32.gguf" yes
+    kld_pair f32 "$m/shakespeare-f32.gguf" yes "$chunks"
     for t in "${types[@]}"; do
-        [ -f "$m/shakespeare-$t.gguf" ] && kld_pair "$t" "$m/shakespeare-$t.gguf" yes
+        [ -f "$m/shakespeare-$t.gguf" ] && kld_pair "$t" "$m/shakespeare-$t.gguf" yes "$chunks"
     done
-    kld_pair f32-dense "$m/shakespeare-f32.gguf" no
-    say "(plugin 'no': the dense stock-op graph, i.e. what ggml-cuda's own kernels change; not bounded)"
+    # the decode kernels (one token per ubatch: compaction and the sparse V sum, the attention
+    # of one query) and the small-batch path (8 tokens) against the CPU's whole-chunk logits
+    kld_pair f32-ub1 "$m/shakespeare-f32.gguf" yes "$ub_chunks" -b 256 -ub 1
+    kld_pair Q8_0-ub1 "$m/shakespeare-Q8_0.gguf" yes "$ub_chunks" -b 256 -ub 1
+    kld_pair f32-ub8 "$m/shakespeare-f32.gguf" yes "$ub_chunks" -b 256 -ub 8
+    kld_pair f32-dense "$m/shakespeare-f32.gguf" no "$chunks"
+    say "(-ub N: the GPU run evaluates N tokens per ubatch, over $ub_chunks chunks; plugin 'no': the dense stock-op graph, i.e. what ggml-cuda's own kernels change; not bounded)"
 
     say ""
     say "SPARK_STATS=1, f32 model, same tokens: CPU | GPU (layer, ffn_keep_rate, ffn_tokens, attn_mean_positions, attn_queries)"
@@ -303,27 +401,80 @@ EOF
 
     say ""
     # on which backend the custom ops run: a prefill graph (one 256-token chunk) and decode graphs
-    GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin "$bin/llama-perplexity" -m "$m/shakespeare-f32.gguf" \
+    GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin timeout 120 "$bin/llama-perplexity" -m "$m/shakespeare-f32.gguf" \
         -f models/heldout.txt -c 256 --chunks 1 -b 256 -ngl 99 -t "$threads" --no-warmup -v \
         >"$logs/sched-prefill.log" 2>&1 || fail "correct: the GGML_SCHED_DEBUG prefill run failed"
     sched_check prefill "$logs/sched-prefill.log"
-    GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin "$bin/llama-completion" -m "$m/shakespeare-f32.gguf" \
+    GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin timeout 120 "$bin/llama-completion" -m "$m/shakespeare-f32.gguf" \
         -p "ROMEO:" -n 4 --temp 0 -no-cnv -ngl 99 -t "$threads" --no-warmup -v \
         >"$logs/sched-decode.log" 2>&1 </dev/null || fail "correct: the GGML_SCHED_DEBUG decode run failed"
     sched_check decode "$logs/sched-decode.log"
     grep -m3 'spark-backend' "$logs/sched-decode.log" | sed 's/^/plugin: /' | emit
+
+    # greedy text, CPU vs GPU, Q8_0 (informative: the -ub 1 rows above bound the decode logits)
+    local dev text=()
+    for dev in cpu gpu; do
+        local hide=() ngl=99
+        [ "$dev" = cpu ] && hide=(CUDA_VISIBLE_DEVICES=) ngl=0
+        env "${hide[@]}" GGML_BACKEND_PATH="$plugin" timeout 60 "$bin/llama-completion" \
+            -m "$m/shakespeare-Q8_0.gguf" -p "ROMEO:" -n 48 --temp 0 -no-cnv -ngl "$ngl" -t "$threads" \
+            --no-warmup >"$logs/greedy-$dev.txt" 2>"$logs/greedy-$dev.log" </dev/null
+        text+=("$(tr '\n' '|' <"$logs/greedy-$dev.txt")")
+    done
+    say "greedy, Q8_0, 48 tokens after 'ROMEO:' ('|' = newline):"
+    say "  CPU: ${text[0]}"
+    say "  GPU: ${text[1]}"
+    if [ "${text[0]}" = "${text[1]}" ]; then say "  the same text"; else say "  the texts differ"; fi
     return 0
 }
 run_phase correct 150 phase_correct
 
 # --- bench -------------------------------------------------------------------------------------
+bench_types=${GPU_CHECK_BENCH_TYPES:-q8_0 q4_0}
+# synthetic_model PRESET TYPE: the random-weight model $work/models/PRESET-TYPE.gguf, made once:
+# spark-convert --synthetic writes f32/f16/bf16/q8_0; other types are llama-quantize'd from q8_0
+# (weights are random: requantizing changes no speed)
+synthetic_model() {
+    local p=$1 t=$2 m=$work/models
+    [ -f "$m/$p-$t.gguf" ] && return 0
+    case "$t" in
+        f32|f16|bf16|q8_0)
+            "$convert" --synthetic "$p" "$m/$p-$t.gguf" --outtype "$t" --quiet >>"$logs/synthetic.log" 2>&1 ;;
+        *)
+            synthetic_model "$p" q8_0 && "$bin/llama-quantize" --allow-requantize "$m/$p-q8_0.gguf" \
+                "$m/$p-$t.gguf" "${t^^}" "$threads" >>"$logs/synthetic.log" 2>&1 ;;
+    esac || { rm -f "$m/$p-$t.gguf"; fail "bench: the synthetic $p $t model failed (logs/synthetic.log)"; return 1; }
+}
+
+# bench_table JSON: llama-bench's JSON of Spark and stock models (file names PRESET-TYPE.gguf)
+# as one row per type, test, depth and thread count with the Spark/stock ratio
+bench_table() {
+    python3 - "$1" <<'EOF'
+import json, os, sys
+rows = json.load(open(sys.argv[1]))
+res = {}
+for r in rows:
+    name = os.path.basename(r["model_filename"]).removesuffix(".gguf")
+    kind, typ = name.rsplit("-", 1)
+    test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+    res[(typ, test, r["n_depth"], r["n_threads"], kind)] = (r["avg_ts"], r["stddev_ts"])
+print("| type | test | depth | threads | Spark t/s | stock Gemma-2 t/s | Spark/stock |")
+print("|---|---|---|---|---|---|---|")
+for key in sorted(k for k in res if k[4] == "spark-gemma2-2b"):
+    s = res[key]
+    g = res.get(key[:4] + ("gemma2-2b",))
+    ratio = f"**{s[0] / g[0]:.2f}x**" if g else "?"
+    gs = f"{g[0]:.2f} +/- {g[1]:.2f}" if g else "?"
+    print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {s[0]:.2f} +/- {s[1]:.2f} | {gs} | {ratio} |")
+EOF
+}
+
 phase_bench() {
-    local m=$work/models t models=()
-    for t in ${GPU_CHECK_BENCH_TYPES:-f16 q8_0}; do
+    local t p models=()
+    for t in $bench_types; do
         for p in spark-gemma2-2b gemma2-2b; do
-            [ -f "$m/$p-$t.gguf" ] || "$convert" --synthetic "$p" "$m/$p-$t.gguf" --outtype "$t" --quiet \
-                >>"$logs/synthetic.log" 2>&1 || { fail "bench: spark-convert --synthetic $p $t failed"; return 1; }
-            models+=(-m "$m/$p-$t.gguf")
+            synthetic_model "$p" "$t" || return 1
+            models+=(-m "$work/models/$p-$t.gguf")
         done
     done
     local reps=${GPU_CHECK_BENCH_REPS:-3}
@@ -334,32 +485,28 @@ phase_bench() {
         tail -n 5 "$logs/bench.log" | emit
         fail "bench: llama-bench failed or ran out of time (logs/bench.log)"; return 1
     fi
-    python3 - "$work/bench.json" <<'EOF' | emit
-import json, os, sys
-rows = json.load(open(sys.argv[1]))
-res = {}
-for r in rows:
-    name = os.path.basename(r["model_filename"]).removesuffix(".gguf")
-    kind, typ = name.rsplit("-", 1)
-    test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-    res[(typ, test, r["n_depth"], kind)] = (r["avg_ts"], r["stddev_ts"])
-print("| type | test | depth | Spark t/s | stock Gemma-2 t/s | Spark/stock |")
-print("|---|---|---|---|---|---|")
-for (typ, test, depth, kind) in sorted(k for k in res if k[3] == "spark-gemma2-2b"):
-    s = res[(typ, test, depth, kind)]
-    g = res.get((typ, test, depth, "gemma2-2b"))
-    ratio = f"{s[0] / g[0]:.2f}x" if g else "?"
-    gs = f"{g[0]:.2f} +/- {g[1]:.2f}" if g else "?"
-    print(f"| {typ} | {test} | {depth} | {s[0]:.2f} +/- {s[1]:.2f} | {gs} | {ratio} |")
-EOF
+    bench_table "$work/bench.json" | emit
     grep -m2 'spark-backend' "$logs/bench.log" | sed 's/^/plugin: /' | emit
+    # Graphs with a Spark node run without CUDA graphs (patch 0008): what the stock model's
+    # decode loses without them bounds what capturing Spark nodes could gain.
+    local stock=$work/models/gemma2-2b-q8_0.gguf
+    if [ -f "$stock" ] && GGML_CUDA_DISABLE_GRAPHS=1 timeout "$(( $(left) - 10 ))" "$bin/llama-bench" \
+            -m "$stock" -ngl 99 -fa 0 -p 0 -n 128 -d 512 -r "$reps" -o json \
+            >"$work/bench-nographs.json" 2>"$logs/bench-nographs.log"; then
+        python3 - "$work/bench-nographs.json" <<'EOF' | emit
+import json, sys
+r = json.load(open(sys.argv[1]))[0]
+print(f"stock q8_0 tg128 @ d512 with GGML_CUDA_DISABLE_GRAPHS=1: {r['avg_ts']:.2f} +/- {r['stddev_ts']:.2f} t/s")
+EOF
+    fi
     return 0
 }
 bench_need=200
-for t in ${GPU_CHECK_BENCH_TYPES:-f16 q8_0}; do
+for t in $bench_types; do
     for p in spark-gemma2-2b gemma2-2b; do [ -f "$work/models/$p-$t.gguf" ] || bench_need=$((bench_need + 60)); done
 done
 run_phase bench "$bench_need" phase_bench
+
 
 # --- prof --------------------------------------------------------------------------------------
 phase_prof() {
@@ -402,8 +549,8 @@ EOF
             say "neither nsys nor ncu works here: no per-kernel times"; return 0
         fi
         GGML_BACKEND_PATH=$plugin timeout "$(( $(left) - 10 ))" ncu --kernel-name regex:'^spark_' \
-            --launch-count 400 --clock-control none --cache-control all \
-            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+            --launch-count 800 --clock-control none --cache-control all \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size \
             --csv --page raw --print-units base \
             "$bin/llama-bench" -m "$model" -ngl 99 -fa 0 -p 0 -n 16 -d 512 -r 1 --no-warmup \
             >"$work/prof/ncu.csv" 2>"$logs/ncu.log" || say "ncu ended with an error (logs/ncu.log)"
@@ -414,17 +561,20 @@ copy = float(sys.argv[2] or 0)
 if not rows:
     print("ncu: no Spark kernel profiled"); sys.exit(0)
 h = rows[0]
-ix = {k: h.index(k) for k in ("Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")}
+keys = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "launch__grid_size")
+ix = {k: h.index(k) for k in ("Kernel Name",) + keys}
+# one row per kernel and grid size: the depth-512 prefill (one 512-token ubatch) and the decode
+# steps launch the same kernels with different grids
 agg = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
 for r in rows[1:]:
     try:
-        t, rd, wr = (float(r[ix[k]].replace(",", "")) for k in ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum"))
+        t, rd, wr, grid = (float(r[ix[k]].replace(",", "")) for k in keys)
     except (ValueError, IndexError):
         continue  # the units row
-    a = agg[r[ix["Kernel Name"]].split("(")[0]]
+    a = agg[f"{r[ix['Kernel Name']].split('(')[0]} (grid {grid:.0f})"]
     a[0] += 1; a[1] += t; a[2] += rd; a[3] += wr
 print("ncu (serialized, caches flushed before each kernel, clocks not locked):")
-print("| kernel | launches | mean us | mean MB read | mean MB written | GB/s read+written | % of copy |")
+print("| kernel (blocks) | launches | mean us | mean MB read | mean MB written | GB/s read+written | % of copy |")
 print("|---|---|---|---|---|---|---|")
 for k, (n, t, rd, wr) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
     gbs = (rd + wr) / t if t else 0  # bytes per ns = GB/s
@@ -440,6 +590,37 @@ if [[ " ${skipped[*]} " == *" bench "* ]] && [ ! -f "$work/sections/prof.done" ]
 else
     run_phase prof 120 phase_prof
 fi
+
+# --- batched and scaling: tools/bench-batched.sh and tools/bench-scaling.sh on this build -------
+# Both scripts take an upstream-like folder (bin/, lib/libggml-spark.so) and bench_models' Q8_0
+# pair, which are bench's q8_0 models.
+upstream_dir() {
+    mkdir -p "$work/upstream/lib"
+    ln -sfn "$bin" "$work/upstream/bin"
+    ln -sfn "$plugin" "$work/upstream/lib/libggml-spark.so"
+}
+
+phase_batched() {
+    upstream_dir
+    say "tools/bench-batched.sh -npl 1,4,16 -npp 128 -ntg 128 -- -ngl 99 (llama-batched-bench, Spark vs stock, q8_0)"
+    SPARK_CONVERT=$convert timeout "$(( $(left) - 10 ))" bash tools/bench-batched.sh -npl 1,4,16 \
+        -npp 128 -ntg 128 -t "$threads" --upstream "$work/upstream" --models "$work/models" \
+        --out "$logs/batched" -- -ngl 99 2>"$logs/batched.log" | emit \
+        || { tail -n 5 "$logs/batched.log" | emit; fail "batched: bench-batched.sh failed (logs/batched.log)"; return 1; }
+}
+run_phase batched 90 phase_batched
+
+phase_scaling() {
+    upstream_dir
+    say "CPU only (CUDA_VISIBLE_DEVICES=): tools/bench-scaling.sh -t 4,8,16 -p 0 -n 64 -d 512 -r 2 (llama-bench, q8_0)"
+    say "the CPU backend of this build: $(if [ -f "$bld/BUILT_ON" ]; then echo 'portable x86-64-v3 (prebuilt)'; else echo '-march=native'; fi)"
+    CUDA_VISIBLE_DEVICES= SPARK_CONVERT=$convert timeout "$(( $(left) - 10 ))" bash tools/bench-scaling.sh \
+        -t 4,8,16 -p 0 -n 64 -d 512 -r 2 --upstream "$work/upstream" --models "$work/models" -o json \
+        >"$work/scaling.json" 2>"$logs/scaling.log" \
+        || { tail -n 5 "$logs/scaling.log" | emit; fail "scaling: bench-scaling.sh failed or ran out of time (logs/scaling.log)"; return 1; }
+    bench_table "$work/scaling.json" | emit
+}
+run_phase scaling 150 phase_scaling
 
 # --- verdict -----------------------------------------------------------------------------------
 say ""

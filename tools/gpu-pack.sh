@@ -6,28 +6,38 @@
 #                      pins) with patches/llama.cpp/*.patch applied (`git apply`, as
 #                      spark-llama-prep does), plus tools/ from the pinned PyPI sdist that
 #                      tools/upstream.sh uses (the crate leaves the tools' sources out)
-#   libggml-spark.so   the plugin: cargo build --release -p spark-backend --features cuda
+#   libggml-spark.so   the plugin: cargo build --release -p spark-backend --features cuda, for
+#                      x86-64-v3 in target/gpupack/cargo (not the workspace's target-cpu=native)
 #   spark-convert      converts the shipped model and writes synthetic 2B models there
 #   series-tag         the series tag (spark-<12 hex>, = spark_llama_prep::SERIES_TAG) that the
 #                      device build passes as GGML_BUILD_COMMIT_OVERRIDE; the plugin must carry it
 #   MANIFEST           versions, tag, commit, sizes
+#   llama-cuda-smARCH.tar.xz  with --cuda-arch ARCH only: the patched llama.cpp built here with
+#                      GGML_CUDA=ON for that architecture alone (the PyPI nvcc of cuda-tools.sh,
+#                      tools/gpu-check.sh's cmake options, a portable x86-64-v3 CPU backend):
+#                      the tools and shared libraries, stripped, RPATH $ORIGIN. gpu-check.sh
+#                      uses it when it loads there, so the lent minutes go to checks, not to
+#                      compiling (~4 min there; here ~1 h on 2 cores the first time, then
+#                      incremental)
 #
 # The shipped model needs no carrying: models/spark-shakespeare.npz travels with the working
 # tree and gpu-check.sh converts it there. The binaries built here (Debian 12, glibc 2.36) run on
 # the device (Ubuntu 24.04, glibc 2.39, newer libstdc++); the script checks the symbol versions.
 #
 # Usage: bash tools/gpu-pack.sh [--no-build] [--plugin SO] [--convert BIN] [--patches DIR]
-#   --no-build     do not run cargo: take the plugin and spark-convert from target/release
+#                               [--cuda-arch ARCH]
+#   --no-build     do not run cargo: take the plugin and spark-convert from target/gpupack/cargo
 #   --plugin SO    pack this plugin library instead (no cargo build; it must carry the tag)
 #   --convert BIN  pack this spark-convert instead (no cargo build)
 #   --patches DIR  the series (default patches/llama.cpp)
+#   --cuda-arch ARCH  also prebuild the CUDA llama.cpp for this architecture (90: H100/H200)
 # Runs cargo build --release (the first time with a changed series it recompiles llama.cpp:
 # 10-15 min on 2 cores); the packing itself takes ~20 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-build=1 plugin='' convert=''
+build=1 plugin='' convert='' cuda_arch=''
 patch_dir=$root/patches/llama.cpp
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -35,7 +45,9 @@ while [ $# -gt 0 ]; do
         --plugin) plugin=$(realpath "$2"); shift ;;
         --convert) convert=$(realpath "$2"); shift ;;
         --patches) patch_dir=$(cd "$2" && pwd); shift ;;
-        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --cuda-arch) cuda_arch=$2; shift
+                     [[ "$cuda_arch" =~ ^[0-9]+a?$ ]] || { echo "gpu-pack: --cuda-arch takes a number such as 90" >&2; exit 2; } ;;
+        -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-pack: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -60,46 +72,34 @@ mapfile -t patches < <(find "$patch_dir" -maxdepth 1 -name '*.patch' | LC_ALL=C 
 tag="spark-$(git hash-object --no-filters "$work/series.txt" | cut -c1-12)"
 say "series: ${#patches[@]} patches, tag $tag"
 
-# 2. The plugin and spark-convert.
+# 2. The plugin and spark-convert, for a CPU nobody here has seen: the workspace builds for
+#    target-cpu=native (.cargo/config.toml), which may use instructions (AVX-512, AMX) the GPU
+#    machine's CPU lacks; these are built for x86-64-v3 (AVX2, FMA, F16C, BMI2: the plugin's
+#    fastest kernels) in their own target directory. Two cargo calls: one call with
+#    `-p spark-backend -p spark-convert --features spark-backend/cuda` once gave a plugin without
+#    the feature (2026-11-27).
+cargo_dir=$work/cargo
 if [ "$build" = 1 ] && [ -z "$plugin$convert" ]; then
-    say "cargo build --release -p spark-backend --features cuda -p spark-convert"
-    messages=$work/cargo-messages.json
-    if ! cargo build --release -p spark-backend -p spark-convert --features spark-backend/cuda \
-            --message-format=json-render-diagnostics >"$messages"; then
-        die "cargo build failed (see above)"
-    fi
-    read -r plugin convert < <(python3 - "$messages" <<'EOF'
-import json, sys
-plugin = convert = "-"
-for line in open(sys.argv[1]):
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") != "compiler-artifact":
-        continue
-    name = m.get("target", {}).get("name")
-    files = m.get("filenames", [])
-    if name == "spark_backend":
-        plugin = next((f for f in files if f.endswith(".so")), plugin)
-    if name == "spark-convert" and m.get("executable"):
-        convert = m["executable"]
-print(plugin, convert)
-EOF
-    )
-    [ "$plugin" != - ] || die "cargo did not report libspark_backend.so"
-    [ "$convert" != - ] || die "cargo did not report spark-convert"
+    say "cargo build --release -p spark-backend --features cuda; -p spark-convert (x86-64-v3, $cargo_dir)"
+    export CARGO_TARGET_DIR=$cargo_dir RUSTFLAGS="-C target-cpu=x86-64-v3"
+    cargo build --release -p spark-backend --features cuda || die "cargo build of the plugin failed (see above)"
+    cargo build --release -p spark-convert || die "cargo build of spark-convert failed (see above)"
+    unset CARGO_TARGET_DIR RUSTFLAGS
+    plugin=$cargo_dir/release/libspark_backend.so
+    convert=$cargo_dir/release/spark-convert
 fi
-[ -n "$plugin" ] || plugin=$root/target/release/libspark_backend.so
-[ -n "$convert" ] || convert=$root/target/release/spark-convert
+[ -n "$plugin" ] || plugin=$cargo_dir/release/libspark_backend.so
+[ -n "$convert" ] || convert=$cargo_dir/release/spark-convert
 [ -f "$plugin" ] || die "plugin not found: $plugin"
 [ -x "$convert" ] || die "spark-convert not found: $convert"
 built_tag=$(grep -a -o 'spark-[0-9a-f]\{12\}' "$plugin" | sort -u | tr '\n' ' ' | sed 's/ $//')
 [ "$built_tag" = "$tag" ] \
     || die "$plugin was built against '${built_tag:-no tag}', the series is $tag (build it again)"
+# NVRTC's entry points are named only where the `cuda` feature compiled cudarc in (the hook's
+# proc name is in every build)
 cuda_feature=no
-if grep -a -q 'ggml_backend_cuda_register_custom_op' "$plugin"; then cuda_feature=yes; fi
-[ "$cuda_feature" = yes ] || say "WARNING: $plugin has no CUDA launchers (built without --features cuda?)"
+if grep -a -q 'nvrtcCompileProgram' "$plugin"; then cuda_feature=yes; fi
+[ "$cuda_feature" = yes ] || die "$plugin has no CUDA launchers (built without --features cuda)"
 
 # The device runs glibc 2.39 and Ubuntu 24.04's libstdc++ (GLIBCXX_3.4.33).
 for f in "$plugin" "$convert"; do
@@ -182,6 +182,34 @@ printf '%s\n' "$tag" >"$carry/series-tag"
     echo "plugin_cuda_launchers $cuda_feature"
     echo "packed $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 } >"$carry/MANIFEST"
+
+# 5. The prebuilt CUDA llama.cpp (--cuda-arch): gpu-check.sh's own build phase, run here.
+rm -f "$carry"/llama-cuda-sm*.tar.xz
+if [ -n "$cuda_arch" ]; then
+    bash tools/cuda-tools.sh --quiet
+    # shellcheck source=/dev/null
+    source target/cuda-tools/env.sh
+    pre=$root/target/gpuprebuild
+    say "building the CUDA llama.cpp for sm_$cuda_arch in $pre (log: $pre/logs/cmake-build.log)"
+    GPU_CHECK_WORK=$pre GPU_CHECK_PREBUILD=1 GPU_CHECK_PORTABLE=1 CUDA_ARCH=$cuda_arch OUT=$pre/out \
+        bash tools/gpu-check.sh --phases build --budget 100000 --redo >"$work/prebuild.log" 2>&1 \
+        || { tail -n 30 "$work/prebuild.log" >&2; die "the CUDA build failed"; }
+    stage=$work/prebuilt
+    rm -rf "$stage"
+    mkdir -p "$stage/bin"
+    for t in llama-bench llama-batched-bench llama-perplexity llama-completion llama-quantize; do
+        strip -o "$stage/bin/$t" "$pre/build/bin/$t"
+    done
+    # the shared libraries with their soname links; strip only the files
+    (cd "$pre/build/bin" && find . -maxdepth 1 -name '*.so*' -print0 | xargs -0 cp -P -t "$stage/bin")
+    find "$stage/bin" -name '*.so*' -type f -exec strip --strip-unneeded {} +
+    printf '%s\n' "$tag" >"$stage/SPARK_SERIES_TAG"
+    echo "$(hostname) $(date -u +%Y-%m-%dT%H:%M:%SZ), nvcc $("$SPARK_NVCC" --version | grep -o 'release [0-9.]*'), sm_$cuda_arch, x86-64-v3 CPU backend" \
+        >"$stage/BUILT_ON"
+    tar -C "$stage" -cJf "$carry/llama-cuda-sm$cuda_arch.tar.xz" SPARK_SERIES_TAG BUILT_ON bin
+    rm -rf "$stage"
+    echo "prebuilt llama-cuda-sm$cuda_arch.tar.xz" >>"$carry/MANIFEST"
+fi
 
 size=$(du -sb "$carry" | cut -f1)
 tree_size=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } \
