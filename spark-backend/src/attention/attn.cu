@@ -65,6 +65,7 @@
 #define SPARK_QB 8
 #define SPARK_SUB 64
 #define SPARK_OUT_ACC 8
+#define SPARK_POS_UNROLL 4
 #define SPARK_FULL_MASK 0xffffffffu
 
 struct SparkAttnArgs {
@@ -554,8 +555,48 @@ extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
             }
         }
         __syncthreads();
-        // o += w_j v_j over the sub-batch, in position order.
-        for (int i = 0; i < cnt; ++i) {
+        // o += w_j v_j over the sub-batch, in position order: SPARK_POS_UNROLL positions' V loads
+        // in flight before their multiply-adds.
+        int i = 0;
+        for (; i + SPARK_POS_UNROLL <= cnt; i += SPARK_POS_UNROLL) {
+            float wj[SPARK_POS_UNROLL];
+            const char* vr[SPARK_POS_UNROLL];
+#pragma unroll
+            for (int p = 0; p < SPARK_POS_UNROLL; ++p) {
+                wj[p] = wsh[i + p];
+                vr[p] = vbase + (long long)psh[i + p] * a.v_nb[2];
+            }
+            if (a.v_vec) {
+#pragma unroll
+                for (int u = 0; u < SPARK_OUT_ACC / 2; ++u) {
+                    const int d2 = tid + u * bs;
+                    if (d2 < H / 2) {
+                        float2 vf[SPARK_POS_UNROLL];
+#pragma unroll
+                        for (int p = 0; p < SPARK_POS_UNROLL; ++p) vf[p] = spark_load_h2(vr[p] + 4LL * d2);
+#pragma unroll
+                        for (int p = 0; p < SPARK_POS_UNROLL; ++p) {
+                            acc[2 * u] = fmaf(wj[p], vf[p].x, acc[2 * u]);
+                            acc[2 * u + 1] = fmaf(wj[p], vf[p].y, acc[2 * u + 1]);
+                        }
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < SPARK_OUT_ACC; ++u) {
+                    const int d = tid + u * bs;
+                    if (d < H) {
+                        float vf[SPARK_POS_UNROLL];
+#pragma unroll
+                        for (int p = 0; p < SPARK_POS_UNROLL; ++p)
+                            vf[p] = spark_load(vr[p] + (long long)d * a.v_nb[0], a.v_f16);
+#pragma unroll
+                        for (int p = 0; p < SPARK_POS_UNROLL; ++p) acc[u] = fmaf(wj[p], vf[p], acc[u]);
+                    }
+                }
+            }
+        }
+        for (; i < cnt; ++i) {
             const float wj = wsh[i];
             const char* vrow = vbase + (long long)psh[i] * a.v_nb[2];
             if (a.v_vec) {
@@ -615,7 +656,16 @@ extern "C" __global__ void spark_attn_reduce(const SparkAttnArgs a) {
     float* out = (float*)((char*)a.dst + (long long)n * a.d_nb[1] + (long long)t * a.d_nb[2] + (long long)s * a.d_nb[3]);
     for (int d = threadIdx.x; d < H; d += blockDim.x) {
         float sum = part[d];
-        for (int c = 1; c < CH; ++c) sum += part[(long long)c * H + d];
+        int c = 1;
+        for (; c + 3 < CH; c += 4) { // four loads in flight, added in chunk order
+            const float p0 = part[(long long)c * H + d], p1 = part[(long long)(c + 1) * H + d];
+            const float p2 = part[(long long)(c + 2) * H + d], p3 = part[(long long)(c + 3) * H + d];
+            sum += p0;
+            sum += p1;
+            sum += p2;
+            sum += p3;
+        }
+        for (; c < CH; ++c) sum += part[(long long)c * H + d];
         out[d] = sum;
     }
 }

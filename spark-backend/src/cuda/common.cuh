@@ -161,12 +161,52 @@ __device__ __forceinline__ double spark_warp_sum_f64(double v) {
     return v;
 }
 
-// row . x over n values: lane l takes values l, l + 32, ... in order, then spark_warp_sum.
-// Every lane returns the same value.
-__device__ __forceinline__ float spark_row_dot(const u8 * row, int ty, const float * x, int n, int lane) {
+// Calls F<SPARK_T_x>(args...) for the runtime type `ty` (every type spark_load knows), so that
+// a loop over one row type is straight-line code the compiler can schedule: loads of several
+// elements issued before the first of them is used, instead of one memory latency per element.
+// Unknown types take F<-1>, whose spark_load returns NaN (the host validates types).
+#define SPARK_DISPATCH_TYPE(ty, F, ...)                                              \
+    switch (ty) {                                                                    \
+    case SPARK_T_F32: return F<SPARK_T_F32>(__VA_ARGS__);                            \
+    case SPARK_T_F16: return F<SPARK_T_F16>(__VA_ARGS__);                            \
+    case SPARK_T_BF16: return F<SPARK_T_BF16>(__VA_ARGS__);                          \
+    case SPARK_T_Q8_0: return F<SPARK_T_Q8_0>(__VA_ARGS__);                          \
+    case SPARK_T_Q4_0: return F<SPARK_T_Q4_0>(__VA_ARGS__);                          \
+    case SPARK_T_Q4_1: return F<SPARK_T_Q4_1>(__VA_ARGS__);                          \
+    case SPARK_T_Q5_0: return F<SPARK_T_Q5_0>(__VA_ARGS__);                          \
+    case SPARK_T_Q5_1: return F<SPARK_T_Q5_1>(__VA_ARGS__);                          \
+    case SPARK_T_Q4_K: return F<SPARK_T_Q4_K>(__VA_ARGS__);                          \
+    case SPARK_T_Q5_K: return F<SPARK_T_Q5_K>(__VA_ARGS__);                          \
+    case SPARK_T_Q6_K: return F<SPARK_T_Q6_K>(__VA_ARGS__);                          \
+    default: return F<-1>(__VA_ARGS__);                                              \
+    }
+
+// Elements in flight per thread in the unrolled loops below.
+#define SPARK_UNROLL 8
+
+// row . x over n values of a row of type TY: lane l takes values l, l + 32, ... and adds their
+// products in that order (SPARK_UNROLL loads in flight), then spark_warp_sum.
+template <int TY>
+__device__ __forceinline__ float spark_row_dot_t(const u8 * row, const float * x, int n, int lane) {
     float acc = 0.0f;
-    for (int i = lane; i < n; i += 32) acc = fmaf(spark_load(row, ty, i), x[i], acc);
+    int i = lane;
+    for (; i + (SPARK_UNROLL - 1) * 32 < n; i += SPARK_UNROLL * 32) {
+        float w[SPARK_UNROLL], xv[SPARK_UNROLL];
+#pragma unroll
+        for (int q = 0; q < SPARK_UNROLL; ++q) {
+            w[q] = spark_load(row, TY, i + 32 * q);
+            xv[q] = x[i + 32 * q];
+        }
+#pragma unroll
+        for (int q = 0; q < SPARK_UNROLL; ++q) acc = fmaf(w[q], xv[q], acc);
+    }
+    for (; i < n; i += 32) acc = fmaf(spark_load(row, TY, i), x[i], acc);
     return spark_warp_sum(acc);
+}
+
+// row . x over n values (every lane returns the same value); spark_row_dot_t for type `ty`.
+__device__ __forceinline__ float spark_row_dot(const u8 * row, int ty, const float * x, int n, int lane) {
+    SPARK_DISPATCH_TYPE(ty, spark_row_dot_t, row, x, n, lane)
 }
 
 // gelu_tanh as spark-backend's ffn::gelu_tanh: gelu(-inf) = 0, NaN stays NaN.

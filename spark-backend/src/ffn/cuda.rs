@@ -43,8 +43,12 @@ pub(crate) const KERNELS: KernelSource = KernelSource {
 /// accumulation above (where nearly every V row is active for some token of a tile).
 pub const SPARSE_MAX_TOKENS: usize = 8;
 
-/// Threads per block of every FFN kernel.
+/// Threads per block of every FFN kernel but the threshold.
 pub(crate) const THREADS: u32 = 256;
+
+/// Threads per block of `spark_ffn_threshold` (`SPARK_THRESHOLD_THREADS` in ffn.cu): one block
+/// per token computes the statistics of all F scores, so the block is as wide as CUDA allows.
+pub(crate) const THRESHOLD_THREADS: u32 = 1024;
 
 /// The inputs `spark_ffn_up` and `spark_ffn_fused` share, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,6 +302,14 @@ impl FfnKernel {
         FfnKernel::Sum,
     ];
 
+    /// Threads per block the kernel is written for (its `__launch_bounds__`).
+    pub fn threads(self) -> u32 {
+        match self {
+            FfnKernel::Threshold => THRESHOLD_THREADS,
+            _ => THREADS,
+        }
+    }
+
     /// The `extern "C"` name in ffn.cu.
     pub fn name(self) -> &'static str {
         match self {
@@ -341,7 +353,7 @@ fn launch(kernel: FfnKernel, grid: (u32, u32, u32), args: Vec<Arg>) -> Launch {
     Launch {
         kernel,
         grid,
-        block: THREADS,
+        block: kernel.threads(),
         args,
     }
 }

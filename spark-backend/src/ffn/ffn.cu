@@ -3,13 +3,24 @@
 // computed by one thread in a fixed order; reductions use fixed trees; no float atomics.
 #include "common.cuh"
 
-#define SPARK_THRESHOLD_THREADS 256
+#define SPARK_THRESHOLD_THREADS 1024
+// Scores per thread held in registers from the statistics pass to the counting pass (rows of
+// up to 16 * 1024 scores; longer rows are read again).
+#define SPARK_THRESHOLD_CACHE 16
+
+// 1 when score v gives a nonzero activation under threshold th (dense: gelu(v) itself).
+__device__ __forceinline__ u32 spark_kept(float v, int dense, float th) {
+    const float a = dense ? spark_gelu_tanh(v) : (v > th ? spark_gelu_tanh(v - th) : 0.0f);
+    return a != 0.0f ? 1u : 0u;
+}
 
 // Per token t (one block each): the statistical top-k threshold of s[t*F .. t*F + F) (SPEC 1:
 // mean and unbiased std over the finite scores, in f64, shifted by the first finite score as
 // spark-backend's topk::mean_std), rounded down to f32 like topk::threshold, and the number of
 // kept neurons (nonzero activation, as ffn::activation). `q` = Q(1 - k/F) from the host.
 // dense != 0 (k >= F): theta is not used; kept counts gelu(s) != 0.
+// Thread i takes scores i, i + 1024, ... in that order; a row of up to 16K scores is loaded once
+// (all of a thread's loads in flight together) and kept in registers for every pass.
 extern "C" __global__ void __launch_bounds__(SPARK_THRESHOLD_THREADS)
 spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, u32 * kept) {
     __shared__ double red1[SPARK_THRESHOLD_THREADS / 32];
@@ -19,12 +30,29 @@ spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, 
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int nw = SPARK_THRESHOLD_THREADS / 32;
     const float * x = s + (i64)t * F;
+    const bool cached = F <= SPARK_THRESHOLD_CACHE * SPARK_THRESHOLD_THREADS;
+    float v[SPARK_THRESHOLD_CACHE];
+    if (cached) {
+#pragma unroll
+        for (int c = 0; c < SPARK_THRESHOLD_CACHE; ++c) {
+            const int j = tid + c * SPARK_THRESHOLD_THREADS;
+            v[c] = j < F ? x[j] : 0.0f;
+        }
+    }
 
     if (!dense) {
         // 1. the first finite score (the shift)
         int first = F;
-        for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) {
-            if (isfinite(x[j])) { first = j; break; }
+        if (cached) {
+#pragma unroll
+            for (int c = SPARK_THRESHOLD_CACHE - 1; c >= 0; --c) {
+                const int j = tid + c * SPARK_THRESHOLD_THREADS;
+                if (j < F && isfinite(v[c])) first = j;
+            }
+        } else {
+            for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) {
+                if (isfinite(x[j])) { first = j; break; }
+            }
         }
         for (int m = 16; m > 0; m >>= 1) first = min(first, __shfl_xor_sync(SPARK_FULL_MASK, first, m));
         if (lane == 0) redi[warp] = first;
@@ -40,13 +68,26 @@ spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, 
         //    butterfly, then the warps in order (thread 0)
         double s1 = 0.0, s2 = 0.0;
         int cnt = 0;
-        for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) {
-            const float v = x[j];
-            if (isfinite(v)) {
-                const double d = (double)v - shift;
-                s1 += d;
-                s2 += d * d;
-                cnt += 1;
+        if (cached) {
+#pragma unroll
+            for (int c = 0; c < SPARK_THRESHOLD_CACHE; ++c) {
+                const int j = tid + c * SPARK_THRESHOLD_THREADS;
+                if (j < F && isfinite(v[c])) {
+                    const double d = (double)v[c] - shift;
+                    s1 += d;
+                    s2 += d * d;
+                    cnt += 1;
+                }
+            }
+        } else {
+            for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) {
+                const float xv = x[j];
+                if (isfinite(xv)) {
+                    const double d = (double)xv - shift;
+                    s1 += d;
+                    s2 += d * d;
+                    cnt += 1;
+                }
             }
         }
         s1 = spark_warp_sum_f64(s1);
@@ -74,12 +115,13 @@ spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, 
     // 3. kept neurons
     const float thv = dense ? 0.0f : th;
     u32 c = 0;
-    for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) {
-        const float v = x[j];
-        float a;
-        if (dense) a = spark_gelu_tanh(v);
-        else a = v > thv ? spark_gelu_tanh(v - thv) : 0.0f;
-        c += a != 0.0f ? 1u : 0u;
+    if (cached) {
+#pragma unroll
+        for (int e = 0; e < SPARK_THRESHOLD_CACHE; ++e) {
+            if (tid + e * SPARK_THRESHOLD_THREADS < F) c += spark_kept(v[e], dense, thv);
+        }
+    } else {
+        for (int j = tid; j < F; j += SPARK_THRESHOLD_THREADS) c += spark_kept(x[j], dense, thv);
     }
     for (int m = 16; m > 0; m >>= 1) c += __shfl_xor_sync(SPARK_FULL_MASK, c, m);
     __syncthreads(); // thread 0 has read redi above
@@ -164,25 +206,59 @@ spark_ffn_compact(const float * u, int F, int T, int P, u32 * idx, u32 * count) 
 }
 
 #define SPARK_SPARSE_THREADS 256
+// Compacted entries (neuron, u value) staged in shared memory per step of spark_ffn_v_sparse.
+#define SPARK_SPARSE_STAGE 512
+
+// acc + sum over the m staged entries e, in order, of us[e] * V_{js[e]}[d], V rows of type TY
+// (SPARK_UNROLL rows' loads in flight before their multiply-adds).
+template <int TY>
+__device__ __forceinline__ float spark_v_axpy_t(float acc, const float * us, const u32 * js, int m,
+                                                const u8 * v, i64 v_stride, int d) {
+    int e = 0;
+    for (; e + SPARK_UNROLL <= m; e += SPARK_UNROLL) {
+        float w[SPARK_UNROLL];
+#pragma unroll
+        for (int q = 0; q < SPARK_UNROLL; ++q) w[q] = spark_load(v + (i64)js[e + q] * v_stride, TY, d);
+#pragma unroll
+        for (int q = 0; q < SPARK_UNROLL; ++q) acc = fmaf(us[e + q], w[q], acc);
+    }
+    for (; e < m; ++e) acc = fmaf(us[e], spark_load(v + (i64)js[e] * v_stride, TY, d), acc);
+    return acc;
+}
+
+__device__ __forceinline__ float spark_v_axpy(int ty, float acc, const float * us, const u32 * js, int m,
+                                              const u8 * v, i64 v_stride, int d) {
+    SPARK_DISPATCH_TYPE(ty, spark_v_axpy_t, acc, us, js, m, v, v_stride, d)
+}
 
 // Fused path, few tokens: partial[(c*T + t)*D + d] = sum over the compacted neurons j of chunk c
-// for token t, in increasing order, of u[j*T + t] * V_j[d] (one thread per output value).
+// for token t, in increasing order, of u[j*T + t] * V_j[d] (one thread per output value). The
+// block stages the compacted neurons and their u values in shared memory (SPARK_SPARSE_STAGE at
+// a time), so each thread's loop issues only independent V loads.
 // grid: (ceil(D / 256), T, P), block 256.
 extern "C" __global__ void __launch_bounds__(SPARK_SPARSE_THREADS)
 spark_ffn_v_sparse(const float * u, int F, int T, int P, const u32 * idx, const u32 * count,
                    const u8 * v, i64 v_stride, int v_type, int D, float * out) {
+    __shared__ float us[SPARK_SPARSE_STAGE];
+    __shared__ u32 js[SPARK_SPARSE_STAGE];
     const int d = blockIdx.x * SPARK_SPARSE_THREADS + threadIdx.x;
     const int t = blockIdx.y, c = blockIdx.z;
-    if (d >= D) return;
     const int lo = (int)((i64)c * F / P);
-    const u32 n = count[(i64)t * P + c];
+    const int n = (int)count[(i64)t * P + c];
     const u32 * list = idx + (i64)t * F + lo;
     float acc = 0.0f;
-    for (u32 e = 0; e < n; ++e) {
-        const int j = (int)list[e];
-        acc = fmaf(u[(i64)j * T + t], spark_load(v + (i64)j * v_stride, v_type, d), acc);
+    for (int e0 = 0; e0 < n; e0 += SPARK_SPARSE_STAGE) {
+        const int m = min(SPARK_SPARSE_STAGE, n - e0);
+        __syncthreads(); // the previous step's entries are read
+        for (int e = threadIdx.x; e < m; e += SPARK_SPARSE_THREADS) {
+            const u32 j = list[e0 + e];
+            js[e] = j;
+            us[e] = u[(i64)j * T + t];
+        }
+        __syncthreads();
+        if (d < D) acc = spark_v_axpy(v_type, acc, us, js, m, v, v_stride, d);
     }
-    out[((i64)c * T + t) * D + d] = acc;
+    if (d < D) out[((i64)c * T + t) * D + d] = acc;
 }
 
 #define SPARK_TILE_T 32
@@ -252,6 +328,15 @@ spark_ffn_sum(const float * partial, int D, int T, int P, float * out, i64 out_r
     const i64 len = (i64)D * T;
     if (i >= len) return;
     float acc = partial[i];
-    for (int c = 1; c < P; ++c) acc += partial[(i64)c * len + i];
+    int c = 1;
+    for (; c + 3 < P; c += 4) { // four loads in flight, added in chunk order
+        const float p0 = partial[(i64)c * len + i], p1 = partial[(i64)(c + 1) * len + i];
+        const float p2 = partial[(i64)(c + 2) * len + i], p3 = partial[(i64)(c + 3) * len + i];
+        acc += p0;
+        acc += p1;
+        acc += p2;
+        acc += p3;
+    }
+    for (; c < P; ++c) acc += partial[(i64)c * len + i];
     out[(i / D) * out_row + i % D] = acc;
 }
