@@ -38,7 +38,7 @@ impl CudaOp for AttnPlan {
             return Ok(());
         }
         let (scratch, base) = launch::scratch(gpu, self.scratch_bytes())?;
-        let stats = crate::cuda::device_stats();
+        let stats = crate::cuda::device_stats() && !launch::capturing(gpu)?;
         let mut counts: Vec<u8> = Vec::new();
         for slab in &self.slabs {
             let launches = self.slab_launches(slab, base).map_err(|e| e.to_string())?;

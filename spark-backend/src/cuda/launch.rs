@@ -155,6 +155,17 @@ pub(crate) unsafe fn enqueue<A: KernelArgs + ?Sized>(
         .map_err(|e| format!("{name}: launch failed: {e:?}"))
 }
 
+/// Whether ggml-cuda is capturing `gpu`'s stream into a CUDA graph (patch 0008 lets it capture
+/// graphs with Spark nodes): nothing may wait for the stream then, so the kept counts of the
+/// statistics are not read back (with statistics on, [`super::disable_cuda_graphs`] keeps
+/// ggml-cuda from capturing at all).
+pub(crate) fn capturing(gpu: &Gpu) -> Result<bool, String> {
+    gpu.stream
+        .capture_status()
+        .map(|s| s != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        .map_err(|e| format!("stream capture status: {e:?}"))
+}
+
 /// One stream-ordered scratch allocation (`cuMemAllocAsync`) of `bytes` bytes and its device
 /// address; dropping it frees it on the stream, after the work enqueued before.
 pub(crate) fn scratch(gpu: &Gpu, bytes: usize) -> Result<(CudaSlice<u8>, u64), String> {

@@ -42,6 +42,12 @@
 //! 3. One row `Launcher { name: "spark_foo", fun: crate::foo::op::spark_foo, launch:
 //!    crate::foo::gpu::launch_foo }` in `crate::registry::LAUNCHERS`.
 //!
+//! ggml-cuda may capture a graph's launches into a CUDA graph and replay it without calling the
+//! launchers while the nodes keep their properties (patch 0008): every launch is a pure
+//! function of the node's tensors (addresses, shapes, strides, types) and its stored
+//! parameters, and nothing waits for the stream while it is captured (`launch::capturing`).
+//! Statistics turn CUDA graphs off ([`disable_cuda_graphs`]).
+//!
 //! Failures at launch (bad tensors, compile or driver errors, a panic) print one line through
 //! `crate::op::report` (the CPU ops' format and rate limit), NaN-fill dst on the stream and
 //! return non-zero. Launchers never read tensor data on the host and never synchronize the
@@ -121,6 +127,9 @@ pub fn register_launchers(launchers: &'static [Launcher]) -> Registration {
         if let Some(line) = outcome.message() {
             let _ = writeln!(std::io::stderr().lock(), "{line}");
         }
+        if matches!(outcome, Registration::Registered { .. }) && device_stats() {
+            disable_cuda_graphs();
+        }
         outcome
     })
     .clone()
@@ -192,6 +201,22 @@ pub fn device_stats() -> bool {
 /// Turns device-side statistics on or off (`spark --spark-stats` on a GPU needs it on).
 pub fn set_device_stats(on: bool) {
     stats_flag().store(on, Ordering::Relaxed);
+    if on {
+        disable_cuda_graphs();
+    }
+}
+
+/// Sets `GGML_CUDA_DISABLE_GRAPHS=1` unless it is set. ggml-cuda replays a captured CUDA graph
+/// without calling the launchers, so per-node statistics (kept counts read back after each
+/// node) need every evaluation to run the launchers; ggml-cuda reads the variable once, at its
+/// first graph evaluation, which comes after the plugin registered (its load) and after
+/// `spark` sets its options.
+pub(crate) fn disable_cuda_graphs() {
+    if std::env::var_os("GGML_CUDA_DISABLE_GRAPHS").is_none() {
+        // Called while the plugin loads or while `spark` reads its options, before any
+        // ggml-cuda graph evaluation (the only reader of this variable in the process).
+        std::env::set_var("GGML_CUDA_DISABLE_GRAPHS", "1");
+    }
 }
 
 fn stats_flag() -> &'static AtomicBool {

@@ -1,8 +1,9 @@
 //! The FFN launchers ggml-cuda calls (feature `cuda`; `crate::cuda::launch::enter`): each
 //! checks its node into a plan of `super::cuda`, takes one stream-ordered scratch allocation
 //! (`cuMemAllocAsync`) of the plan's layout, enqueues the plan's launches on ggml's stream and
-//! frees the scratch on the stream; only when `crate::cuda::device_stats` is on, it copies the
-//! kept counts to the host (one stream synchronization) for the statistics table.
+//! frees the scratch on the stream; only when `crate::cuda::device_stats` is on (and the stream
+//! is not being captured into a CUDA graph), it copies the kept counts to the host (one stream
+//! synchronization) for the statistics table.
 
 use super::cuda::{
     Arg, DownPlan, FusedPlan, Launch, ScratchLayout, StagePlan, SumPlan, UpPlan, KERNELS,
@@ -76,7 +77,7 @@ unsafe fn run_stage(
     let (scratch, base) = launch::scratch(gpu, layout.total)?;
     // SAFETY: per the contract; the scratch holds layout.total bytes at base.
     unsafe { enqueue(gpu, &launches(base)?)? };
-    if crate::cuda::device_stats() {
+    if crate::cuda::device_stats() && !launch::capturing(gpu)? {
         let counts =
             launch::copy_counts(gpu, &scratch, layout.kept..layout.kept + 4 * st.n_tokens)?;
         let total = launch::sum_counts(gpu, &counts)?;
