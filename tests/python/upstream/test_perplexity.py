@@ -90,3 +90,21 @@ def test_kl_divergence_of_quantized_models(shipped_quantized, kld_base, qtype, m
     assert_stats_table(res.stderr, CFG["n_layers"], TARGET_KEEP, tol=0.02, explain=res.explain)
     print(f"\n{qtype}: Mean KLD {kld:.6f}, PPL(Q) {stat(res, 'Mean PPL(Q)'):.4f}, "
           f"PPL(base) {stat(res, 'Mean PPL(base)'):.4f}, same top p {stat(res, 'Same top p')} %")
+
+
+@pytest.mark.parametrize("with_plugin", [True, False], ids=["plugin", "dense"])
+def test_bf16_runs_in_multi_sequence_batches(shipped_quantized, spark_ppl, with_plugin):
+    """BF16 weights, llama-perplexity's default batch (8 sequences): llama.cpp also reserves a
+    graph of no tokens, which once took the dense FFN graph even with the plugin, and ggml-cpu's
+    out_prod takes no bf16 weights, so the scheduler aborted ("GGML_ASSERT(*cur_backend_id !=
+    -1)", found on the GPU machine's CPU baseline). With the plugin every graph holds the sparse
+    nodes (no dense-graph warning); without it the dense graph casts the bf16 V to f32."""
+    model = shipped_quantized("BF16")
+    res = llama_perplexity(model, "-f", HELDOUT, "-c", CTX, "--chunks", CHUNKS,
+                           with_plugin=with_plugin)
+    got = float(final_ppl(res))
+    assert "runs on the dense graph" not in res.stderr, res.explain("dense-graph warning")
+    # bf16 rounds the weights: within 0.5 % of the f32 model's sparse figure, either graph
+    assert abs(got - float(spark_ppl)) / got <= 0.005, res.explain(f"PPL {got} vs f32 {spark_ppl}")
+    print(f"\nBF16, -b 2048, {'plugin' if with_plugin else 'dense graph'}: PPL = {got:.4f}; "
+          f"f32 sparse: {spark_ppl}")
