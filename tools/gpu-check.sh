@@ -20,8 +20,8 @@
 #            SPARK_STATS=1 keep-rate tables CPU vs GPU; GGML_SCHED_DEBUG=2 shows on which
 #            backend every GGML_OP_CUSTOM node ran (prefill and decode)
 #   bench    llama-bench -ngl 99 -fa 0, Spark vs stock Gemma-2 2B (synthetic, spark-convert
-#            --synthetic; q8_0 and q4_0) at -p 512 -n 128 -d 0,512,4096 -r 3; the stock q8_0
-#            decode without CUDA graphs (Spark graphs run without them)
+#            --synthetic; q8_0 and q4_0) at -p 512 -n 128 -d 0,512,4096 -r 3; both q8_0
+#            models' decode without CUDA graphs
 #   prof     device-to-device copy bandwidth (PyTorch), then each Spark kernel's time and DRAM
 #            bytes (nsys if it works here, else ncu) against it
 #   batched  tools/bench-batched.sh -npl 1,4,16 -- -ngl 99 (llama-batched-bench, q8_0)
@@ -105,6 +105,7 @@ done
 # folders use_prebuilt found for libraries the loader missed (kept for a rerun on this machine)
 ld_extra() {
     local d
+    [ -f "$work/ld-preload" ] && export LD_PRELOAD="$(cat "$work/ld-preload")"
     [ -f "$work/ld-extra" ] || return 0
     while read -r d; do
         [[ ":${LD_LIBRARY_PATH:-}:" == *":$d:"* ]] || export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -179,8 +180,11 @@ cuda_build() {
         cpu=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
     fi
     if [ -n "${SPARK_CUDA_TOOLKIT:-}" ]; then
+        # --no-as-needed: the libcuda stub defines none of the driver functions ggml-cuda calls,
+        # and Debian's gcc links --as-needed by default, which would drop libcuda.so.1 from
+        # libggml-cuda.so's needed libraries (the GPU machine's loader then misses cuDeviceGet)
         tk=(-DCUDAToolkit_ROOT="$SPARK_CUDA_TOOLKIT" -DCMAKE_CUDA_COMPILER="$SPARK_CUDA_TOOLKIT/bin/nvcc"
-            "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined")
+            "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-as-needed")
         export LIBRARY_PATH="$SPARK_CUDA_TOOLKIT/lib:$SPARK_CUDA_TOOLKIT/lib/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
     elif [ -n "$nvcc" ]; then
         tk=(-DCMAKE_CUDA_COMPILER="$nvcc")
@@ -208,9 +212,34 @@ unpack_src() {
     local tstamp
     tstamp="$tag $(grep '^tools_sdist ' "$carry/MANIFEST")"
     if [ "$(cat "$work/src.stamp" 2>/dev/null)" != "$tstamp" ]; then
-        rm -rf "$work/src"
-        mkdir -p "$work/src"
-        tar -xzf "$carry/llama-src.tar.gz" -C "$work/src" || { fail "build: cannot unpack llama-src.tar.gz"; return 1; }
+        rm -rf "$work/src.new"
+        mkdir -p "$work/src.new"
+        tar -xzf "$carry/llama-src.tar.gz" -C "$work/src.new" || { fail "build: cannot unpack llama-src.tar.gz"; return 1; }
+        if [ -d "$work/src" ]; then
+            # only the files that differ are replaced (new modification times), so a changed
+            # patch rebuilds incrementally
+            python3 - "$work/src.new" "$work/src" <<'EOF' || { fail "build: cannot update the source tree"; return 1; }
+import filecmp, os, shutil, sys
+new, old = sys.argv[1], sys.argv[2]
+keep = set()
+for d, _, files in os.walk(new):
+    for f in files:
+        rel = os.path.relpath(os.path.join(d, f), new)
+        keep.add(rel)
+        src, dst = os.path.join(new, rel), os.path.join(old, rel)
+        if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(src, dst)
+for d, _, files in os.walk(old):
+    for f in files:
+        rel = os.path.relpath(os.path.join(d, f), old)
+        if rel not in keep:
+            os.remove(os.path.join(old, rel))
+EOF
+            rm -rf "$work/src.new"
+        else
+            mv "$work/src.new" "$work/src"
+        fi
         echo "$tstamp" >"$work/src.stamp"
     fi
     [ "$(cat "$src/SPARK_SERIES_TAG")" = "$tag" ] \
@@ -222,7 +251,7 @@ unpack_src() {
 use_prebuilt() {
     local pre=$carry/llama-cuda-sm$arch.tar.xz missing
     [ -f "$pre" ] || { say "no prebuilt for sm_$arch in the carry: building from source"; return 1; }
-    rm -rf "$bld" "$work/ld-extra"
+    rm -rf "$bld" "$work/ld-extra" "$work/ld-preload"
     mkdir -p "$bld"
     tar -xJf "$pre" -C "$bld" || { say "cannot unpack $(basename "$pre"): building from source"; return 1; }
     if [ "$(cat "$bld/SPARK_SERIES_TAG" 2>/dev/null)" != "$tag" ]; then
@@ -240,6 +269,13 @@ use_prebuilt() {
     if [ -n "$missing" ]; then
         say "the prebuilt needs libraries this machine lacks ($missing): building from source"
         rm -rf "$bld"; return 1
+    fi
+    # driver functions the prebuilt calls without naming libcuda.so.1 as needed (a prebuilt made
+    # before gpu-check linked it --no-as-needed): the driver library is preloaded
+    if ldd -r "$bin/libggml-cuda.so" 2>&1 | grep -q 'undefined symbol: cu'; then
+        say "libggml-cuda.so does not name libcuda.so.1: LD_PRELOAD=libcuda.so.1"
+        echo libcuda.so.1 >"$work/ld-preload"
+        ld_extra
     fi
     say "prebuilt $(basename "$pre") ($(cat "$bld/BUILT_ON" 2>/dev/null)): $(ldd "$bin/libggml-cuda.so" \
         | grep -o 'lib\(cudart\|cublas\|cuda\)\.so[.0-9]* => [^ ]*' | tr '\n' ' ')"
@@ -289,12 +325,15 @@ kld_pair() {
     local label=$1 model=$2 with=$3 n_chunks=$4 env_plugin=()
     shift 4
     [ "$with" = yes ] && env_plugin=(GGML_BACKEND_PATH="$plugin")
+    # SPARK_STATS for the statistics table (f32) only: it turns ggml-cuda's CUDA graphs off, so
+    # the other rows check the logits of captured and replayed graphs
+    [ "$label" = f32 ] && env_plugin+=(SPARK_STATS=1)
     local cpu=$logs/ppl-$label-cpu.log gpu=$logs/ppl-$label-gpu.log base=$work/kld/$label.kld
-    env "${env_plugin[@]}" SPARK_STATS=1 CUDA_VISIBLE_DEVICES= timeout 120 \
+    env "${env_plugin[@]}" CUDA_VISIBLE_DEVICES= timeout 120 \
         "$bin/llama-perplexity" -m "$model" -f models/heldout.txt -c 256 --chunks "$n_chunks" -t "$threads" \
         --no-warmup -ngl 0 --kl-divergence-base "$base" >"$cpu" 2>&1 \
         || { fail "correct: $label CPU run failed (logs/$(basename "$cpu"))"; return; }
-    env "${env_plugin[@]}" SPARK_STATS=1 timeout 120 \
+    env "${env_plugin[@]}" timeout 120 \
         "$bin/llama-perplexity" -m "$model" -c 256 -t "$threads" --no-warmup -ngl 99 "$@" \
         --kl-divergence-base "$base" --kl-divergence >"$gpu" 2>&1 \
         || { fail "correct: $label GPU run failed (logs/$(basename "$gpu"))"; return; }
@@ -406,9 +445,10 @@ EOF
         >"$logs/sched-prefill.log" 2>&1 || fail "correct: the GGML_SCHED_DEBUG prefill run failed"
     sched_check prefill "$logs/sched-prefill.log"
     GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin timeout 120 "$bin/llama-completion" -m "$m/shakespeare-f32.gguf" \
-        -p "ROMEO:" -n 4 --temp 0 -no-cnv -ngl 99 -t "$threads" --no-warmup -v \
+        -p "ROMEO:" -n 8 --temp 0 -no-cnv -ngl 99 -t "$threads" --no-warmup -v \
         >"$logs/sched-decode.log" 2>&1 </dev/null || fail "correct: the GGML_SCHED_DEBUG decode run failed"
     sched_check decode "$logs/sched-decode.log"
+    say "CUDA graphs of the decode run (8 tokens): $(grep -c 'CUDA graph warmup complete' "$logs/sched-decode.log") captured after warmup, $(grep -c 'CUDA Graph id .* reused' "$logs/sched-decode.log") reused"
     grep -m3 'spark-backend' "$logs/sched-decode.log" | sed 's/^/plugin: /' | emit
 
     # greedy text, CPU vs GPU, Q8_0 (informative: the -ub 1 rows above bound the decode logits)
@@ -487,23 +527,24 @@ phase_bench() {
     fi
     bench_table "$work/bench.json" | emit
     grep -m2 'spark-backend' "$logs/bench.log" | sed 's/^/plugin: /' | emit
-    # Graphs with a Spark node run without CUDA graphs (patch 0008): what the stock model's
-    # decode loses without them bounds what capturing Spark nodes could gain.
-    local stock=$work/models/gemma2-2b-q8_0.gguf
-    if [ -f "$stock" ] && GGML_CUDA_DISABLE_GRAPHS=1 timeout "$(( $(left) - 10 ))" "$bin/llama-bench" \
-            -m "$stock" -ngl 99 -fa 0 -p 0 -n 128 -d 512 -r "$reps" -o json \
-            >"$work/bench-nographs.json" 2>"$logs/bench-nographs.log"; then
+    # What CUDA graphs give each model's decode: the same test with GGML_CUDA_DISABLE_GRAPHS=1
+    local q8=(-m "$work/models/spark-gemma2-2b-q8_0.gguf" -m "$work/models/gemma2-2b-q8_0.gguf")
+    if [ -f "$work/models/gemma2-2b-q8_0.gguf" ] && GGML_BACKEND_PATH=$plugin GGML_CUDA_DISABLE_GRAPHS=1 \
+            timeout "$(( $(left) - 10 ))" "$bin/llama-bench" "${q8[@]}" -ngl 99 -fa 0 -p 0 -n 128 -d 512 \
+            -r "$reps" -o json >"$work/bench-nographs.json" 2>"$logs/bench-nographs.log"; then
         python3 - "$work/bench-nographs.json" <<'EOF' | emit
-import json, sys
-r = json.load(open(sys.argv[1]))[0]
-print(f"stock q8_0 tg128 @ d512 with GGML_CUDA_DISABLE_GRAPHS=1: {r['avg_ts']:.2f} +/- {r['stddev_ts']:.2f} t/s")
+import json, os, sys
+for r in json.load(open(sys.argv[1])):
+    name = os.path.basename(r["model_filename"]).removesuffix(".gguf")
+    print(f"{name} tg128 @ d512 with GGML_CUDA_DISABLE_GRAPHS=1: {r['avg_ts']:.2f} +/- {r['stddev_ts']:.2f} t/s")
 EOF
     fi
     return 0
 }
-bench_need=200
+# seconds seen on an H200 (2026-11-27): the whole phase 94 s with its four models made
+bench_need=100
 for t in $bench_types; do
-    for p in spark-gemma2-2b gemma2-2b; do [ -f "$work/models/$p-$t.gguf" ] || bench_need=$((bench_need + 60)); done
+    for p in spark-gemma2-2b gemma2-2b; do [ -f "$work/models/$p-$t.gguf" ] || bench_need=$((bench_need + 15)); done
 done
 run_phase bench "$bench_need" phase_bench
 
