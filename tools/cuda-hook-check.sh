@@ -4,9 +4,9 @@
 #
 # What it does:
 #   1. nvcc from PyPI (tools/cuda-tools.sh: CUDA 13.0 with runtime, CCCL, cuBLAS headers);
-#   2. the pristine llama-cpp-sys-2 tree (the version spark-llama-prep pins) with
-#      patches/llama.cpp/*.patch applied by `git apply`, as spark-llama-prep does, into
-#      target/cuda-hook-check/src (independent of any cargo build);
+#   2. the patched llama.cpp tree of tools/llama-tree.sh (the pinned crate's sources, the
+#      project's new files, the series), in target/cuda-hook-check/tree (independent of any
+#      cargo build);
 #   3. ggml's own CMake configures that tree with -DGGML_CUDA=ON (and the options
 #      tools/gpu-check.sh builds with on the GPU machine), against the PyPI toolkit, so the
 #      include paths, defines and flags are exactly ggml-cuda/CMakeLists.txt's; warnings are
@@ -19,9 +19,9 @@
 # Exits non-zero if anything fails to compile. Nothing is linked and nothing runs on a GPU.
 # Wall time on the 2-core dev machine: about 1 min the first time, ~45 s afterwards.
 #
-# Usage: bash tools/cuda-hook-check.sh [--quiet] [--patches DIR]
+# Usage: bash tools/cuda-hook-check.sh [--quiet]
 #   --quiet        errors only
-#   --patches DIR  the series to check (default patches/llama.cpp): a patch not yet committed
+# It checks the series in patches/llama.cpp as the working tree has it (committed or not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -31,9 +31,7 @@ patch_dir=$root/patches/llama.cpp
 while [ $# -gt 0 ]; do
     case "$1" in
         --quiet) quiet=1 ;;
-        --patches) [ $# -ge 2 ] || { echo "cuda-hook-check: --patches needs a directory" >&2; exit 2; }
-                   patch_dir=$(cd "$2" && pwd); shift ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "cuda-hook-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -65,42 +63,16 @@ source target/cuda-tools/env.sh
 tk=$SPARK_CUDA_TOOLKIT
 export LIBRARY_PATH="$tk/lib:$tk/lib/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
 
-# 2. The patched source tree. The stamp names the pinned version and every patch's content;
-#    the tree is rebuilt from the pristine sources whenever it changes.
-version=$(sed -n 's/^const SYS_VERSION: &str = "\(.*\)";/\1/p' patches/spark-llama-prep/build.rs)
-[ -n "$version" ] || die "no SYS_VERSION in patches/spark-llama-prep/build.rs"
-pristine=
-for d in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"llama-cpp-sys-2-$version"; do
-    [ -f "$d/llama.cpp/CMakeLists.txt" ] && pristine=$d/llama.cpp
-done
-if [ -z "$pristine" ]; then
-    # Not in cargo's cache yet: let the ordinary cargo client fetch it (what spark-llama-prep does).
-    probe=$work/probe
-    mkdir -p "$probe/src"
-    : >"$probe/src/lib.rs"
-    printf '[package]\nname = "spark-llama-probe"\nversion = "0.0.0"\nedition = "2021"\n[dependencies]\nllama-cpp-sys-2 = { version = "=%s", default-features = false }\n[workspace]\n' \
-        "$version" >"$probe/Cargo.toml"
-    manifest=$(cargo metadata --format-version 1 --manifest-path "$probe/Cargo.toml" \
-        | python3 -c 'import json,sys; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"]=="llama-cpp-sys-2"))') \
-        || die "cargo metadata could not locate llama-cpp-sys-2 $version"
-    pristine=$(dirname "$manifest")/llama.cpp
-fi
-[ -f "$pristine/CMakeLists.txt" ] || die "pristine llama.cpp not found at $pristine"
-
-patches=("$patch_dir"/*.patch)
-[ -f "${patches[0]}" ] || die "no patches in $patch_dir"
-stamp=$({ echo "$version"; cat "${patches[@]}"; } | sha256sum | cut -c1-16)
-src=$work/src
-if [ "$(cat "$work/src.stamp" 2>/dev/null)" != "$stamp" ]; then
-    say "applying ${#patches[@]} patches to llama-cpp-sys-2 $version's llama.cpp"
-    rm -rf "$src" "$work/src.stamp" "$work/build-release" "$work/build-debug"
-    cp -r "$pristine" "$src"
-    for p in "${patches[@]}"; do
-        # GIT_CEILING_DIRECTORIES: do not discover the project's own checkout around the tree
-        (cd "$src" && GIT_CEILING_DIRECTORIES=$work git apply --whitespace=nowarn "$p") \
-            || die "$(basename "$p") does not apply"
-    done
-    echo "$stamp" >"$work/src.stamp"
+# 2. The patched source tree (tools/llama-tree.sh), made again whenever the series tag changes.
+tag=$(bash tools/llama-tree.sh --tag)
+mapfile -t patches < <(find "$patch_dir" -maxdepth 1 -name '*.patch' | LC_ALL=C sort)
+[ "${#patches[@]}" -gt 0 ] || die "no patches in $patch_dir"
+src=$work/tree/llama.cpp
+if [ "$(cat "$work/src.stamp" 2>/dev/null)" != "$tag" ]; then
+    say "making the patched tree ($tag)"
+    rm -rf "$work/tree" "$work/src" "$work/src.stamp" "$work/build-release" "$work/build-debug"
+    bash tools/llama-tree.sh "$work/tree" 2>/dev/null || die "tools/llama-tree.sh failed"
+    echo "$tag" >"$work/src.stamp"
 fi
 
 # The .cu files the series changes (ggml-cuda.cu at least: the hook lives there).

@@ -2,10 +2,9 @@
 # Packs what tools/gpu-check.sh needs on the lent GPU machine (CUDA 13.0, CMake, no Rust, no
 # network) into target/gpucarry (ignored; carried by the `run` call, see tools/README.md):
 #
-#   llama-src.tar.gz   the pristine llama-cpp-sys-2 llama.cpp tree (the version spark-llama-prep
-#                      pins) with patches/llama.cpp/*.patch applied (`git apply`, as
-#                      spark-llama-prep does), plus tools/ from the pinned PyPI sdist that
-#                      tools/upstream.sh uses (the crate leaves the tools' sources out)
+#   llama-src.tar.gz   the patched llama.cpp tree, `tools/llama-tree.sh --tools`: the pinned
+#                      crate's sources, the project's new files, the series, and tools/ from the
+#                      pinned PyPI sdist that tools/upstream.sh uses
 #   libggml-spark.so   the plugin: cargo build --release -p spark-backend --features cuda, for
 #                      x86-64-v3 in target/gpupack/cargo (not the workspace's target-cpu=native)
 #   spark-convert      converts the shipped model and writes synthetic 2B models there
@@ -24,12 +23,10 @@
 # tree and gpu-check.sh converts it there. The binaries built here (Debian 12, glibc 2.36) run on
 # the device (Ubuntu 24.04, glibc 2.39, newer libstdc++); the script checks the symbol versions.
 #
-# Usage: bash tools/gpu-pack.sh [--no-build] [--plugin SO] [--convert BIN] [--patches DIR]
-#                               [--cuda-arch ARCH]
+# Usage: bash tools/gpu-pack.sh [--no-build] [--plugin SO] [--convert BIN] [--cuda-arch ARCH]
 #   --no-build     do not run cargo: take the plugin and spark-convert from target/gpupack/cargo
 #   --plugin SO    pack this plugin library instead (no cargo build; it must carry the tag)
 #   --convert BIN  pack this spark-convert instead (no cargo build)
-#   --patches DIR  the series (default patches/llama.cpp)
 #   --cuda-arch ARCH  also prebuild the CUDA llama.cpp for this architecture (90: H100/H200)
 # Runs cargo build --release (the first time with a changed series it recompiles llama.cpp:
 # 10-15 min on 2 cores); the packing itself takes ~20 s.
@@ -44,10 +41,9 @@ while [ $# -gt 0 ]; do
         --no-build) build=0 ;;
         --plugin) plugin=$(realpath "$2"); shift ;;
         --convert) convert=$(realpath "$2"); shift ;;
-        --patches) patch_dir=$(cd "$2" && pwd); shift ;;
         --cuda-arch) cuda_arch=$2; shift
                      [[ "$cuda_arch" =~ ^[0-9]+a?$ ]] || { echo "gpu-pack: --cuda-arch takes a number such as 90" >&2; exit 2; } ;;
-        -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-pack: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -59,18 +55,13 @@ carry=$root/target/gpucarry
 work=$root/target/gpupack
 mkdir -p "$carry" "$work"
 
-# 1. The series and its tag, computed as spark-llama-prep's series_tag() does: the git blob hash
-#    of "llama-cpp-sys-2 <version>\n" and, per patch in name order, "<file name>\n<bytes>".
+# 1. The series tag, as spark-llama-prep computes it (tools/llama-tree.sh --tag), and the pins
+#    the manifest names.
+tag=$(bash tools/llama-tree.sh --tag)
 version=$(sed -n 's/^const SYS_VERSION: &str = "\(.*\)";/\1/p' patches/spark-llama-prep/build.rs)
-[ -n "$version" ] || die "no SYS_VERSION in patches/spark-llama-prep/build.rs"
-mapfile -t patches < <(find "$patch_dir" -maxdepth 1 -name '*.patch' | LC_ALL=C sort)
-[ "${#patches[@]}" -gt 0 ] || die "no patches in $patch_dir"
-{
-    printf 'llama-cpp-sys-2 %s\n' "$version"
-    for p in "${patches[@]}"; do printf '%s\n' "$(basename "$p")"; cat "$p"; done
-} >"$work/series.txt"
-tag="spark-$(git hash-object --no-filters "$work/series.txt" | cut -c1-12)"
-say "series: ${#patches[@]} patches, tag $tag"
+pin() { sed -n "s/^$1=//p" tools/upstream.sh | head -1; }
+sdist_name=$(pin SDIST_NAME) sdist_version=$(pin SDIST_VERSION)
+say "series: $(find "$patch_dir" -maxdepth 1 -name '*.patch' | wc -l) patches, tag $tag"
 
 # 2. The plugin and spark-convert, for a CPU nobody here has seen: the workspace builds for
 #    target-cpu=native (.cargo/config.toml), which may use instructions (AVX-512, AMX) the GPU
@@ -110,54 +101,10 @@ for f in "$plugin" "$convert"; do
     [ -z "$glibcxx" ] || [ "${glibcxx#GLIBCXX_3.4.}" -le 33 ] || die "$f needs $glibcxx"
 done
 
-# 3. The patched source tree with the tools' sources.
-pristine=
-for d in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"llama-cpp-sys-2-$version"; do
-    [ -f "$d/llama.cpp/CMakeLists.txt" ] && pristine=$d/llama.cpp
-done
-[ -n "$pristine" ] || die "llama-cpp-sys-2 $version is not in cargo's cache (run cargo build once)"
-
-# The tools' sources: tools/upstream.sh's pinned sdist (its constants are read from that script,
-# so there is one pin), from its download cache or downloaded the same way.
-pin() { sed -n "s/^$1=//p" tools/upstream.sh | head -1; }
-sdist_name=$(pin SDIST_NAME) sdist_version=$(pin SDIST_VERSION) sdist_sha=$(pin SDIST_SHA256)
-[ -n "$sdist_name" ] && [ -n "$sdist_version" ] && [ -n "$sdist_sha" ] \
-    || die "could not read the sdist pin from tools/upstream.sh"
-dl=$root/target/upstream/dl
-tarball=$dl/${sdist_name//-/_}-$sdist_version.tar.gz
-mkdir -p "$dl"
-if ! { [ -f "$tarball" ] && echo "$sdist_sha  $tarball" | sha256sum --check --status; }; then
-    say "downloading $sdist_name==$sdist_version (PyPI sdist)"
-    python3 -m pip download --quiet --no-deps --no-binary "$sdist_name" \
-        "$sdist_name==$sdist_version" -d "$dl" || die "pip download failed"
-    echo "$sdist_sha  $tarball" | sha256sum --check --status || die "$tarball: wrong sha256"
-fi
-
+# 3. The patched source tree with the tools' sources (tools/llama-tree.sh --tools).
 stage=$work/stage
 rm -rf "$stage"
-mkdir -p "$stage"
-cp -r "$pristine" "$stage/llama.cpp"
-for p in "${patches[@]}"; do
-    (cd "$stage/llama.cpp" && GIT_CEILING_DIRECTORIES=$stage git apply --whitespace=nowarn "$p") \
-        || die "$(basename "$p") does not apply"
-done
-sdist_dir=$work/sdist
-rm -rf "$sdist_dir"
-mkdir -p "$sdist_dir"
-tar -xzf "$tarball" -C "$sdist_dir" "${sdist_name//-/_}-$sdist_version/llama.cpp/tools" \
-    "${sdist_name//-/_}-$sdist_version/llama.cpp/include" "${sdist_name//-/_}-$sdist_version/llama.cpp/common" \
-    "${sdist_name//-/_}-$sdist_version/llama.cpp/ggml/include" "${sdist_name//-/_}-$sdist_version/llama.cpp/vendor"
-tree=$sdist_dir/${sdist_name//-/_}-$sdist_version/llama.cpp
-# Same check as tools/upstream.sh: what the tools compile against equals the patched tree.
-for d in include common ggml/include vendor; do
-    if [ "$d" = ggml/include ]; then
-        # the series changes ggml/include/ggml-cuda.h (patch 0008): compare with the pristine one
-        diff -rq "$tree/$d" "$pristine/$d" >/dev/null || die "sdist $d/ differs from the crate's"
-    else
-        diff -rq "$tree/$d" "$stage/llama.cpp/$d" >/dev/null || die "sdist $d/ differs from the patched tree"
-    fi
-done
-cp -rn "$tree/tools/." "$stage/llama.cpp/tools/"
+bash tools/llama-tree.sh --tools "$stage" || die "tools/llama-tree.sh could not make the tree"
 printf '%s\n' "$tag" >"$stage/llama.cpp/SPARK_SERIES_TAG"
 # Leave out what a CUDA build of the libraries and tools never reads (vocab test files, docs,
 # Python, CI, tests, examples, the server's web UI).
@@ -166,7 +113,7 @@ tar -C "$stage" -czf "$carry/llama-src.tar.gz.tmp" \
     --exclude=llama.cpp/ci --exclude=llama.cpp/tests --exclude=llama.cpp/examples \
     --exclude=llama.cpp/pocs --exclude=llama.cpp/tools/ui --exclude='*.py' llama.cpp
 mv -f "$carry/llama-src.tar.gz.tmp" "$carry/llama-src.tar.gz"
-rm -rf "$stage" "$sdist_dir"
+rm -rf "$stage"
 
 # 4. The binaries (symbols stripped; the plugin keeps its dynamic symbols) and the manifest.
 rm -f "$carry/llama-src.tgz"   # an earlier session's name for the source tarball
@@ -176,7 +123,7 @@ printf '%s\n' "$tag" >"$carry/series-tag"
 {
     echo "series_tag $tag"
     echo "llama_cpp_sys_2 $version"
-    echo "patches ${#patches[@]}"
+    echo "patches $(find "$patch_dir" -maxdepth 1 -name '*.patch' | wc -l)"
     echo "tools_sdist $sdist_name==$sdist_version"
     echo "project_commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- spark-backend patches 2>/dev/null || echo '+dirty')"
     echo "plugin_cuda_launchers $cuda_feature"

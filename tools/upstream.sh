@@ -122,8 +122,9 @@ if [ ! -f "$tree/tools/server/server.cpp" ]; then
 fi
 # The sdist must be the llama.cpp the series is written for: compare what the tools compile
 # against (headers, common) with the build's tree, leaving out the files the series itself
-# changes there (0008 adds the CUDA hook's typedefs to ggml/include/ggml-cuda.h).
-series_files=$(sed -n 's|^diff --git a/\([^ ]*\) b/.*|\1|p' patches/llama.cpp/*.patch | sort -u)
+# changes or adds there (0008 adds the CUDA hook's typedefs to ggml/include/ggml-cuda.h).
+series_files=$( { sed -n 's|^diff --git a/\([^ ]*\) b/.*|\1|p' patches/llama.cpp/*.patch
+                  (cd patches/llama.cpp/files && find . -type f | sed 's|^\./||'); } | sort -u)
 for d in include common ggml/include vendor; do
     excludes=()
     for f in $series_files; do

@@ -1,4 +1,7 @@
-//! Stages pristine llama-cpp-sys-2 sources with `patches/llama.cpp/*.patch` applied.
+//! Stages pristine llama-cpp-sys-2 sources with the project's new llama.cpp files
+//! (`patches/llama.cpp/files/`, copied in at their relative paths) and the series of edits to
+//! upstream files (`patches/llama.cpp/*.patch`, applied in order). `tools/llama-tree.sh` makes
+//! the same tree for reading, editing and building without cargo, and computes the same tag.
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,6 +32,11 @@ fn run() -> Result<(), String> {
     for p in &patches {
         println!("cargo:rerun-if-changed={}", p.display());
     }
+    let files_dir = patch_dir.join("files");
+    let files = new_files(&files_dir)?;
+    for (_, p) in &files {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
 
     // Apply the series to a scratch copy, then sync into the stable directory cmake builds from.
     let stage = out.join("stage");
@@ -36,6 +44,18 @@ fn run() -> Result<(), String> {
         fs::remove_dir_all(&stage).map_err(|e| format!("{}: {e}", stage.display()))?;
     }
     sync_tree(&pristine, &stage).map_err(|e| format!("copy pristine sources: {e}"))?;
+    for (rel, p) in &files {
+        let d = stage.join("llama.cpp").join(rel);
+        if d.exists() {
+            return Err(format!(
+                "patches/llama.cpp/files/{rel} is also an upstream file: change it with a patch"
+            ));
+        }
+        if let Some(parent) = d.parent() {
+            fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        fs::copy(p, &d).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
     for p in &patches {
         let status = Command::new("git")
             // Keep git from discovering an enclosing repository (the project's own checkout).
@@ -53,12 +73,12 @@ fn run() -> Result<(), String> {
     sync_tree(&stage, &dst).map_err(|e| format!("sync patched sources: {e}"))?;
     fs::remove_dir_all(&stage).map_err(|e| format!("{}: {e}", stage.display()))?;
 
-    let tag = series_tag(&patches, &out)?;
+    let tag = series_tag(&patches, &files, &out)?;
     let generated = format!(
         "/// Directory holding the patched copy of the llama-cpp-sys-2 {SYS_VERSION} crate.\n\
          pub const PATCHED_SYS_DIR: &str = {dir:?};\n\
          /// Names the patched sources: `spark-` and the git blob hash (12 digits) of the pinned\n\
-         /// version and every patch. The ggml build reports it as `ggml_commit()`\n\
+         /// version, every patch and every new file. The ggml build reports it as `ggml_commit()`\n\
          /// (GGML_BUILD_COMMIT_OVERRIDE, patch 0005) and the plugin checks it when loaded.\n\
          pub const SERIES_TAG: &str = {tag:?};\n\
          /// Expands to the items of the upstream build script (its `fn main` included).\n\
@@ -150,13 +170,23 @@ fn json_string_values(text: &str, key: &str) -> Vec<String> {
     values
 }
 
-/// `spark-<hash>`: the first 12 digits of the git blob hash of the pinned crate version and
-/// each patch's file name and bytes, in series order. Same series, same tag, on any machine.
-fn series_tag(patches: &[PathBuf], out: &Path) -> Result<String, String> {
+/// `spark-<hash>`: the first 12 digits of the git blob hash of the pinned crate version, each
+/// patch's file name and bytes in series order, then each new file's relative path (as
+/// `files/<path>`) and bytes in path order. Same sources, same tag, on any machine;
+/// `tools/llama-tree.sh --tag` computes it the same way.
+fn series_tag(
+    patches: &[PathBuf],
+    files: &[(String, PathBuf)],
+    out: &Path,
+) -> Result<String, String> {
     let mut text = format!("llama-cpp-sys-2 {SYS_VERSION}\n").into_bytes();
     for p in patches {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         text.extend_from_slice(format!("{name}\n").as_bytes());
+        text.extend(fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?);
+    }
+    for (rel, p) in files {
+        text.extend_from_slice(format!("files/{rel}\n").as_bytes());
         text.extend(fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?);
     }
     let input = out.join("series.txt");
@@ -186,6 +216,35 @@ fn patch_list(dir: &Path) -> Result<Vec<PathBuf>, String> {
         .collect();
     list.sort();
     Ok(list)
+}
+
+/// Every file under `dir` (the project's new llama.cpp sources) as (path relative to `dir` with
+/// `/` separators, full path), sorted by the relative path's bytes (as `LC_ALL=C sort`).
+fn new_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<(), String> {
+        for entry in fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+            let p = entry.map_err(|e| e.to_string())?.path();
+            if p.is_dir() {
+                walk(base, &p, out)?;
+            } else {
+                let rel = p
+                    .strip_prefix(base)
+                    .map_err(|e| e.to_string())?
+                    .components()
+                    .map(|c| c.as_os_str().to_str().ok_or("non-UTF-8 file name"))
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join("/");
+                out.push((rel, p));
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    if dir.is_dir() {
+        walk(dir, dir, &mut out)?;
+    }
+    out.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    Ok(out)
 }
 
 /// Mirrors `src` into `dst`, writing only files whose bytes differ (unchanged files keep their

@@ -1,0 +1,48 @@
+// The C interface between the spark-gemma2 graph (spark-gemma2.cpp) and the procs of the Spark
+// backend's "Spark" registry entry beyond its custom ops (docs/INTERFACES.md of the Spark
+// project). Plain C, so that the backend checks its mirror of it with a C compiler.
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ggml_tensor;
+
+// the two ways the sparse FFN of a ubatch runs
+enum spark_ffn_path {
+    SPARK_FFN_PATH_FUSED     = 1, // spark_ffn_fused into n_chunk partial outputs, then spark_ffn_sum
+    SPARK_FFN_PATH_TWO_STAGE = 2, // spark_ffn_up (gated values), then spark_ffn_down (V rows)
+};
+
+// how the FFN of one ubatch runs
+struct spark_ffn_tiling {
+    int32_t path;    // enum spark_ffn_path
+    int32_t n_chunk; // the fused path's chunks P, 1 <= P <= n_ff (1 on the two-stage path)
+};
+
+// "spark_ffn_tiling": the path and chunk count of a ubatch of n_tokens tokens through an FFN of
+// n_ff neurons and width n_embd. Writes *out and returns 0, or returns -1 and leaves *out alone
+// (a size below 1, out NULL)
+typedef int (*spark_ffn_tiling_t)(int64_t n_tokens, int64_t n_ff, int64_t n_embd, struct spark_ffn_tiling * out);
+
+// the parameters of a Spark custom op, which its node carries in its own op_params (stored by
+// spark_op_set_params), so that the node holds no pointer of the process that built the graph
+// and can run in another one (ggml-rpc's named custom ops); ggml's userdata is not used
+struct spark_op_params {
+    int32_t layer;   // for statistics and messages
+    int32_t k;       // k_f (the FFN ops) or k_a (spark_attn)
+    int32_t r;       // r_a (spark_attn), 0 for the FFN ops
+    float   softcap; // spark_attn's logit soft-cap (0 = off), 0 for the FFN ops
+};
+
+// "spark_op_set_params": stores *p in node, a GGML_OP_CUSTOM node made with one of the entry's
+// custom ops, before the graph is computed. Returns 0, or -1 and changes nothing (node or p NULL,
+// node not a custom op)
+typedef int (*spark_op_set_params_t)(struct ggml_tensor * node, const struct spark_op_params * p);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,666 @@
+// Spark-Gemma2: Gemma-2 with the Spark Transformer's statistical-top-k FFN and attention
+// ("Spark Transformer: Reactivating Sparsity in FFN and Attention", 2025).
+//
+// Statistical top-k of x (length d, target k): theta = mean(x) + std(x) * Q(1 - k/d), with the
+// unbiased std and Q the inverse standard normal CDF.
+//   FFN      : s = K1 h[:r_f], a = gelu_tanh(relu(s - theta)), out = sum_j a_j (K2_j . h[r_f:]) V_j
+//   attention: per head q, k split at r_a; s1 = softcap(q1 . k1) over the valid positions C; keep
+//              s1 > theta (all of C when |C| <= k_a, the maxima when nothing exceeds theta);
+//              w = softmax over the kept of s1, times softplus(q2 . k2); out = sum_j w_j v_j
+//
+// Two implementations of the same math:
+//   - dense: stock ggml ops only, runs on every backend (the reference inside llama.cpp)
+//   - sparse: when a ggml backend registry entry named "Spark" exists (registered in-process or
+//     loaded with GGML_BACKEND_PATH) and exports "spark_ffn_fused" + "spark_ffn_sum" (the fused
+//     FFN path), "spark_ffn_up" + "spark_ffn_down" (the two-stage FFN path) and "spark_attn",
+//     those kernels run as ggml custom ops and skip the work for dropped neurons and positions
+//     (the FFN predictor K1 h[:r_f] stays a stock ggml_mul_mat). Which FFN path a ubatch takes,
+//     and into how many chunks, the backend answers through "spark_ffn_tiling"; each node carries
+//     its parameters (layer, k, ...) in its own op_params, stored by "spark_op_set_params", so it
+//     holds no pointer of this process (spark-gemma2-backend.h).
+
+#include "models.h"
+#include "spark-gemma2-backend.h"
+
+#include "llama-kv-cache.h"
+#include "llama-kv-cache-iswa.h"
+
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <stdexcept>
+
+//
+// inverse normal CDF
+//
+
+static const double spark_acklam_a[6] = {
+    -3.969683028665376e+01,  2.209460984245205e+02, -2.759285104469687e+02,
+     1.383577518672690e+02, -3.066479806614716e+01,  2.506628277459239e+00,
+};
+static const double spark_acklam_b[5] = {
+    -5.447609879822406e+01,  1.615858368580409e+02, -1.556989798598866e+02,
+     6.680131188771972e+01, -1.328068155288572e+01,
+};
+static const double spark_acklam_c[6] = {
+    -7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
+    -2.549732539343734e+00,  4.374664141464968e+00,  2.938163982698783e+00,
+};
+static const double spark_acklam_d[4] = {
+     7.784695709041462e-03,  3.224671290700398e-01,  2.445134137142996e+00,
+     3.754408661907416e+00,
+};
+static const double spark_acklam_p_low = 0.02425;
+
+// Q(p) for p in (0, 1): Acklam's rational approximation (relative error 1.15e-9) refined by one
+// Halley step on Phi(x) - p, which brings it to double precision
+static double spark_inverse_normal_cdf(double p) {
+    const double * a = spark_acklam_a;
+    const double * b = spark_acklam_b;
+    const double * c = spark_acklam_c;
+    const double * d = spark_acklam_d;
+
+    double x;
+    if (p < spark_acklam_p_low) {
+        const double q = std::sqrt(-2.0*std::log(p));
+        x =  (((((c[0]*q + c[1])*q + c[2])*q + c[3])*q + c[4])*q + c[5]) /
+              ((((d[0]*q + d[1])*q + d[2])*q + d[3])*q + 1.0);
+    } else if (p <= 1.0 - spark_acklam_p_low) {
+        const double q = p - 0.5;
+        const double r = q*q;
+        x = (((((a[0]*r + a[1])*r + a[2])*r + a[3])*r + a[4])*r + a[5])*q /
+            (((((b[0]*r + b[1])*r + b[2])*r + b[3])*r + b[4])*r + 1.0);
+    } else {
+        const double q = std::sqrt(-2.0*std::log1p(-p));
+        x = -(((((c[0]*q + c[1])*q + c[2])*q + c[3])*q + c[4])*q + c[5]) /
+              ((((d[0]*q + d[1])*q + d[2])*q + d[3])*q + 1.0);
+    }
+
+    // Halley: e = Phi(x) - p, u = e / phi(x), x -= u / (1 + x u / 2)
+    const double e = 0.5*std::erfc(-x/std::sqrt(2.0)) - p;
+    const double u = e*std::sqrt(2.0*M_PI)*std::exp(0.5*x*x);
+    x = x - u/(1.0 + 0.5*x*u);
+
+    return x;
+}
+
+//
+// hyper-parameters and tensors
+//
+
+void llama_model_spark_gemma2::load_arch_hparams(llama_model_loader & ml) {
+    // Gemma-2: sliding window on the even layers (0, 2, 4, ...), attention logit soft-capping
+    hparams.swa_type = LLAMA_SWA_TYPE_STANDARD;
+    hparams.n_swa = 4096;
+    hparams.set_swa_pattern(2);
+    hparams.rope_freq_base_train_swa  = hparams.rope_freq_base_train;
+    hparams.rope_freq_scale_train_swa = hparams.rope_freq_scale_train;
+
+    ml.get_key(LLM_KV_ATTENTION_SLIDING_WINDOW,    hparams.n_swa, false);
+    ml.get_key(LLM_KV_ATTENTION_LAYERNORM_RMS_EPS, hparams.f_norm_rms_eps);
+    ml.get_key(LLM_KV_ATTN_LOGIT_SOFTCAPPING,      hparams.f_attn_logit_softcapping, false);
+    ml.get_key(LLM_KV_FINAL_LOGIT_SOFTCAPPING,     hparams.f_final_logit_softcapping, false);
+
+    // 0 turns a soft-cap off
+    hparams.attn_soft_cap = hparams.f_attn_logit_softcapping > 0.0f;
+
+    hparams.f_attention_scale = 1.0f / std::sqrt(float(hparams.n_embd_head_k()));
+    ml.get_key(LLM_KV_ATTENTION_SCALE, hparams.f_attention_scale, false);
+
+    ml.get_key(LLM_KV_SPARK_FFN_K,  spark_ffn_k);
+    ml.get_key(LLM_KV_SPARK_FFN_R,  spark_ffn_r);
+    ml.get_key(LLM_KV_SPARK_ATTN_K, spark_attn_k);
+    ml.get_key(LLM_KV_SPARK_ATTN_R, spark_attn_r);
+
+    const uint32_t n_embd = hparams.n_embd;
+    const uint32_t n_head = hparams.n_embd_head_k();
+    const uint32_t n_ff   = hparams.n_ff();
+
+    const LLM_KV kv(arch);
+    auto invalid = [&](llm_kv key, const std::string & why) {
+        return std::runtime_error(format("invalid %s: %s", kv(key).c_str(), why.c_str()));
+    };
+    if (spark_ffn_r == 0 || spark_ffn_r >= n_embd) {
+        throw invalid(LLM_KV_SPARK_FFN_R, format("%u, must be in (0, embedding_length = %u)", spark_ffn_r, n_embd));
+    }
+    if (spark_attn_r == 0 || spark_attn_r >= n_head || spark_attn_r % 2 != 0 || (n_head - spark_attn_r) % 2 != 0) {
+        throw invalid(LLM_KV_SPARK_ATTN_R, format("%u, must be even, in (0, key_length = %u), with key_length - r even", spark_attn_r, n_head));
+    }
+    if (spark_ffn_k == 0 || spark_ffn_k > INT32_MAX) {
+        throw invalid(LLM_KV_SPARK_FFN_K, format("%u, must be at least 1", spark_ffn_k));
+    }
+    if (spark_attn_k == 0 || spark_attn_k > INT32_MAX) {
+        throw invalid(LLM_KV_SPARK_ATTN_K, format("%u, must be at least 1", spark_attn_k));
+    }
+    if (hparams.n_embd_head_v() != n_head) {
+        throw std::runtime_error(format("spark-gemma2 needs key_length == value_length, got %u and %u", n_head, hparams.n_embd_head_v()));
+    }
+    if (hparams.n_head() == 0 || hparams.n_head_kv() == 0 || hparams.n_head() % hparams.n_head_kv() != 0) {
+        throw std::runtime_error(format("spark-gemma2 needs head_count (%u) to be a multiple of head_count_kv (%u)", hparams.n_head(), hparams.n_head_kv()));
+    }
+
+    spark_ffn_z = spark_ffn_k < n_ff ? spark_inverse_normal_cdf(1.0 - double(spark_ffn_k)/double(n_ff)) : 0.0;
+
+    spark_ffn_params.resize(hparams.n_layer());
+    spark_attn_params.resize(hparams.n_layer());
+    for (uint32_t il = 0; il < hparams.n_layer(); ++il) {
+        spark_ffn_params[il]  = { (int32_t) il, (int32_t) spark_ffn_k };
+        spark_attn_params[il] = { (int32_t) il, (int32_t) spark_attn_k, (int32_t) spark_attn_r,
+                                  hparams.attn_soft_cap ? hparams.f_attn_logit_softcapping : 0.0f };
+    }
+
+    switch (hparams.n_layer()) {
+        case 26: type = LLM_TYPE_2B; break;
+        default: type = LLM_TYPE_UNKNOWN;
+    }
+}
+
+void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader &) {
+    LLAMA_LOAD_LOCALS;
+
+    const int64_t n_ffn_r = spark_ffn_r;
+
+    tok_embd = create_tensor(tn(LLM_TENSOR_TOKEN_EMBD, "weight"), {n_embd, n_vocab}, 0);
+
+    output_norm = create_tensor(tn(LLM_TENSOR_OUTPUT_NORM, "weight"), {n_embd}, 0);
+    output      = create_tensor(tn(LLM_TENSOR_TOKEN_EMBD,  "weight"), {n_embd, n_vocab}, TENSOR_DUPLICATED); // tied
+
+    for (int i = 0; i < n_layer; ++i) {
+        auto & layer = layers[i];
+
+        layer.attn_norm = create_tensor(tn(LLM_TENSOR_ATTN_NORM, "weight", i), {n_embd}, 0);
+
+        create_tensor_qkv(layer, i, n_embd, n_embd_head_k * n_head, n_embd_k_gqa, n_embd_v_gqa, 0);
+        layer.wo = create_tensor(tn(LLM_TENSOR_ATTN_OUT, "weight", i), {n_embd_head_k * n_head, n_embd}, 0);
+        layer.attn_post_norm = create_tensor(tn(LLM_TENSOR_ATTN_POST_NORM, "weight", i), {n_embd}, 0);
+
+        layer.ffn_norm = create_tensor(tn(LLM_TENSOR_FFN_NORM, "weight", i), {n_embd}, 0);
+        // K1 (predictor rows), K2 (value rows) and V (neuron-major): row j belongs to neuron j
+        layer.ffn_gate = create_tensor(tn(LLM_TENSOR_FFN_GATE,     "weight", i), {n_ffn_r,          n_ff}, 0);
+        layer.ffn_up   = create_tensor(tn(LLM_TENSOR_SPARK_FFN_K2, "weight", i), {n_embd - n_ffn_r, n_ff}, 0);
+        layer.ffn_down = create_tensor(tn(LLM_TENSOR_FFN_DOWN_T,   "weight", i), {n_embd,           n_ff}, 0);
+        layer.ffn_post_norm = create_tensor(tn(LLM_TENSOR_FFN_POST_NORM, "weight", i), {n_embd}, 0);
+    }
+}
+
+std::unique_ptr<llm_graph_context> llama_model_spark_gemma2::build_arch_graph(const llm_graph_params & params) const {
+    return std::make_unique<graph>(*this, params);
+}
+
+//
+// graph helpers
+//
+
+// a proc of the "Spark" registry entry, or nullptr (no such entry, or no such proc)
+static void * spark_proc(const char * name) {
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("Spark");
+    if (reg == nullptr) {
+        return nullptr;
+    }
+    return ggml_backend_reg_get_proc_address(reg, name);
+}
+
+// the first reason the sparse FFN is not built, said once per process
+static void spark_ffn_warn_dense(const char * why) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+        LLAMA_LOG_WARN("%s: %s: the FFN runs on the dense graph\n", __func__, why);
+    }
+}
+
+// a custom op exported by the "Spark" registry entry, or nullptr (also when the entry cannot
+// store the parameters in the node: a backend built for another llama.cpp, said once)
+static ggml_custom_op_t spark_kernel(const char * name) {
+    if (spark_proc("spark_op_set_params") == nullptr) {
+        if (ggml_backend_reg_by_name("Spark") != nullptr) {
+            static std::atomic<bool> warned{false};
+            if (!warned.exchange(true)) {
+                LLAMA_LOG_WARN("%s: the Spark backend does not export spark_op_set_params (built for another "
+                               "llama.cpp?): the dense graph runs\n", __func__);
+            }
+        }
+        return nullptr;
+    }
+    return (ggml_custom_op_t) spark_proc(name);
+}
+
+// a Spark custom-op node: fun (from spark_kernel) over args, its parameters stored in the node
+static ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor ** args, int n_args,
+                                int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, const spark_op_params & p) {
+    ggml_tensor * node = ggml_custom_4d(ctx, GGML_TYPE_F32, ne0, ne1, ne2, ne3, args, n_args, fun, GGML_N_TASKS_MAX, nullptr);
+    spark_op_set_params_t set_params = (spark_op_set_params_t) spark_proc("spark_op_set_params");
+    GGML_ASSERT(set_params != nullptr && set_params(node, &p) == 0);
+    return node;
+}
+
+// How the sparse FFN of a ubatch runs (path and chunk count) is the Spark backend's decision:
+// the graph asks spark_ffn_tiling and builds the nodes of the answer, so none of the kernels'
+// tiling constants is written here. False for the dense graph: no "Spark" entry (silently), or
+// one that does not answer (a backend without spark_ffn_tiling) or answers something invalid
+// (with one warning).
+static bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out) {
+    if (ggml_backend_reg_by_name("Spark") == nullptr) {
+        return false;
+    }
+    spark_ffn_tiling_t tiling = (spark_ffn_tiling_t) spark_proc("spark_ffn_tiling");
+    if (tiling == nullptr) {
+        spark_ffn_warn_dense("the Spark backend does not export spark_ffn_tiling (built for another llama.cpp?)");
+        return false;
+    }
+    if (tiling(n_tokens, n_ff, n_embd, &out) != 0) {
+        spark_ffn_warn_dense("spark_ffn_tiling refused the ubatch");
+        return false;
+    }
+    const bool fused_ok = out.path == SPARK_FFN_PATH_FUSED && out.n_chunk >= 1 && out.n_chunk <= n_ff;
+    if (!fused_ok && out.path != SPARK_FFN_PATH_TWO_STAGE) {
+        spark_ffn_warn_dense("spark_ffn_tiling answered no valid path");
+        return false;
+    }
+    return true;
+}
+
+// c[0] x^(n-1) + ... + c[n-1] by Horner's rule
+static ggml_tensor * spark_poly(ggml_context * ctx, ggml_tensor * x, const double * c, int n) {
+    ggml_tensor * acc = ggml_scale_bias(ctx, x, (float) c[0], (float) c[1]);
+    for (int i = 2; i < n; ++i) {
+        acc = ggml_scale_bias(ctx, ggml_mul(ctx, acc, x), 1.0f, (float) c[i]);
+    }
+    return acc;
+}
+
+// 1 - step(x): 1 where x <= 0
+static ggml_tensor * spark_not_positive(ggml_context * ctx, ggml_tensor * x) {
+    return ggml_scale_bias(ctx, ggml_step(ctx, x), -1.0f, 1.0f);
+}
+
+// Q(p) element-wise from stock ops: Acklam's three branches, each evaluated on inputs clamped
+// into its own domain (so none produces NaN) and blended with 0/1 weights. log_t = log(1 - p).
+static ggml_tensor * spark_inverse_normal_cdf_graph(ggml_context * ctx, ggml_tensor * p, ggml_tensor * log_t) {
+    const float p_low  = (float) spark_acklam_p_low;
+    const float p_high = 1.0f - p_low;
+
+    // central: p in [p_low, p_high]
+    ggml_tensor * qc = ggml_scale_bias(ctx, ggml_clamp(ctx, p, p_low, p_high), 1.0f, -0.5f);
+    ggml_tensor * rc = ggml_sqr(ctx, qc);
+    ggml_tensor * xc = ggml_div(ctx,
+            ggml_mul(ctx, spark_poly(ctx, rc, spark_acklam_a, 6), qc),
+            ggml_scale_bias(ctx, ggml_mul(ctx, spark_poly(ctx, rc, spark_acklam_b, 5), rc), 1.0f, 1.0f));
+
+    // lower tail: p < p_low
+    ggml_tensor * ql = ggml_sqrt(ctx, ggml_scale(ctx, ggml_log(ctx, ggml_clamp(ctx, p, 1e-30f, p_low)), -2.0f));
+    ggml_tensor * xl = ggml_div(ctx,
+            spark_poly(ctx, ql, spark_acklam_c, 6),
+            ggml_scale_bias(ctx, ggml_mul(ctx, spark_poly(ctx, ql, spark_acklam_d, 4), ql), 1.0f, 1.0f));
+
+    // upper tail: p > p_high, i.e. log(1 - p) < log(p_low)
+    ggml_tensor * qu = ggml_sqrt(ctx, ggml_scale(ctx, ggml_clamp(ctx, log_t, -1e30f, logf(p_low)), -2.0f));
+    ggml_tensor * xu = ggml_scale(ctx, ggml_div(ctx,
+            spark_poly(ctx, qu, spark_acklam_c, 6),
+            ggml_scale_bias(ctx, ggml_mul(ctx, spark_poly(ctx, qu, spark_acklam_d, 4), qu), 1.0f, 1.0f)), -1.0f);
+
+    ggml_tensor * w_l = ggml_step(ctx, ggml_scale_bias(ctx, p, -1.0f, p_low));              // p < p_low
+    ggml_tensor * w_u = ggml_step(ctx, ggml_scale_bias(ctx, log_t, -1.0f, logf(p_low)));   // 1 - p < p_low
+    ggml_tensor * w_c = ggml_scale_bias(ctx, ggml_add(ctx, w_l, w_u), -1.0f, 1.0f);
+
+    return ggml_add(ctx, ggml_add(ctx, ggml_mul(ctx, xc, w_c), ggml_mul(ctx, xl, w_l)), ggml_mul(ctx, xu, w_u));
+}
+
+// gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), exactly (ggml_gelu's CPU
+// version looks the result up in an fp16 table)
+static ggml_tensor * spark_gelu_tanh(ggml_context * ctx, ggml_tensor * x) {
+    const float c = 0.7978845608028654f; // sqrt(2/pi)
+    ggml_tensor * inner = ggml_mul(ctx, x, ggml_scale_bias(ctx, ggml_sqr(ctx, x), 0.044715f*c, c));
+    return ggml_mul(ctx, ggml_scale(ctx, x, 0.5f), ggml_scale_bias(ctx, ggml_tanh(ctx, inner), 1.0f, 1.0f));
+}
+
+llama_model_spark_gemma2::graph::attn_rows llama_model_spark_gemma2::graph::build_spark_attn_rows(ggml_tensor * kq_mask, uint32_t k) const {
+    GGML_ASSERT(kq_mask->type == GGML_TYPE_F32 && "spark-gemma2 needs an f32 KQ mask (flash attention off)");
+
+    attn_rows rows;
+
+    // the mask holds 0 for positions in C and -inf elsewhere
+    rows.valid = ggml_exp(ctx0, kq_mask);
+    cb(rows.valid, "spark_attn_valid", -1);
+
+    ggml_tensor * count = ggml_sum_rows(ctx0, rows.valid);
+    rows.count    = ggml_clamp(ctx0, count, 1.0f, FLT_MAX);
+    rows.count_m1 = ggml_clamp(ctx0, ggml_scale_bias(ctx0, count, 1.0f, -1.0f), 1.0f, FLT_MAX);
+    rows.keep_all = spark_not_positive(ctx0, ggml_scale_bias(ctx0, count, 1.0f, -((float) k + 0.5f)));
+
+    // p = 1 - k/|C|, computed through log(1 - p) = log k - log |C| to keep the upper tail accurate
+    ggml_tensor * log_t = ggml_scale_bias(ctx0, ggml_log(ctx0, rows.count), -1.0f, logf((float) k));
+    ggml_tensor * p     = ggml_scale_bias(ctx0, ggml_exp(ctx0, log_t), -1.0f, 1.0f);
+    rows.z = spark_inverse_normal_cdf_graph(ctx0, p, log_t);
+    cb(rows.z, "spark_attn_z", -1);
+
+    return rows;
+}
+
+ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model_spark_gemma2 & model, ggml_tensor * cur, int il) const {
+    const auto & layer = model.layers[il];
+
+    const int64_t n_ffn_r = model.spark_ffn_r;
+    const int64_t n_ff    = layer.ffn_gate->ne[1];
+
+    const int64_t n_tokens_cur = cur->ne[1];
+
+    // the predictor scores are a dense product in both paths: s = K1 h[:r_f], [n_ff, n_tokens]
+    ggml_tensor * h1 = ggml_cont(ctx0, ggml_view_2d(ctx0, cur, n_ffn_r, n_tokens_cur, cur->nb[1], 0));
+    ggml_tensor * s  = build_lora_mm(layer.ffn_gate, h1);
+    cb(s, "spark_ffn_score", il);
+
+    const llama_spark_ffn_params & ffn = model.spark_ffn_params[il];
+    const spark_op_params params = { ffn.layer, ffn.k, 0, 0.0f };
+
+    // llama.cpp also builds graphs of no tokens (reserve probes): they get a one-token ubatch's
+    // nodes, so that they hold the same ops as the graphs that run (the dense fallback has ops,
+    // such as ggml_out_prod of bf16 weights, that a backend may not take)
+    spark_ffn_tiling tiling = {};
+    if (spark_ffn_ask_tiling(std::max<int64_t>(n_tokens_cur, 1), n_ff, n_embd, tiling)) {
+        if (tiling.path == SPARK_FFN_PATH_FUSED) {
+            ggml_custom_op_t fused_kernel = spark_kernel("spark_ffn_fused");
+            ggml_custom_op_t sum_kernel   = spark_kernel("spark_ffn_sum");
+            if (fused_kernel && sum_kernel) {
+                // partial[:, :, c] = sum_j u_j V_j over the kept neurons j of chunk c (n_chunk contiguous
+                // chunks of n_ff); the sum adds them in chunk order, so no result depends on the threads
+                const int64_t n_chunk = tiling.n_chunk;
+                ggml_tensor * fused_args[4] = { s, cur, layer.ffn_up, layer.ffn_down };
+                ggml_tensor * partial = spark_node(ctx0, fused_kernel, fused_args, 4, n_embd, n_tokens_cur, n_chunk, 1, params);
+                cb(partial, "spark_ffn_partial", il);
+
+                ggml_tensor * out = spark_node(ctx0, sum_kernel, &partial, 1, n_embd, n_tokens_cur, 1, 1, params);
+                cb(out, "spark_ffn_sparse", il);
+                return out;
+            }
+            spark_ffn_warn_dense("the Spark backend chose the fused path but does not export spark_ffn_fused and spark_ffn_sum");
+        } else {
+            ggml_custom_op_t up_kernel   = spark_kernel("spark_ffn_up");
+            ggml_custom_op_t down_kernel = spark_kernel("spark_ffn_down");
+            if (up_kernel && down_kernel) {
+                // u = gelu_tanh(soft(s)) * (K2 h[r_f:]) for the kept neurons only, neuron-major [n_tokens, n_ff]
+                ggml_tensor * up_args[3] = { s, cur, layer.ffn_up };
+                ggml_tensor * u = spark_node(ctx0, up_kernel, up_args, 3, n_tokens_cur, n_ff, 1, 1, params);
+                cb(u, "spark_ffn_u_sparse", il);
+
+                // out = sum_j u_j V_j over the kept neurons
+                ggml_tensor * down_args[2] = { u, layer.ffn_down };
+                ggml_tensor * out = spark_node(ctx0, down_kernel, down_args, 2, n_embd, n_tokens_cur, 1, 1, params);
+                cb(out, "spark_ffn_sparse", il);
+                return out;
+            }
+            spark_ffn_warn_dense("the Spark backend chose the two-stage path but does not export spark_ffn_up and spark_ffn_down");
+        }
+    }
+
+    ggml_tensor * h2 = ggml_cont(ctx0, ggml_view_2d(ctx0, cur, n_embd - n_ffn_r, n_tokens_cur, cur->nb[1], n_ffn_r*ggml_element_size(cur)));
+
+    ggml_tensor * a = s;
+    if (model.spark_ffn_k < (uint64_t) n_ff) {
+        // theta = mean + std * z with the unbiased std
+        ggml_tensor * centered = ggml_sub(ctx0, s, ggml_mean(ctx0, s));
+        ggml_tensor * var      = ggml_scale(ctx0, ggml_mean(ctx0, ggml_sqr(ctx0, centered)), (float) n_ff / (float) (n_ff - 1));
+        ggml_tensor * shift    = ggml_scale(ctx0, ggml_sqrt(ctx0, var), (float) model.spark_ffn_z);
+        a = ggml_relu(ctx0, ggml_sub(ctx0, centered, shift));
+        cb(a, "spark_ffn_soft", il);
+    }
+    a = spark_gelu_tanh(ctx0, a);
+    cb(a, "spark_ffn_act", il);
+
+    ggml_tensor * g = build_lora_mm(layer.ffn_up, h2);
+    cb(g, "spark_ffn_value", il);
+
+    ggml_tensor * u = ggml_mul(ctx0, a, g);
+    cb(u, "spark_ffn_u", il);
+
+    // out[:, t] = sum_j u[j, t] V_j with V neuron-major ([n_embd, n_ff]): an outer-product sum.
+    // ggml_out_prod spreads its work over output rows only (one per token), so the neurons are
+    // cut into n_chunk groups that sum separately (n_tokens * n_chunk rows for the threads) and
+    // the partial sums are added up afterwards.
+    const int64_t n_chunk = n_ff % 16 == 0 ? 16 : 1;
+    ggml_tensor * down = layer.ffn_down;
+    if (down->type == GGML_TYPE_BF16) {
+        // ggml-cpu's out_prod takes f32, f16 and quantized weights, not bf16
+        down = ggml_cast(ctx0, down, GGML_TYPE_F32);
+    }
+    ggml_tensor * v  = ggml_reshape_3d(ctx0, down, n_embd, n_ff/n_chunk, n_chunk);
+    ggml_tensor * ut = ggml_reshape_3d(ctx0, ggml_cont(ctx0, ggml_transpose(ctx0, u)), n_tokens_cur, n_ff/n_chunk, n_chunk);
+    ggml_tensor * partial = ggml_out_prod(ctx0, v, ut);                        // [n_embd, n_tokens, n_chunk]
+    partial = ggml_cont(ctx0, ggml_permute(ctx0, partial, 1, 2, 0, 3));      // [n_chunk, n_embd, n_tokens]
+    ggml_tensor * out = ggml_reshape_2d(ctx0, ggml_sum_rows(ctx0, partial), n_embd, n_tokens_cur);
+    cb(out, "spark_ffn_dense", il);
+    return out;
+}
+
+// q1: [r, n_tokens, n_head, n_stream], q2: [H - r, ...] (RoPE'd, scaled, permuted)
+// k, v: the layer's cache views as returned by get_k / get_v
+ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_dense(
+        const llama_model_spark_gemma2 & model,
+        ggml_tensor * q1, ggml_tensor * q2, ggml_tensor * k, ggml_tensor * v,
+        ggml_tensor * kq_mask, const attn_rows & rows, int il) const {
+    const int64_t n_r = model.spark_attn_r;
+
+    // K cache [H, n_head_kv, n_kv, n_stream] -> the two parts, permuted to [part, n_kv, n_head_kv, n_stream]
+    ggml_tensor * k1 = ggml_view_4d(ctx0, k, n_r,               k->ne[1], k->ne[2], k->ne[3], k->nb[1], k->nb[2], k->nb[3], 0);
+    ggml_tensor * k2 = ggml_view_4d(ctx0, k, k->ne[0] - n_r,    k->ne[1], k->ne[2], k->ne[3], k->nb[1], k->nb[2], k->nb[3], n_r*ggml_element_size(k));
+    k1 = ggml_permute(ctx0, k1, 0, 2, 1, 3);
+    k2 = ggml_permute(ctx0, k2, 0, 2, 1, 3);
+
+    // s1: [n_kv, n_tokens, n_head, n_stream]
+    ggml_tensor * s1 = ggml_mul_mat(ctx0, k1, q1);
+    ggml_prec_set_acc(s1, GGML_PREC_F32);
+    if (hparams.attn_soft_cap) {
+        const float cap = hparams.f_attn_logit_softcapping;
+        s1 = ggml_scale(ctx0, ggml_tanh(ctx0, ggml_scale(ctx0, s1, 1.0f/cap)), cap);
+    }
+    cb(s1, "spark_attn_s1", il);
+
+    // statistics over C only
+    ggml_tensor * s1_valid = ggml_mul(ctx0, s1, rows.valid);
+    ggml_tensor * mean     = ggml_div(ctx0, ggml_sum_rows(ctx0, s1_valid), rows.count);
+    ggml_tensor * dev      = ggml_mul(ctx0, ggml_sub(ctx0, s1, mean), rows.valid);
+    ggml_tensor * var      = ggml_div(ctx0, ggml_sum_rows(ctx0, ggml_sqr(ctx0, dev)), rows.count_m1);
+    ggml_tensor * theta    = ggml_add(ctx0, mean, ggml_mul(ctx0, ggml_sqrt(ctx0, var), rows.z));
+    cb(theta, "spark_attn_theta", il);
+
+    // kept: s1 > theta, or s1 equal to the row maximum (the fallback when nothing exceeds theta;
+    // otherwise the maximum is above theta anyway), or everything when |C| <= k
+    ggml_tensor * s1_masked = ggml_add(ctx0, s1, kq_mask);
+    ggml_tensor * row_max   = ggml_pool_1d(ctx0, s1_masked, GGML_OP_POOL_MAX, s1_masked->ne[0], s1_masked->ne[0], 0);
+    ggml_tensor * above     = ggml_step(ctx0, ggml_sub(ctx0, s1_masked, theta));
+    ggml_tensor * is_max    = spark_not_positive(ctx0, ggml_scale(ctx0, ggml_sub(ctx0, s1_masked, row_max), -1.0f)); // s1 >= max
+    ggml_tensor * keep      = ggml_add(ctx0, ggml_add(ctx0, above, is_max), rows.keep_all);
+    keep = ggml_mul(ctx0, ggml_clamp(ctx0, keep, 0.0f, 1.0f), rows.valid);
+    cb(keep, "spark_attn_keep", il);
+
+    // softmax over the kept positions (log 0 = -inf drops the others)
+    ggml_tensor * w = ggml_soft_max(ctx0, ggml_add(ctx0, s1, ggml_log(ctx0, keep)));
+
+    // times softplus(q2 . k2); finite everywhere, so the zero weights stay zero
+    ggml_tensor * s2 = ggml_mul_mat(ctx0, k2, q2);
+    ggml_prec_set_acc(s2, GGML_PREC_F32);
+    w = ggml_mul(ctx0, w, ggml_softplus(ctx0, s2));
+    cb(w, "spark_attn_w", il);
+
+    // V: [n_kv, H, n_head_kv, n_stream]
+    const bool v_trans = v->nb[1] > v->nb[2];
+    v = ggml_permute(ctx0, v, 0, 2, 1, 3);
+    if (!v_trans) {
+        v = ggml_cont(ctx0, ggml_transpose(ctx0, v));
+    }
+
+    ggml_tensor * kqv = ggml_mul_mat(ctx0, v, w);      // [H, n_tokens, n_head, n_stream]
+    ggml_tensor * cur = ggml_permute(ctx0, kqv, 0, 2, 1, 3);
+    cur = ggml_cont_2d(ctx0, cur, cur->ne[0]*cur->ne[1], cur->ne[2]*cur->ne[3]);
+    cb(cur, "spark_attn_dense", il);
+    return cur;
+}
+
+//
+// the graph
+//
+
+llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm_graph_params & params) : llm_graph_context(params) {
+    const auto & model = static_cast<const llama_model_spark_gemma2 &>(model_base);
+
+    const int64_t n_embd_head = hparams.n_embd_head_k();
+    const int64_t n_r         = model.spark_attn_r;
+
+    GGML_ASSERT(n_embd_head == hparams.n_embd_head_v());
+
+    ggml_tensor * cur;
+    ggml_tensor * inpL;
+
+    inpL = build_inp_embd(model.tok_embd);
+
+    inpL = ggml_scale(ctx0, inpL, sqrtf(n_embd));
+    cb(inpL, "inp_scaled", -1);
+
+    ggml_tensor * inp_pos = build_inp_pos();
+
+    auto * inp_attn = build_attn_inp_kv_iswa();
+
+    ggml_tensor * inp_out_ids = build_inp_out_ids();
+
+    const auto * mctx_iswa = inp_attn->mctx;
+
+    ggml_custom_op_t attn_kernel = spark_kernel("spark_attn");
+
+    // the mask statistics are shared by all layers of one kind (only the dense graph uses them)
+    attn_rows rows_global;
+    attn_rows rows_swa;
+    if (attn_kernel == nullptr) {
+        rows_global = build_spark_attn_rows(inp_attn->get_kq_mask(),     model.spark_attn_k);
+        rows_swa    = build_spark_attn_rows(inp_attn->get_kq_mask_swa(), model.spark_attn_k);
+    }
+
+    for (int il = 0; il < n_layer; ++il) {
+        const float freq_base_l  = model.get_rope_freq_base (cparams, il);
+        const float freq_scale_l = model.get_rope_freq_scale(cparams, il);
+
+        const bool is_swa = hparams.is_swa(il);
+
+        cur = build_norm(inpL, model.layers[il].attn_norm, NULL, LLM_NORM_RMS, il);
+        cb(cur, "attn_norm", il);
+
+        // self-attention
+        {
+            auto [Qcur, Kcur, Vcur] = build_qkv(model.layers[il], cur, n_embd_head, n_head, n_head_kv, il);
+
+            // split every head at r and RoPE each part as a rotary embedding of its own width:
+            // one rope over the first r channels, one offset to the H - r after them (each rope
+            // copies the channels it does not rotate), so the heads stay whole and contiguous
+            auto rope_parts = [&](ggml_tensor * x) {
+                auto rope = [&](ggml_tensor * y, int64_t width) {
+                    return ggml_rope_ext(ctx0, y, inp_pos, nullptr, width, rope_type, n_ctx_orig,
+                            freq_base_l, freq_scale_l, ext_factor, attn_factor, beta_fast, beta_slow);
+                };
+                return ggml_rope_set_offset(rope(rope(x, n_r), n_embd_head - n_r), n_r);
+            };
+
+            Qcur = ggml_scale(ctx0, rope_parts(Qcur), hparams.f_attention_scale);
+            Kcur = rope_parts(Kcur);
+            cb(Qcur, "Qcur", il);
+            cb(Kcur, "Kcur", il);
+            cb(Vcur, "Vcur", il);
+
+            // store K and V in the cache
+            const auto * mctx_cur = is_swa ? mctx_iswa->get_swa() : mctx_iswa->get_base();
+
+            ggml_build_forward_expand(gf, Qcur);
+            ggml_build_forward_expand(gf, Kcur);
+            ggml_build_forward_expand(gf, Vcur);
+
+            const auto & k_idxs = is_swa ? inp_attn->get_k_idxs_swa() : inp_attn->get_k_idxs();
+            const auto & v_idxs = is_swa ? inp_attn->get_v_idxs_swa() : inp_attn->get_v_idxs();
+            ggml_build_forward_expand(gf, mctx_cur->cpy_k(ctx0, Kcur, k_idxs, il));
+            ggml_build_forward_expand(gf, mctx_cur->cpy_v(ctx0, Vcur, v_idxs, il));
+
+            ggml_tensor * kq_mask = is_swa ? inp_attn->get_kq_mask_swa() : inp_attn->get_kq_mask();
+            ggml_tensor * k = mctx_cur->get_k(ctx0, il);
+            ggml_tensor * v = mctx_cur->get_v(ctx0, il);
+
+            if (attn_kernel) {
+                // KV streams (one per sequence unless the cache is unified, e.g. llama-server -np 4
+                // or llama-perplexity over several chunks): the ubatch's tokens come in equal
+                // blocks, one per stream, as build_attn_mha splits them; the kernel takes
+                // q [H, n_head, T/S, S], k and v [H, n_head_kv, n_kv, S], the mask [n_kv, T/S, 1, S]
+                const int64_t n_stream = k->ne[3];
+                const int64_t n_tokens_s = Qcur->ne[2]/n_stream;
+                ggml_tensor * q = ggml_reshape_4d(ctx0, Qcur, n_embd_head, n_head, n_tokens_s, n_stream);
+
+                // the kernel addresses V as [H, n_head_kv, n_kv, S]; the non-flash-attention cache stores it transposed
+                if (v->nb[1] > v->nb[2]) {
+                    v = ggml_permute(ctx0, v, 2, 1, 0, 3);
+                }
+                ggml_tensor * args[4] = { q, k, v, kq_mask };
+                const llama_spark_attn_params & ap = model.spark_attn_params[il];
+                cur = spark_node(ctx0, attn_kernel, args, 4, n_embd_head, n_head, n_tokens_s, n_stream,
+                        spark_op_params{ ap.layer, ap.k, ap.r, ap.softcap });
+                cb(cur, "spark_attn_sparse", il);
+                cur = ggml_reshape_2d(ctx0, cur, n_embd_head*n_head, n_tokens_s*n_stream);
+            } else {
+                // each head's two parts, then the same stream split and permutation as build_attn_mha
+                const int64_t n_stream = k->ne[3];
+                auto part = [&](int64_t offset, int64_t width) {
+                    return ggml_cont(ctx0, ggml_view_3d(ctx0, Qcur, width, Qcur->ne[1], Qcur->ne[2],
+                            Qcur->nb[1], Qcur->nb[2], offset*ggml_element_size(Qcur)));
+                };
+                auto split = [&](ggml_tensor * x) {
+                    x = ggml_view_4d(ctx0, x, x->ne[0], x->ne[1], x->ne[2]/n_stream, n_stream,
+                            x->nb[1], x->nb[2], x->nb[2]*(x->ne[2]/n_stream), 0);
+                    return ggml_permute(ctx0, x, 0, 2, 1, 3);
+                };
+                cur = build_spark_attn_dense(model, split(part(0, n_r)), split(part(n_r, n_embd_head - n_r)), k, v, kq_mask, is_swa ? rows_swa : rows_global, il);
+            }
+
+            cur = build_lora_mm(model.layers[il].wo, cur, model.layers[il].wo_s);
+            cb(cur, "attn_out", il);
+        }
+        if (il == n_layer - 1 && inp_out_ids) {
+            cur  = ggml_get_rows(ctx0,  cur, inp_out_ids);
+            inpL = ggml_get_rows(ctx0, inpL, inp_out_ids);
+        }
+        cur = build_norm(cur, model.layers[il].attn_post_norm, NULL, LLM_NORM_RMS, il);
+        cb(cur, "attn_post_norm", il);
+
+        ggml_tensor * sa_out = ggml_add(ctx0, cur, inpL);
+        cb(sa_out, "sa_out", il);
+
+        cur = build_norm(sa_out, model.layers[il].ffn_norm, NULL, LLM_NORM_RMS, il);
+        cb(cur, "ffn_norm", il);
+
+        cur = build_spark_ffn(model, cur, il);
+        cb(cur, "ffn_out", il);
+
+        cur = build_norm(cur, model.layers[il].ffn_post_norm, NULL, LLM_NORM_RMS, -1);
+        cb(cur, "ffn_post_norm", -1);
+
+        cur = ggml_add(ctx0, cur, sa_out);
+
+        cur = build_cvec(cur, il);
+        cb(cur, "l_out", il);
+
+        inpL = cur;
+    }
+    cur = inpL;
+
+    cur = build_norm(cur, model.output_norm, NULL, LLM_NORM_RMS, -1);
+
+    cb(cur, "result_norm", -1);
+    res->t_embd = cur;
+
+    cur = build_lora_mm(model.output, cur, model.output_s);
+
+    if (hparams.f_final_logit_softcapping > 0.0f) {
+        cur = ggml_scale(ctx0, cur, 1.0f / hparams.f_final_logit_softcapping);
+        cur = ggml_tanh(ctx0, cur);
+        cur = ggml_scale(ctx0, cur, hparams.f_final_logit_softcapping);
+    }
+
+    cb(cur, "result_output", -1);
+    res->t_logits = cur;
+
+    ggml_build_forward_expand(gf, cur);
+}
