@@ -2,12 +2,24 @@
 //! Spark's (`--modes`, the k overrides), checked by clap where it can and by [`ubatch_sizes`]
 //! for llama-bench's `-ub` spelling.
 
-use super::render::Output;
 use crate::error::{CliError, Result};
 use crate::session::{CacheType, KOverrides};
 use clap::{Args, ValueEnum};
 use serde::{Serialize, Serializer};
 use std::path::PathBuf;
+
+/// What `-o` prints on stdout (llama-bench's format names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// A markdown table.
+    Md,
+    /// A header line and one quoted record per test.
+    Csv,
+    /// One JSON array of objects.
+    Json,
+    /// One JSON object per line.
+    Jsonl,
+}
 
 /// Which graph a measurement runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -9,6 +9,7 @@
 use super::args::{BenchArgs, Mode};
 use super::measure::{backends, model_desc, Measurer};
 use super::plan::TestSpec;
+use super::text::file_name;
 use super::time::unix_now;
 use crate::error::{CliError, Result};
 use crate::session::{thread_count, ModelArgs, RuntimeArgs, Session, SparkArgs};
@@ -84,12 +85,6 @@ fn parse_child_output(stdout: &str) -> Option<ChildReport> {
         meta: meta?,
         results,
     })
-}
-
-/// `p`'s file name, for messages.
-pub fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
 }
 
 fn join<T: ToString>(v: &[T]) -> String {

@@ -4,7 +4,7 @@
 //! as llama-bench does) and the test timed on top. Also the model facts llama-bench reports.
 
 use super::plan::TestSpec;
-use super::render::params_text;
+use super::text::params_text;
 use crate::error::{CliError, Result};
 use crate::session::{decode, ContextShape, Session};
 use llama_cpp_2::context::LlamaContext;

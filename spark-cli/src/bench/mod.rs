@@ -17,7 +17,9 @@
 //!
 //! The modules, by job: [`args`] (the command line), [`plan`] (tests and entries), [`child`]
 //! (the measuring process and its protocol), [`measure`] (one test as llama-bench runs it),
-//! [`stats`] (rows and ratios), [`render`] (the output formats), [`time`] (test_time).
+//! [`stats`] (rows and ratios), [`render`] (the output formats), [`text`] (the size and params
+//! columns, file names) and [`time`] (test_time). They import in layers, each only from those
+//! before it: `text`, `time`, `args` -> `plan` -> `measure` -> `child` -> `stats` -> `render`.
 
 mod args;
 mod child;
@@ -25,6 +27,7 @@ mod measure;
 mod plan;
 mod render;
 mod stats;
+mod text;
 mod time;
 
 pub use args::BenchArgs;
@@ -55,7 +58,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 eprintln!(
                     "spark bench: [{}/{total}] {} {} (repetition {})",
                     rep * entries.len() + i + 1,
-                    child::file_name(&entry.model),
+                    text::file_name(&entry.model),
                     entry.mode.name(),
                     rep + 1
                 );

@@ -119,7 +119,7 @@ pub fn entries(args: &BenchArgs) -> Result<Vec<Entry>> {
 #[cfg(test)]
 mod tests {
     use super::super::args::tests::parse;
-    use super::super::render::Output;
+    use super::super::args::Output;
     use super::*;
 
     fn plan_of(argv: &[&str]) -> Result<Vec<TestSpec>> {

@@ -2,29 +2,15 @@
 //! fields in its order, then Spark's `spark_mode`, `spark_ratio_vs_dense`,
 //! `spark_ratio_vs_stock`) as CSV, a JSON array or JSON lines. Records go through serde.
 
-use super::args::{SparkMode, DEFAULT_BATCH};
-use super::child::file_name;
+use super::args::{Output, SparkMode, DEFAULT_BATCH};
 use super::stats::Row;
+use super::text::{file_name, params_text, size_text};
 use crate::session::CacheType;
-use clap::ValueEnum;
 use serde::Serialize;
 use serde_json::ser::Formatter;
 use serde_json::Value;
 use std::io;
 use std::path::Path;
-
-/// What `-o` prints on stdout (llama-bench's format names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    /// A markdown table.
-    Md,
-    /// A header line and one quoted record per test.
-    Csv,
-    /// One JSON array of objects.
-    Json,
-    /// One JSON object per line.
-    Jsonl,
-}
 
 /// The output of `-o format` for `rows`.
 pub fn render(format: Output, rows: &[Row]) -> String {
@@ -291,24 +277,6 @@ fn csv_text(v: &Value) -> String {
 
 fn csv_quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-/// llama-bench's size column: MiB below 1 GiB.
-fn size_text(bytes: u64) -> String {
-    if bytes < 1 << 30 {
-        format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
-    } else {
-        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
-    }
-}
-
-/// llama-bench's params column: M below 1e9.
-pub fn params_text(n: u64) -> String {
-    if n < 1_000_000_000 {
-        format!("{:.2} M", n as f64 / 1e6)
-    } else {
-        format!("{:.2} B", n as f64 / 1e9)
-    }
 }
 
 /// A markdown column: header, llama-bench's width (negative = left-aligned), a row's value.
@@ -644,5 +612,50 @@ mod tests {
         let text = render(Output::Md, &rows);
         let header = text.lines().next().unwrap();
         assert!(header.contains("| n_batch |") && header.contains("| type_k | type_v |"));
+    }
+
+    #[test]
+    fn ratios_compare_spark_rows_with_the_one_stock_model_of_the_same_test() {
+        let mut rows = fixed_rows();
+        // the stock row measured the sparse rows' test: 2 t/s (128 tokens in 64 s)
+        rows[2].test = rows[0].test;
+        rows[2].samples_ns = vec![64_000_000_000];
+        set_ratios(&mut rows);
+        assert!((rows[0].ratio_vs_stock.unwrap() - 48.0).abs() < 1e-9);
+        assert!((rows[1].ratio_vs_stock.unwrap() - 16.0).abs() < 1e-9);
+        assert_eq!(rows[2].ratio_vs_stock, None);
+        assert!((rows[0].ratio_vs_dense.unwrap() - 3.0).abs() < 1e-9);
+        let v: Value = serde_json::from_str(&render(Output::Json, &rows)).unwrap();
+        assert_eq!(v[0]["spark_ratio_vs_stock"], 48.0);
+        assert!(v[2].get("spark_ratio_vs_stock").is_none());
+        let md = render(Output::Md, &rows);
+        let header = md.lines().next().unwrap();
+        assert!(header.trim_end().ends_with("| vs stock |"), "{md}");
+        let last_cell = |l: &str| {
+            l.trim_matches('|')
+                .rsplit('|')
+                .next()
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(last_cell(md.lines().nth(2).unwrap()), "48.00x", "{md}");
+        assert_eq!(last_cell(md.lines().nth(4).unwrap()), "", "{md}");
+
+        // a second stock model: which one a ratio would refer to is ambiguous, so none is given
+        let mut other = rows[2].clone();
+        other.model_filename = "h.gguf".into();
+        rows.push(other);
+        set_ratios(&mut rows);
+        assert!(rows.iter().all(|r| r.ratio_vs_stock.is_none()));
+        assert!(!render(Output::Md, &rows).contains("vs stock"));
+        // the same stock model's rows of other tests do not count as a second model
+        let mut rows = fixed_rows();
+        let mut again = rows[2].clone();
+        again.test = rows[0].test;
+        again.samples_ns = vec![64_000_000_000];
+        rows.insert(3, again);
+        set_ratios(&mut rows);
+        assert!((rows[0].ratio_vs_stock.unwrap() - 48.0).abs() < 1e-9);
     }
 }

@@ -146,9 +146,7 @@ pub fn set_ratios(rows: &mut [Row]) {
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::super::render::{render, Output};
     use super::*;
-    use serde_json::Value;
 
     /// A sparse and a dense row of one test, and a stock row.
     pub(in crate::bench) fn fixed_rows() -> Vec<Row> {
@@ -208,50 +206,5 @@ pub(super) mod tests {
         assert!((rows[0].ratio_vs_dense.unwrap() - 3.0).abs() < 1e-9);
         assert_eq!(rows[1].ratio_vs_dense, None);
         assert_eq!(rows[2].ratio_vs_dense, None);
-    }
-
-    #[test]
-    fn ratios_compare_spark_rows_with_the_one_stock_model_of_the_same_test() {
-        let mut rows = fixed_rows();
-        // the stock row measured the sparse rows' test: 2 t/s (128 tokens in 64 s)
-        rows[2].test = rows[0].test;
-        rows[2].samples_ns = vec![64_000_000_000];
-        set_ratios(&mut rows);
-        assert!((rows[0].ratio_vs_stock.unwrap() - 48.0).abs() < 1e-9);
-        assert!((rows[1].ratio_vs_stock.unwrap() - 16.0).abs() < 1e-9);
-        assert_eq!(rows[2].ratio_vs_stock, None);
-        assert!((rows[0].ratio_vs_dense.unwrap() - 3.0).abs() < 1e-9);
-        let v: Value = serde_json::from_str(&render(Output::Json, &rows)).unwrap();
-        assert_eq!(v[0]["spark_ratio_vs_stock"], 48.0);
-        assert!(v[2].get("spark_ratio_vs_stock").is_none());
-        let md = render(Output::Md, &rows);
-        let header = md.lines().next().unwrap();
-        assert!(header.trim_end().ends_with("| vs stock |"), "{md}");
-        let last_cell = |l: &str| {
-            l.trim_matches('|')
-                .rsplit('|')
-                .next()
-                .unwrap()
-                .trim()
-                .to_string()
-        };
-        assert_eq!(last_cell(md.lines().nth(2).unwrap()), "48.00x", "{md}");
-        assert_eq!(last_cell(md.lines().nth(4).unwrap()), "", "{md}");
-
-        // a second stock model: which one a ratio would refer to is ambiguous, so none is given
-        let mut other = rows[2].clone();
-        other.model_filename = "h.gguf".into();
-        rows.push(other);
-        set_ratios(&mut rows);
-        assert!(rows.iter().all(|r| r.ratio_vs_stock.is_none()));
-        assert!(!render(Output::Md, &rows).contains("vs stock"));
-        // the same stock model's rows of other tests do not count as a second model
-        let mut rows = fixed_rows();
-        let mut again = rows[2].clone();
-        again.test = rows[0].test;
-        again.samples_ns = vec![64_000_000_000];
-        rows.insert(3, again);
-        set_ratios(&mut rows);
-        assert!((rows[0].ratio_vs_stock.unwrap() - 48.0).abs() < 1e-9);
     }
 }
