@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use spark_gguf::schema::{arch_tensors, Hparams, SPARK_ARCH};
+use spark_gguf::schema::{Hparams, TensorKind};
 
 use crate::error::{Error, Result};
 use crate::layout::View;
@@ -122,9 +122,8 @@ pub fn plan_sources(
         hp.d_ff as usize,
     );
     let rf = hp.ffn_r as usize;
-    let spark = hp.arch == SPARK_ARCH;
-    let specs = arch_tensors(&hp.arch)
-        .ok_or_else(|| Error::Internal(format!("unknown architecture '{}'", hp.arch)))?;
+    let spark = hp.arch.is_spark();
+    let specs = hp.arch.tensors();
     let expected = hp.expected_tensors();
     let mut used = BTreeSet::new();
     let mut out = Vec::with_capacity(expected.len());
@@ -144,22 +143,22 @@ pub fn plan_sources(
         ));
     }
 
-    let globals = specs.iter().filter(|s| !s.per_layer).map(|s| (s, 0u64));
+    let globals = specs.iter().filter(|s| !s.per_layer()).map(|s| (s, 0u64));
     let layered =
-        (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer).map(move |s| (s, l)));
+        (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer()).map(move |s| (s, l)));
     for ((spec, l), (name, ne)) in globals.chain(layered).zip(expected) {
         let e = |what: &str| layer_entry(l, what);
-        let (entry, view) = match spec.name {
-            "token_embd.weight" => (EMBEDDING_ENTRY.to_string(), View::contiguous(0, v, d)),
-            "output_norm.weight" => {
+        let (entry, view) = match spec.kind {
+            TensorKind::TokenEmbd => (EMBEDDING_ENTRY.to_string(), View::contiguous(0, v, d)),
+            TensorKind::OutputNorm => {
                 need(shapes, FINAL_NORM_ENTRY, &[d])?;
                 (FINAL_NORM_ENTRY.to_string(), norm_view(d))
             }
-            "blk.{l}.attn_norm.weight" => norm(shapes, e(entry::PRE_ATTENTION_NORM), d)?,
-            "blk.{l}.post_attention_norm.weight" => norm(shapes, e(entry::POST_ATTENTION_NORM), d)?,
-            "blk.{l}.ffn_norm.weight" => norm(shapes, e(entry::PRE_FFW_NORM), d)?,
-            "blk.{l}.post_ffw_norm.weight" => norm(shapes, e(entry::POST_FFW_NORM), d)?,
-            "blk.{l}.attn_q.weight" => {
+            TensorKind::AttnNorm => norm(shapes, e(entry::PRE_ATTENTION_NORM), d)?,
+            TensorKind::PostAttentionNorm => norm(shapes, e(entry::POST_ATTENTION_NORM), d)?,
+            TensorKind::FfnNorm => norm(shapes, e(entry::PRE_FFW_NORM), d)?,
+            TensorKind::PostFfwNorm => norm(shapes, e(entry::POST_FFW_NORM), d)?,
+            TensorKind::AttnQ => {
                 let en = e(entry::Q_EINSUM);
                 need(shapes, &en, &[n, d, h])?;
                 // out[n*H + h, d] = q[n, d, h]
@@ -173,10 +172,10 @@ pub fn plan_sources(
                     },
                 )
             }
-            "blk.{l}.attn_k.weight" | "blk.{l}.attn_v.weight" => {
+            TensorKind::AttnK | TensorKind::AttnV => {
                 let en = e(entry::KV_EINSUM);
                 need(shapes, &en, &[2, kv, d, h])?;
-                let base = if spec.name == "blk.{l}.attn_k.weight" {
+                let base = if spec.kind == TensorKind::AttnK {
                     0
                 } else {
                     kv * d * h
@@ -192,7 +191,7 @@ pub fn plan_sources(
                     },
                 )
             }
-            "blk.{l}.attn_output.weight" => {
+            TensorKind::AttnOutput => {
                 let en = e(entry::ATTN_VEC_EINSUM);
                 need(shapes, &en, &[n, h, d])?;
                 // out[d, n*H + h] = o[n, h, d]
@@ -206,8 +205,8 @@ pub fn plan_sources(
                     },
                 )
             }
-            "blk.{l}.ffn_gate.weight" | "blk.{l}.ffn_up.weight" if spark => {
-                let gate = spec.name == "blk.{l}.ffn_gate.weight";
+            TensorKind::FfnGate | TensorKind::FfnUp if spark => {
+                let gate = spec.kind == TensorKind::FfnGate;
                 let (fused, k1, k2) = (e(entry::SPARK_IN), e(entry::SPARK_K1), e(entry::SPARK_K2));
                 let has_split = shapes.shape(&k1).is_some() || shapes.shape(&k2).is_some();
                 match (shapes.shape(&fused).is_some(), has_split) {
@@ -244,9 +243,9 @@ pub fn plan_sources(
                     }
                 }
             }
-            "blk.{l}.ffn_gate.weight" | "blk.{l}.ffn_up.weight" => {
+            TensorKind::FfnGate | TensorKind::FfnUp => {
                 let en = e(entry::GATING_EINSUM);
-                let which = usize::from(spec.name == "blk.{l}.ffn_up.weight");
+                let which = usize::from(spec.kind == TensorKind::FfnUp);
                 match gating {
                     GatingLayout::DF => {
                         need(shapes, &en, &[2, d, f])?;
@@ -258,20 +257,15 @@ pub fn plan_sources(
                     }
                 }
             }
-            "blk.{l}.ffn_down_t.weight" => {
+            TensorKind::FfnDownT => {
                 let en = e(entry::LINEAR);
                 need(shapes, &en, &[f, d])?;
                 (en, View::contiguous(0, f, d))
             }
-            "blk.{l}.ffn_down.weight" => {
+            TensorKind::FfnDown => {
                 let en = e(entry::LINEAR);
                 need(shapes, &en, &[f, d])?;
                 (en, View::transposed(0, f, d))
-            }
-            other => {
-                return Err(Error::Internal(format!(
-                    "no checkpoint entry is known for tensor '{other}'"
-                )))
             }
         };
         let got: Vec<u64> = if ne.len() == 1 {
@@ -303,6 +297,7 @@ fn norm(shapes: &dyn Shapes, entry: String, d: usize) -> Result<(String, View)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spark_gguf::schema::{Arch, SPARK_ARCH};
     use std::collections::HashMap;
 
     struct Map(HashMap<String, Vec<usize>>);
@@ -312,9 +307,9 @@ mod tests {
         }
     }
 
-    fn hp(arch: &str) -> Hparams {
+    fn hp(arch: Arch) -> Hparams {
         Hparams {
-            arch: arch.into(),
+            arch,
             vocab: 10,
             d_model: 8,
             n_layers: 2,
@@ -422,7 +417,7 @@ mod tests {
             s.0.remove(&layer_entry(l, entry::SPARK_IN));
             s.0.insert(layer_entry(l, entry::GATING_EINSUM), vec![2, 8, 12]);
         }
-        let h = hp("gemma2");
+        let h = hp(Arch::Gemma2);
         let (src, _) = plan_sources(&s, &h, GatingLayout::DF).unwrap();
         let up = src
             .iter()

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use spark_gguf::schema::{keys, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{keys, Arch, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
 
 use crate::chat_template;
@@ -236,7 +236,7 @@ fn read_config(npz: &Npz) -> Result<ModelConfig> {
 }
 
 /// The architecture a checkpoint's FFN entries say it is.
-fn detect_arch(npz: &Npz) -> Result<&'static str> {
+fn detect_arch(npz: &Npz) -> Result<Arch> {
     let dense = npz
         .members()
         .iter()
@@ -491,7 +491,7 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
     Ok(())
 }
 
-fn check_extra_entries(npz: &Npz, used: &BTreeSet<String>, arch: &str) -> Result<()> {
+fn check_extra_entries(npz: &Npz, used: &BTreeSet<String>, arch: Arch) -> Result<()> {
     for m in npz.members() {
         let non_tensor = [CONFIG_ENTRY, TOKENIZER_ENTRY, CHAT_TEMPLATE_ENTRY];
         if !non_tensor.contains(&m.name.as_str()) && !used.contains(&m.name) {

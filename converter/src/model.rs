@@ -1,7 +1,7 @@
 //! What a GGUF file will hold, independent of where the weights come from: the hyperparameters,
 //! the metadata (every key name and type taken from `spark_gguf::schema`), and the tensor types.
 
-use spark_gguf::schema::{self, arch_keys, keys, suffix, Hparams, SPARK_ARCH};
+use spark_gguf::schema::{self, keys, suffix, Arch, Hparams};
 use spark_gguf::{Array, GgmlType, Value, ValueType};
 
 use crate::config::ModelConfig;
@@ -65,14 +65,14 @@ pub fn tensor_type(out: OutType, source: GgmlType, ne: &[u64]) -> (GgmlType, boo
 }
 
 /// Which architecture a model is.
-pub fn hparams(arch: &str, cfg: &ModelConfig) -> Result<Hparams> {
-    let spark = if arch == SPARK_ARCH {
+pub fn hparams(arch: Arch, cfg: &ModelConfig) -> Result<Hparams> {
+    let spark = if arch.is_spark() {
         cfg.spark_params()?
     } else {
         [0; 4]
     };
     let hp = Hparams {
-        arch: arch.to_string(),
+        arch,
         vocab: u64::from(cfg.vocab_size),
         d_model: u64::from(cfg.d_model),
         n_layers: u64::from(cfg.n_layers),
@@ -91,9 +91,11 @@ pub fn hparams(arch: &str, cfg: &ModelConfig) -> Result<Hparams> {
 }
 
 /// A metadata value for architecture key `suffix`, typed as the schema says.
-fn arch_value(arch: &str, suffix: &str, x: f64) -> Result<(String, Value)> {
-    let spec = arch_keys(arch)
-        .and_then(|ks| ks.iter().find(|k| k.suffix == suffix))
+fn arch_value(arch: Arch, suffix: &str, x: f64) -> Result<(String, Value)> {
+    let spec = arch
+        .keys()
+        .iter()
+        .find(|k| k.suffix == suffix)
         .ok_or_else(|| Error::Internal(format!("the schema of '{arch}' has no key '{suffix}'")))?;
     let v = match spec.ty {
         ValueType::U32 => Value::U32(x as u32),
@@ -114,7 +116,7 @@ fn arch_value(arch: &str, suffix: &str, x: f64) -> Result<(String, Value)> {
 
 /// The `general.*` and architecture keys for `cfg` under `arch`.
 pub fn model_metadata(
-    arch: &str,
+    arch: Arch,
     name: &str,
     cfg: &ModelConfig,
     hp: &Hparams,
@@ -124,7 +126,7 @@ pub fn model_metadata(
     let mut md = vec![
         (
             keys::GENERAL_ARCHITECTURE.to_string(),
-            Value::String(arch.to_string()),
+            Value::String(arch.name().to_string()),
         ),
         (
             keys::GENERAL_NAME.to_string(),
@@ -163,7 +165,7 @@ pub fn model_metadata(
     if let Some(s) = cfg.query_pre_attn_scalar {
         nums.push((suffix::ATTENTION_SCALE, 1.0 / f64::from(s).sqrt()));
     }
-    if arch == SPARK_ARCH {
+    if arch.is_spark() {
         nums.push((suffix::SPARK_FFN_K, hp.ffn_k as f64));
         nums.push((suffix::SPARK_FFN_R, hp.ffn_r as f64));
         nums.push((suffix::SPARK_ATTN_K, hp.attn_k as f64));
@@ -173,7 +175,7 @@ pub fn model_metadata(
         md.push(arch_value(arch, s, x)?);
     }
     // Every required key of the schema must now be present.
-    for spec in arch_keys(arch).unwrap_or(&[]) {
+    for spec in arch.keys() {
         let key = spec.key(arch);
         if spec.required && !md.iter().any(|(k, _)| *k == key) {
             return Err(Error::Internal(format!(
@@ -245,6 +247,7 @@ pub fn check_vocab_size(n: usize, cfg: &ModelConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spark_gguf::schema::SPARK_ARCH;
 
     #[test]
     fn tensor_types_follow_llama_cpp() {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use rayon::prelude::*;
-use spark_gguf::schema::{GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{Arch, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{quant, GgmlType, GgufError, TensorPlan};
 
 use crate::config::ModelConfig;
@@ -100,7 +100,7 @@ fn tiny(spark: bool) -> ModelConfig {
 }
 
 /// The architecture and config of preset `name`.
-pub fn preset(name: &str) -> Result<(&'static str, ModelConfig)> {
+pub fn preset(name: &str) -> Result<(Arch, ModelConfig)> {
     Ok(match name {
         "spark-gemma2-2b" => (SPARK_ARCH, gemma2_2b(13824, true)),
         "gemma2-2b" => (GEMMA2_ARCH, gemma2_2b(9216, false)),

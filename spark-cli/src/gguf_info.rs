@@ -4,7 +4,7 @@
 
 use crate::error::{CliError, Result};
 use spark_gguf::keys;
-use spark_gguf::schema::{Hparams, SPARK_ARCH};
+use spark_gguf::schema::{Arch, Hparams, SPARK_ARCH};
 use spark_gguf::GgufFile;
 use std::ffi::CString;
 use std::path::Path;
@@ -12,7 +12,7 @@ use std::path::Path;
 /// What the CLI needs to know about a model file before loading it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelInfo {
-    /// [`keys::GENERAL_ARCHITECTURE`].
+    /// [`keys::GENERAL_ARCHITECTURE`], as the file names it (any architecture llama.cpp knows).
     pub arch: String,
     /// The dimensions ([`Hparams::from_metadata`]) when the architecture is one of the schema's
     /// (spark-gemma2, gemma2) and its keys are all there with their types; `None` otherwise,
@@ -23,7 +23,7 @@ pub struct ModelInfo {
 impl ModelInfo {
     /// Whether the file is a Spark-Gemma2 model.
     pub fn is_spark(&self) -> bool {
-        self.arch == SPARK_ARCH
+        Arch::from_name(&self.arch) == Some(SPARK_ARCH)
     }
 
     /// L, the block count.
@@ -86,7 +86,8 @@ pub fn read(path: &Path) -> Result<ModelInfo> {
             ))
         })?
         .to_string();
-    let hparams = Hparams::from_metadata(&arch, |k| file.get(k)).ok();
+    let hparams =
+        Arch::from_name(&arch).and_then(|a| Hparams::from_metadata(a, |k| file.get(k)).ok());
     Ok(ModelInfo { arch, hparams })
 }
 
@@ -122,7 +123,7 @@ mod tests {
         let a = |s: &str| arch_key(SPARK_ARCH, s);
         let mut m = vec![kv(
             keys::GENERAL_ARCHITECTURE,
-            Value::String(SPARK_ARCH.into()),
+            Value::String(SPARK_ARCH.name().into()),
         )];
         for (s, v) in [
             (suffix::EMBEDDING_LENGTH, 64),

@@ -6,10 +6,78 @@ use crate::{Array, GgmlType, GgufError, Value, ValueType};
 /// The metadata key names (also at `spark_gguf::keys`).
 pub use crate::keys;
 
-/// Architecture name of Spark-Gemma2 files.
-pub const SPARK_ARCH: &str = "spark-gemma2";
-/// Architecture name of dense Gemma-2 files (llama.cpp's own loader).
-pub const GEMMA2_ARCH: &str = "gemma2";
+/// The architectures of the schema, as llama.cpp's `llm_arch`: [`Arch::name`] is the one table
+/// of their GGUF names (`general.architecture`, llama.cpp's `LLM_ARCH_NAMES`). A name read from
+/// a file becomes an `Arch` through [`Arch::from_name`] or [`Arch::from_gguf`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Spark-Gemma2 (SPEC sections 2 and 3): Gemma-2 with the Spark FFN and attention.
+    SparkGemma2,
+    /// Dense Gemma-2, as llama.cpp's own loader reads it.
+    Gemma2,
+}
+
+/// Spark-Gemma2, the architecture of Spark files.
+pub const SPARK_ARCH: Arch = Arch::SparkGemma2;
+/// Dense Gemma-2 (llama.cpp's own loader).
+pub const GEMMA2_ARCH: Arch = Arch::Gemma2;
+
+impl Arch {
+    /// Every architecture of the schema.
+    pub const ALL: [Arch; 2] = [Arch::SparkGemma2, Arch::Gemma2];
+
+    /// The GGUF name (`general.architecture` and the prefix of the architecture keys).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Arch::SparkGemma2 => "spark-gemma2",
+            Arch::Gemma2 => "gemma2",
+        }
+    }
+
+    /// The architecture a file names, `None` for one the schema does not describe.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// [`Arch::from_name`], with an error naming the file's architecture for others.
+    pub fn from_gguf(name: &str) -> Result<Arch, GgufError> {
+        Arch::from_name(name).ok_or_else(|| {
+            GgufError::metadata(
+                keys::GENERAL_ARCHITECTURE,
+                format!("architecture '{name}' is not {SPARK_ARCH} or {GEMMA2_ARCH}"),
+            )
+        })
+    }
+
+    /// Whether the architecture has the Spark keys and FFN tensors.
+    pub fn is_spark(self) -> bool {
+        self == Arch::SparkGemma2
+    }
+
+    /// The architecture keys (SPEC section 2 for `spark-gemma2`; the same minus `spark.*` for
+    /// `gemma2`).
+    pub fn keys(self) -> &'static [KeySpec] {
+        match self {
+            Arch::SparkGemma2 => &SPARK_KEYS,
+            Arch::Gemma2 => &GEMMA2_KEYS,
+        }
+    }
+
+    /// The tensors, in file order (SPEC section 3 for `spark-gemma2`; llama.cpp's layout for
+    /// `gemma2`).
+    pub fn tensors(self) -> &'static [TensorSpec] {
+        match self {
+            Arch::SparkGemma2 => &SPARK_TENSORS,
+            Arch::Gemma2 => &GEMMA2_TENSORS,
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// One architecture metadata key: the full key is `"{arch}.{suffix}"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,14 +94,14 @@ pub struct KeySpec {
 
 impl KeySpec {
     /// The full key name for `arch`.
-    pub fn key(&self, arch: &str) -> String {
+    pub fn key(&self, arch: Arch) -> String {
         arch_key(arch, self.suffix)
     }
 }
 
 /// The full name of an architecture key: `"{arch}.{suffix}"`, e.g.
 /// `arch_key(SPARK_ARCH, suffix::SPARK_FFN_K)` is `"spark-gemma2.spark.ffn_k"`.
-pub fn arch_key(arch: &str, suffix: &str) -> String {
+pub fn arch_key(arch: Arch, suffix: &str) -> String {
     format!("{arch}.{suffix}")
 }
 
@@ -140,16 +208,6 @@ static SPARK_KEYS: [KeySpec; 19] = common_keys!(
 
 static GEMMA2_KEYS: [KeySpec; 15] = common_keys!();
 
-/// The architecture keys of `arch` (SPEC section 2 for `spark-gemma2`; the same minus `spark.*`
-/// for `gemma2`), `None` for other architectures.
-pub fn arch_keys(arch: &str) -> Option<&'static [KeySpec]> {
-    match arch {
-        SPARK_ARCH => Some(&SPARK_KEYS),
-        GEMMA2_ARCH => Some(&GEMMA2_KEYS),
-        _ => None,
-    }
-}
-
 /// A symbolic tensor dimension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dim {
@@ -184,13 +242,72 @@ impl Dim {
     }
 }
 
+/// The tensor kinds of the schema's architectures, as llama.cpp's `llm_tensor`:
+/// [`TensorKind::name`] is the one table of their GGUF names (llama.cpp's `LLM_TENSOR_NAMES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorKind {
+    /// The token embedding (tied output).
+    TokenEmbd,
+    /// The final RMSNorm weight.
+    OutputNorm,
+    /// The pre-attention RMSNorm weight.
+    AttnNorm,
+    /// Wq.
+    AttnQ,
+    /// Wk.
+    AttnK,
+    /// Wv.
+    AttnV,
+    /// Wo.
+    AttnOutput,
+    /// The post-attention RMSNorm weight.
+    PostAttentionNorm,
+    /// The pre-FFN RMSNorm weight.
+    FfnNorm,
+    /// Spark's K1 (predictor weights) or the dense gate projection.
+    FfnGate,
+    /// Spark's K2 (value weights) or the dense up projection.
+    FfnUp,
+    /// The dense down projection.
+    FfnDown,
+    /// Spark's V, neuron-major (the down projection transposed).
+    FfnDownT,
+    /// The post-FFN RMSNorm weight.
+    PostFfwNorm,
+}
+
+impl TensorKind {
+    /// The GGUF name template; `{l}` stands for the layer index in per-layer tensors.
+    pub const fn name(self) -> &'static str {
+        match self {
+            TensorKind::TokenEmbd => "token_embd.weight",
+            TensorKind::OutputNorm => "output_norm.weight",
+            TensorKind::AttnNorm => "blk.{l}.attn_norm.weight",
+            TensorKind::AttnQ => "blk.{l}.attn_q.weight",
+            TensorKind::AttnK => "blk.{l}.attn_k.weight",
+            TensorKind::AttnV => "blk.{l}.attn_v.weight",
+            TensorKind::AttnOutput => "blk.{l}.attn_output.weight",
+            TensorKind::PostAttentionNorm => "blk.{l}.post_attention_norm.weight",
+            TensorKind::FfnNorm => "blk.{l}.ffn_norm.weight",
+            TensorKind::FfnGate => "blk.{l}.ffn_gate.weight",
+            TensorKind::FfnUp => "blk.{l}.ffn_up.weight",
+            TensorKind::FfnDown => "blk.{l}.ffn_down.weight",
+            TensorKind::FfnDownT => "blk.{l}.ffn_down_t.weight",
+            TensorKind::PostFfwNorm => "blk.{l}.post_ffw_norm.weight",
+        }
+    }
+
+    /// Whether the tensor exists once per layer (its name has the layer index).
+    pub fn per_layer(self) -> bool {
+        self.name().contains("{l}")
+    }
+}
+
 /// One tensor of an architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorSpec {
-    /// Name template; `{l}` stands for the layer index in per-layer tensors.
-    pub name: &'static str,
-    /// Whether the tensor exists once per layer.
-    pub per_layer: bool,
+    /// Which tensor, and so its name.
+    pub kind: TensorKind,
     /// ggml dimensions (ne0 first).
     pub dims: &'static [Dim],
     /// What the tensor is.
@@ -198,152 +315,85 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// The name template ([`TensorKind::name`]).
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// Whether the tensor exists once per layer.
+    pub fn per_layer(&self) -> bool {
+        self.kind.per_layer()
+    }
+
     /// The tensor's name for layer `l` (ignored by global tensors).
     pub fn name_for(&self, l: u64) -> String {
-        self.name.replace("{l}", &l.to_string())
+        self.name().replace("{l}", &l.to_string())
     }
 }
 
-const fn t(
-    name: &'static str,
-    per_layer: bool,
-    dims: &'static [Dim],
-    doc: &'static str,
-) -> TensorSpec {
-    TensorSpec {
-        name,
-        per_layer,
-        dims,
-        doc,
-    }
+const fn t(kind: TensorKind, dims: &'static [Dim], doc: &'static str) -> TensorSpec {
+    TensorSpec { kind, dims, doc }
 }
 
 use Dim::*;
+use TensorKind::*;
 
 /// The tensor table of a Gemma-2 layout, in file order: the tensors both architectures share,
 /// with the architecture's own FFN matrices between the pre-FFN and the post-FFN norm.
 macro_rules! gemma2_layout {
     ($gate:expr, $up:expr, $down:expr $(,)?) => {
         [
+            t(TokenEmbd, &[Embd, Vocab], "embedding, tied output"),
+            t(OutputNorm, &[Embd], "final RMSNorm weight (1 + scale)"),
+            t(AttnNorm, &[Embd], "pre-attention RMSNorm (1 + scale)"),
+            t(AttnQ, &[Embd, NHeadTimesHeadDim], "Wq"),
+            t(AttnK, &[Embd, NKvTimesHeadDim], "Wk"),
+            t(AttnV, &[Embd, NKvTimesHeadDim], "Wv"),
+            t(AttnOutput, &[NHeadTimesHeadDim, Embd], "Wo"),
             t(
-                "token_embd.weight",
-                false,
-                &[Embd, Vocab],
-                "embedding, tied output",
-            ),
-            t(
-                "output_norm.weight",
-                false,
-                &[Embd],
-                "final RMSNorm weight (1 + scale)",
-            ),
-            t(
-                "blk.{l}.attn_norm.weight",
-                true,
-                &[Embd],
-                "pre-attention RMSNorm (1 + scale)",
-            ),
-            t(
-                "blk.{l}.attn_q.weight",
-                true,
-                &[Embd, NHeadTimesHeadDim],
-                "Wq",
-            ),
-            t(
-                "blk.{l}.attn_k.weight",
-                true,
-                &[Embd, NKvTimesHeadDim],
-                "Wk",
-            ),
-            t(
-                "blk.{l}.attn_v.weight",
-                true,
-                &[Embd, NKvTimesHeadDim],
-                "Wv",
-            ),
-            t(
-                "blk.{l}.attn_output.weight",
-                true,
-                &[NHeadTimesHeadDim, Embd],
-                "Wo",
-            ),
-            t(
-                "blk.{l}.post_attention_norm.weight",
-                true,
+                PostAttentionNorm,
                 &[Embd],
                 "post-attention RMSNorm (1 + scale)",
             ),
-            t(
-                "blk.{l}.ffn_norm.weight",
-                true,
-                &[Embd],
-                "pre-FFN RMSNorm (1 + scale)",
-            ),
+            t(FfnNorm, &[Embd], "pre-FFN RMSNorm (1 + scale)"),
             $gate,
             $up,
             $down,
-            t(
-                "blk.{l}.post_ffw_norm.weight",
-                true,
-                &[Embd],
-                "post-FFN RMSNorm (1 + scale)",
-            ),
+            t(PostFfwNorm, &[Embd], "post-FFN RMSNorm (1 + scale)"),
         ]
     };
 }
 
 static SPARK_TENSORS: [TensorSpec; 13] = gemma2_layout!(
     t(
-        "blk.{l}.ffn_gate.weight",
-        true,
+        FfnGate,
         &[FfnR, Ff],
         "K1: row j = neuron j's predictor weights",
     ),
     t(
-        "blk.{l}.ffn_up.weight",
-        true,
+        FfnUp,
         &[EmbdMinusFfnR, Ff],
         "K2: row j = neuron j's value weights",
     ),
     t(
-        "blk.{l}.ffn_down_t.weight",
-        true,
+        FfnDownT,
         &[Embd, Ff],
         "V, neuron-major: row j = neuron j's output",
     ),
 );
 
 static GEMMA2_TENSORS: [TensorSpec; 13] = gemma2_layout!(
-    t(
-        "blk.{l}.ffn_gate.weight",
-        true,
-        &[Embd, Ff],
-        "gate projection"
-    ),
-    t("blk.{l}.ffn_up.weight", true, &[Embd, Ff], "up projection"),
-    t(
-        "blk.{l}.ffn_down.weight",
-        true,
-        &[Ff, Embd],
-        "down projection"
-    ),
+    t(FfnGate, &[Embd, Ff], "gate projection"),
+    t(FfnUp, &[Embd, Ff], "up projection"),
+    t(FfnDown, &[Ff, Embd], "down projection"),
 );
-
-/// The tensors of `arch` (SPEC section 3 for `spark-gemma2`; llama.cpp's layout for `gemma2`).
-pub fn arch_tensors(arch: &str) -> Option<&'static [TensorSpec]> {
-    match arch {
-        SPARK_ARCH => Some(&SPARK_TENSORS),
-        GEMMA2_ARCH => Some(&GEMMA2_TENSORS),
-        _ => None,
-    }
-}
 
 /// The model dimensions that determine tensor shapes. For `gemma2` the `ffn_*`/`attn_*` Spark
 /// fields are 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hparams {
-    /// Architecture name.
-    pub arch: String,
+    /// The architecture.
+    pub arch: Arch,
     /// Vocabulary size.
     pub vocab: u64,
     /// D.
@@ -373,15 +423,9 @@ impl Hparams {
     /// have its exact schema type. The vocabulary size is the length of `tokenizer.ggml.tokens`,
     /// or `{arch}.vocab_size` when there are no tokens; if both exist they must agree.
     pub fn from_metadata<'a>(
-        arch: &str,
+        arch: Arch,
         get: impl Fn(&str) -> Option<&'a Value>,
     ) -> Result<Self, GgufError> {
-        if arch_keys(arch).is_none() {
-            return Err(GgufError::metadata(
-                keys::GENERAL_ARCHITECTURE,
-                format!("architecture '{arch}' is not {SPARK_ARCH} or {GEMMA2_ARCH}"),
-            ));
-        }
         let u32_key = |suffix: &str| -> Result<u64, GgufError> {
             let key = arch_key(arch, suffix);
             match get(&key) {
@@ -393,7 +437,7 @@ impl Hparams {
                 None => Err(GgufError::metadata(key, "is missing")),
             }
         };
-        let spark = arch == SPARK_ARCH;
+        let spark = arch.is_spark();
         let spark_key = |suffix: &str| if spark { u32_key(suffix) } else { Ok(0) };
         let head_dim = u32_key(suffix::KEY_LENGTH)?;
         let value_len = u32_key(suffix::VALUE_LENGTH)?;
@@ -442,7 +486,7 @@ impl Hparams {
             })?,
         };
         Ok(Hparams {
-            arch: arch.to_string(),
+            arch,
             vocab,
             d_model: u32_key(suffix::EMBEDDING_LENGTH)?,
             n_layers: u32_key(suffix::BLOCK_COUNT)?,
@@ -461,8 +505,7 @@ impl Hparams {
     /// all sizes positive, N % KV == 0, and for `spark-gemma2` 0 < r_f < D, 0 < r_a < H,
     /// r_a and H - r_a even, k_f >= 1, k_a >= 1.
     pub fn validate(&self) -> Result<(), GgufError> {
-        let a = &self.arch;
-        let key = |s: &str| arch_key(a, s);
+        let key = |s: &str| arch_key(self.arch, s);
         let positive = [
             (key(suffix::EMBEDDING_LENGTH), self.d_model),
             (key(suffix::BLOCK_COUNT), self.n_layers),
@@ -486,7 +529,7 @@ impl Hparams {
                 ),
             ));
         }
-        if a != SPARK_ARCH {
+        if !self.arch.is_spark() {
             return Ok(());
         }
         // 0 < value < limit, where `name` and `limit_name` are the symbols of SPEC section 2.
@@ -529,18 +572,18 @@ impl Hparams {
     /// Every tensor of the architecture with its ggml shape: global tensors first, then each
     /// layer's tensors in table order.
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
-        let specs = arch_tensors(&self.arch).unwrap_or(&[]);
+        let specs = self.arch.tensors();
         let shape = |s: &TensorSpec| s.dims.iter().map(|d| d.resolve(self)).collect::<Vec<u64>>();
         let mut out: Vec<(String, Vec<u64>)> = specs
             .iter()
-            .filter(|s| !s.per_layer)
-            .map(|s| (s.name.to_string(), shape(s)))
+            .filter(|s| !s.per_layer())
+            .map(|s| (s.name().to_string(), shape(s)))
             .collect();
         for l in 0..self.n_layers {
             out.extend(
                 specs
                     .iter()
-                    .filter(|s| s.per_layer)
+                    .filter(|s| s.per_layer())
                     .map(|s| (s.name_for(l), shape(s))),
             );
         }
@@ -619,7 +662,7 @@ mod tests {
     use super::*;
 
     /// Gemma-2 2B's dimensions as `arch` metadata, with a vocabulary of 7 tokens.
-    fn dense_meta(arch: &str) -> Vec<(String, Value)> {
+    fn dense_meta(arch: Arch) -> Vec<(String, Value)> {
         let u = |s: &str, v: u32| (format!("{arch}.{s}"), Value::U32(v));
         vec![
             u(suffix::CONTEXT_LENGTH, 8192),
@@ -731,10 +774,7 @@ mod tests {
         assert_eq!(find("blk.0.ffn_gate.weight"), vec![2304, 13824]);
         assert_eq!(find("blk.0.ffn_up.weight"), vec![2304, 13824]);
         assert_eq!(find("blk.0.ffn_down.weight"), vec![13824, 2304]);
-        assert_eq!(
-            arch_keys(GEMMA2_ARCH).unwrap().len() + 4,
-            arch_keys(SPARK_ARCH).unwrap().len()
-        );
+        assert_eq!(GEMMA2_ARCH.keys().len() + 4, SPARK_ARCH.keys().len());
     }
 
     #[test]
@@ -748,11 +788,24 @@ mod tests {
             "gemma2.block_count"
         );
         for arch in [SPARK_ARCH, GEMMA2_ARCH] {
-            for spec in arch_keys(arch).unwrap() {
+            for spec in arch.keys() {
                 assert_eq!(spec.key(arch), arch_key(arch, spec.suffix));
                 assert_eq!(spec.key(arch), format!("{arch}.{}", spec.suffix));
             }
         }
+    }
+
+    #[test]
+    fn architectures_by_gguf_name() {
+        for arch in Arch::ALL {
+            assert_eq!(Arch::from_name(arch.name()), Some(arch));
+            assert_eq!(arch.to_string(), arch.name());
+        }
+        assert_eq!(Arch::from_name("llama"), None);
+        assert_eq!(
+            Arch::from_gguf("llama").unwrap_err().to_string(),
+            "metadata key 'general.architecture': architecture 'llama' is not spark-gemma2 or gemma2"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::reader::GgufFile;
-use crate::schema::{arch_keys, Hparams, GEMMA2_ARCH, SPARK_ARCH};
+use crate::schema::{Arch, Hparams, GEMMA2_ARCH, SPARK_ARCH};
 use crate::writer::MAX_TENSOR_NAME_BYTES;
 use crate::{keys, Array, Value, ValueType};
 
@@ -183,7 +183,8 @@ fn expected_type(key: &str, arch: Option<&str>) -> Option<Expect> {
     // Architecture keys: the Spark table's suffixes, under whatever architecture the file names.
     let arch = arch?;
     let suffix = key.strip_prefix(arch)?.strip_prefix('.')?;
-    arch_keys(SPARK_ARCH)?
+    SPARK_ARCH
+        .keys()
         .iter()
         .find(|s| s.suffix == suffix)
         .map(|s| Expect::Scalar(s.ty))
@@ -283,12 +284,11 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
     let Some(Value::String(arch)) = file.get(keys::GENERAL_ARCHITECTURE) else {
         return;
     };
-    let arch = arch.as_str();
-    let Some(specs) = arch_keys(arch) else {
+    let Some(arch) = Arch::from_name(arch) else {
         return;
     };
     let mut key_problem = false;
-    for s in specs {
+    for s in arch.keys() {
         let key = s.key(arch);
         match file.get(&key) {
             None if s.required => {
@@ -303,8 +303,8 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
         }
     }
     if arch == GEMMA2_ARCH {
-        for s in arch_keys(SPARK_ARCH)
-            .unwrap_or(&[])
+        for s in SPARK_ARCH
+            .keys()
             .iter()
             .filter(|s| s.suffix.starts_with("spark."))
         {

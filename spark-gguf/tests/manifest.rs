@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use spark_gguf::manifest::{manifest_of, verify, HashKind, Manifest};
-use spark_gguf::schema::{GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{Arch, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{GgmlType, GgufFile, GgufWriter};
 
 fn validate_with(file: &Path, manifest: &Path) -> (i32, String, String) {
@@ -22,7 +22,7 @@ fn validate_with(file: &Path, manifest: &Path) -> (i32, String, String) {
 }
 
 /// The tiny model of `arch` with random data, and its manifest written by the writer.
-fn model_with_manifest(dir: &tempfile::TempDir, arch: &str, seed: u64) -> (PathBuf, PathBuf) {
+fn model_with_manifest(dir: &tempfile::TempDir, arch: Arch, seed: u64) -> (PathBuf, PathBuf) {
     let meta = tiny_metadata(arch);
     let plans = tiny_plans(&meta, GgmlType::F32);
     let path = in_dir(dir, &format!("{arch}-{seed}.gguf"));

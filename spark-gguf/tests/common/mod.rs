@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use spark_gguf::schema::{suffix, Hparams, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{suffix, Arch, Hparams, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{keys, Array, GgmlType, GgufWriter, TensorPlan, Value};
 
 /// Runs the `spark-gguf` binary: (exit code, stdout, stderr).
@@ -124,7 +124,7 @@ pub fn tiny_vocab() -> Vec<String> {
 }
 
 /// Metadata for a tiny model of `arch` (`spark-gemma2` or `gemma2`).
-pub fn tiny_metadata(arch: &str) -> Vec<(String, Value)> {
+pub fn tiny_metadata(arch: Arch) -> Vec<(String, Value)> {
     let a = |s: &str| format!("{arch}.{s}");
     let vocab = tiny_vocab();
     let n = vocab.len();
@@ -186,8 +186,8 @@ pub fn tiny_metadata(arch: &str) -> Vec<(String, Value)> {
 
 /// Plans for every tensor of the tiny model, all of type `matrix_ty` except 1-D norms (F32).
 pub fn tiny_plans(metadata: &[(String, Value)], matrix_ty: GgmlType) -> Vec<TensorPlan> {
-    let arch = metadata[0].1.as_str().unwrap().to_string();
-    let hp = Hparams::from_metadata(&arch, |k| {
+    let arch = Arch::from_gguf(metadata[0].1.as_str().unwrap()).unwrap();
+    let hp = Hparams::from_metadata(arch, |k| {
         metadata.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)
     })
     .unwrap();
@@ -206,7 +206,7 @@ pub fn tiny_plans(metadata: &[(String, Value)], matrix_ty: GgmlType) -> Vec<Tens
 }
 
 /// Writes the tiny model with random data; returns its path.
-pub fn write_tiny_model(dir: &tempfile::TempDir, arch: &str, matrix_ty: GgmlType) -> PathBuf {
+pub fn write_tiny_model(dir: &tempfile::TempDir, arch: Arch, matrix_ty: GgmlType) -> PathBuf {
     let mut meta = tiny_metadata(arch);
     if matrix_ty.is_quantized() {
         meta.push((
