@@ -113,21 +113,66 @@ pub fn plan_sources(
     hp: &Hparams,
     gating: GatingLayout,
 ) -> Result<(Vec<TensorSource>, BTreeSet<String>)> {
-    let (v, d, n, kv, h, f) = (
-        hp.vocab as usize,
-        hp.d_model as usize,
-        hp.n_heads as usize,
-        hp.n_kv_heads as usize,
-        hp.head_dim as usize,
-        hp.d_ff as usize,
-    );
-    let rf = hp.ffn_r as usize;
+    let z = Sizes::of(hp);
     let spark = hp.arch.is_spark();
     let specs = hp.arch.tensors();
     let expected = hp.expected_tensors();
     let mut used = BTreeSet::new();
     let mut out = Vec::with_capacity(expected.len());
+    check_embedding(shapes, z)?;
+    let globals = specs.iter().filter(|s| !s.per_layer()).map(|s| (s, 0u64));
+    let layered =
+        (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer()).map(move |s| (s, l)));
+    for ((spec, l), (name, ne)) in globals.chain(layered).zip(expected) {
+        let (entry, view) = source_of(shapes, z, spark, gating, spec.kind, l)?;
+        check_maps_to(&name, &view, &ne)?;
+        used.insert(entry.clone());
+        out.push(TensorSource {
+            name,
+            ne,
+            entry,
+            view,
+        });
+    }
+    Ok((out, used))
+}
 
+/// The model's sizes, as the checkpoint's numpy shapes count them.
+#[derive(Clone, Copy)]
+struct Sizes {
+    /// Vocabulary size.
+    v: usize,
+    /// D.
+    d: usize,
+    /// N.
+    n: usize,
+    /// KV.
+    kv: usize,
+    /// H.
+    h: usize,
+    /// F.
+    f: usize,
+    /// r_f.
+    rf: usize,
+}
+
+impl Sizes {
+    fn of(hp: &Hparams) -> Self {
+        Sizes {
+            v: hp.vocab as usize,
+            d: hp.d_model as usize,
+            n: hp.n_heads as usize,
+            kv: hp.n_kv_heads as usize,
+            h: hp.head_dim as usize,
+            f: hp.d_ff as usize,
+            rf: hp.ffn_r as usize,
+        }
+    }
+}
+
+/// The embedding entry: [>= vocab, D] (a checkpoint may pad the vocabulary).
+fn check_embedding(shapes: &dyn Shapes, z: Sizes) -> Result<()> {
+    let Sizes { v, d, .. } = z;
     let emb = shapes.shape(EMBEDDING_ENTRY).ok_or_else(|| {
         Error::entry(
             EMBEDDING_ENTRY,
@@ -142,151 +187,183 @@ pub fn plan_sources(
             ),
         ));
     }
+    Ok(())
+}
 
-    let globals = specs.iter().filter(|s| !s.per_layer()).map(|s| (s, 0u64));
-    let layered =
-        (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer()).map(move |s| (s, l)));
-    for ((spec, l), (name, ne)) in globals.chain(layered).zip(expected) {
-        let e = |what: &str| layer_entry(l, what);
-        let (entry, view) = match spec.kind {
-            TensorKind::TokenEmbd => (EMBEDDING_ENTRY.to_string(), View::contiguous(0, v, d)),
-            TensorKind::OutputNorm => {
-                need(shapes, FINAL_NORM_ENTRY, &[d])?;
-                (FINAL_NORM_ENTRY.to_string(), norm_view(d))
-            }
-            TensorKind::AttnNorm => norm(shapes, e(entry::PRE_ATTENTION_NORM), d)?,
-            TensorKind::PostAttentionNorm => norm(shapes, e(entry::POST_ATTENTION_NORM), d)?,
-            TensorKind::FfnNorm => norm(shapes, e(entry::PRE_FFW_NORM), d)?,
-            TensorKind::PostFfwNorm => norm(shapes, e(entry::POST_FFW_NORM), d)?,
-            TensorKind::AttnQ => {
-                let en = e(entry::Q_EINSUM);
-                need(shapes, &en, &[n, d, h])?;
-                // out[n*H + h, d] = q[n, d, h]
-                (
-                    en,
-                    View {
-                        base: 0,
-                        row_dims: vec![(n, d * h), (h, 1)],
-                        col_dims: vec![(d, h)],
-                        add_one: false,
-                    },
-                )
-            }
-            TensorKind::AttnK | TensorKind::AttnV => {
-                let en = e(entry::KV_EINSUM);
-                need(shapes, &en, &[2, kv, d, h])?;
-                let base = if spec.kind == TensorKind::AttnK {
-                    0
-                } else {
-                    kv * d * h
-                };
-                // out[g*H + h, d] = kv[i, g, d, h]
-                (
-                    en,
-                    View {
-                        base,
-                        row_dims: vec![(kv, d * h), (h, 1)],
-                        col_dims: vec![(d, h)],
-                        add_one: false,
-                    },
-                )
-            }
-            TensorKind::AttnOutput => {
-                let en = e(entry::ATTN_VEC_EINSUM);
-                need(shapes, &en, &[n, h, d])?;
-                // out[d, n*H + h] = o[n, h, d]
-                (
-                    en,
-                    View {
-                        base: 0,
-                        row_dims: vec![(d, 1)],
-                        col_dims: vec![(n, h * d), (h, d)],
-                        add_one: false,
-                    },
-                )
-            }
-            TensorKind::FfnGate | TensorKind::FfnUp if spark => {
-                let gate = spec.kind == TensorKind::FfnGate;
-                let (fused, k1, k2) = (e(entry::SPARK_IN), e(entry::SPARK_K1), e(entry::SPARK_K2));
-                let has_split = shapes.shape(&k1).is_some() || shapes.shape(&k2).is_some();
-                match (shapes.shape(&fused).is_some(), has_split) {
-                    (true, true) => {
-                        return Err(Error::entry(
-                            &fused,
-                            format!("and '{k1}'/'{k2}' are both present; give one form only"),
-                        ))
-                    }
-                    (true, false) => {
-                        need(shapes, &fused, &[d, f])?;
-                        // K = [K1; K2] split at r_f; out row j = column j of the part.
-                        if gate {
-                            (fused, View::transposed(0, rf, f))
-                        } else {
-                            (fused, View::transposed(rf * f, d - rf, f))
-                        }
-                    }
-                    (false, _) if gate => {
-                        if shapes.shape(&k1).is_none() && shapes.shape(&k2).is_none() {
-                            return Err(Error::entry(
-                                &fused,
-                                format!(
-                                    "is missing (expected shape [{d}, {f}], or '{k1}' and '{k2}')"
-                                ),
-                            ));
-                        }
-                        need(shapes, &k1, &[rf, f])?;
-                        (k1, View::transposed(0, rf, f))
-                    }
-                    (false, _) => {
-                        need(shapes, &k2, &[d - rf, f])?;
-                        (k2, View::transposed(0, d - rf, f))
-                    }
-                }
-            }
-            TensorKind::FfnGate | TensorKind::FfnUp => {
-                let en = e(entry::GATING_EINSUM);
-                let which = usize::from(spec.kind == TensorKind::FfnUp);
-                match gating {
-                    GatingLayout::DF => {
-                        need(shapes, &en, &[2, d, f])?;
-                        (en, View::transposed(which * d * f, d, f))
-                    }
-                    GatingLayout::FD => {
-                        need(shapes, &en, &[2, f, d])?;
-                        (en, View::contiguous(which * f * d, f, d))
-                    }
-                }
-            }
-            TensorKind::FfnDownT => {
-                let en = e(entry::LINEAR);
-                need(shapes, &en, &[f, d])?;
-                (en, View::contiguous(0, f, d))
-            }
-            TensorKind::FfnDown => {
-                let en = e(entry::LINEAR);
-                need(shapes, &en, &[f, d])?;
-                (en, View::transposed(0, f, d))
-            }
-        };
-        let got: Vec<u64> = if ne.len() == 1 {
-            vec![view.cols() as u64]
-        } else {
-            vec![view.cols() as u64, view.rows() as u64]
-        };
-        if got != ne {
-            return Err(Error::Internal(format!(
-                "internal: tensor '{name}' maps to {got:?}, the schema says {ne:?}"
-            )));
+/// Where tensor `kind` of layer `l` (0 for global tensors) comes from: its entry, shape
+/// checked, and the view that turns the entry into the tensor's rows.
+fn source_of(
+    shapes: &dyn Shapes,
+    z: Sizes,
+    spark: bool,
+    gating: GatingLayout,
+    kind: TensorKind,
+    l: u64,
+) -> Result<(String, View)> {
+    let Sizes { v, d, f, .. } = z;
+    let e = |what: &str| layer_entry(l, what);
+    Ok(match kind {
+        TensorKind::TokenEmbd => (EMBEDDING_ENTRY.to_string(), View::contiguous(0, v, d)),
+        TensorKind::OutputNorm => {
+            need(shapes, FINAL_NORM_ENTRY, &[d])?;
+            (FINAL_NORM_ENTRY.to_string(), norm_view(d))
         }
-        used.insert(entry.clone());
-        out.push(TensorSource {
-            name,
-            ne,
-            entry,
-            view,
-        });
+        TensorKind::AttnNorm => norm(shapes, e(entry::PRE_ATTENTION_NORM), d)?,
+        TensorKind::PostAttentionNorm => norm(shapes, e(entry::POST_ATTENTION_NORM), d)?,
+        TensorKind::FfnNorm => norm(shapes, e(entry::PRE_FFW_NORM), d)?,
+        TensorKind::PostFfwNorm => norm(shapes, e(entry::POST_FFW_NORM), d)?,
+        TensorKind::AttnQ => attn_q(shapes, e(entry::Q_EINSUM), z)?,
+        TensorKind::AttnK => attn_kv(shapes, e(entry::KV_EINSUM), z, false)?,
+        TensorKind::AttnV => attn_kv(shapes, e(entry::KV_EINSUM), z, true)?,
+        TensorKind::AttnOutput => attn_output(shapes, e(entry::ATTN_VEC_EINSUM), z)?,
+        TensorKind::FfnGate | TensorKind::FfnUp if spark => {
+            spark_ffn_in(shapes, l, z, kind == TensorKind::FfnGate)?
+        }
+        TensorKind::FfnGate | TensorKind::FfnUp => dense_ffn_in(
+            shapes,
+            e(entry::GATING_EINSUM),
+            z,
+            gating,
+            kind == TensorKind::FfnUp,
+        )?,
+        TensorKind::FfnDownT => {
+            let en = e(entry::LINEAR);
+            need(shapes, &en, &[f, d])?;
+            (en, View::contiguous(0, f, d))
+        }
+        TensorKind::FfnDown => {
+            let en = e(entry::LINEAR);
+            need(shapes, &en, &[f, d])?;
+            (en, View::transposed(0, f, d))
+        }
+    })
+}
+
+/// Wq from `q_einsum` [N, D, H].
+fn attn_q(shapes: &dyn Shapes, en: String, z: Sizes) -> Result<(String, View)> {
+    let Sizes { n, d, h, .. } = z;
+    need(shapes, &en, &[n, d, h])?;
+    // out[n*H + h, d] = q[n, d, h]
+    Ok((
+        en,
+        View {
+            base: 0,
+            row_dims: vec![(n, d * h), (h, 1)],
+            col_dims: vec![(d, h)],
+            add_one: false,
+        },
+    ))
+}
+
+/// Wk (`value` false) or Wv (true) from `kv_einsum` [2, KV, D, H].
+fn attn_kv(shapes: &dyn Shapes, en: String, z: Sizes, value: bool) -> Result<(String, View)> {
+    let Sizes { kv, d, h, .. } = z;
+    need(shapes, &en, &[2, kv, d, h])?;
+    let base = if value { kv * d * h } else { 0 };
+    // out[g*H + h, d] = kv[i, g, d, h]
+    Ok((
+        en,
+        View {
+            base,
+            row_dims: vec![(kv, d * h), (h, 1)],
+            col_dims: vec![(d, h)],
+            add_one: false,
+        },
+    ))
+}
+
+/// Wo from `attn_vec_einsum` [N, H, D].
+fn attn_output(shapes: &dyn Shapes, en: String, z: Sizes) -> Result<(String, View)> {
+    let Sizes { n, d, h, .. } = z;
+    need(shapes, &en, &[n, h, d])?;
+    // out[d, n*H + h] = o[n, h, d]
+    Ok((
+        en,
+        View {
+            base: 0,
+            row_dims: vec![(d, 1)],
+            col_dims: vec![(n, h * d), (h, d)],
+            add_one: false,
+        },
+    ))
+}
+
+/// Spark's K1 (`gate`) or K2 of layer `l`: from the fused `spark_in` [D, F] or from
+/// `spark_k1` [r_f, F] and `spark_k2` [D - r_f, F], never both forms.
+fn spark_ffn_in(shapes: &dyn Shapes, l: u64, z: Sizes, gate: bool) -> Result<(String, View)> {
+    let Sizes { d, f, rf, .. } = z;
+    let e = |what: &str| layer_entry(l, what);
+    let (fused, k1, k2) = (e(entry::SPARK_IN), e(entry::SPARK_K1), e(entry::SPARK_K2));
+    let has_split = shapes.shape(&k1).is_some() || shapes.shape(&k2).is_some();
+    Ok(match (shapes.shape(&fused).is_some(), has_split) {
+        (true, true) => {
+            return Err(Error::entry(
+                &fused,
+                format!("and '{k1}'/'{k2}' are both present; give one form only"),
+            ))
+        }
+        (true, false) => {
+            need(shapes, &fused, &[d, f])?;
+            // K = [K1; K2] split at r_f; out row j = column j of the part.
+            if gate {
+                (fused, View::transposed(0, rf, f))
+            } else {
+                (fused, View::transposed(rf * f, d - rf, f))
+            }
+        }
+        (false, _) if gate => {
+            if shapes.shape(&k1).is_none() && shapes.shape(&k2).is_none() {
+                return Err(Error::entry(
+                    &fused,
+                    format!("is missing (expected shape [{d}, {f}], or '{k1}' and '{k2}')"),
+                ));
+            }
+            need(shapes, &k1, &[rf, f])?;
+            (k1, View::transposed(0, rf, f))
+        }
+        (false, _) => {
+            need(shapes, &k2, &[d - rf, f])?;
+            (k2, View::transposed(0, d - rf, f))
+        }
+    })
+}
+
+/// The dense gate (`up` false) or up projection (true) from `gating_einsum`, in `gating`'s
+/// layout.
+fn dense_ffn_in(
+    shapes: &dyn Shapes,
+    en: String,
+    z: Sizes,
+    gating: GatingLayout,
+    up: bool,
+) -> Result<(String, View)> {
+    let Sizes { d, f, .. } = z;
+    let which = usize::from(up);
+    Ok(match gating {
+        GatingLayout::DF => {
+            need(shapes, &en, &[2, d, f])?;
+            (en, View::transposed(which * d * f, d, f))
+        }
+        GatingLayout::FD => {
+            need(shapes, &en, &[2, f, d])?;
+            (en, View::contiguous(which * f * d, f, d))
+        }
+    })
+}
+
+/// The view's shape is the schema's `ne` for tensor `name` (an internal consistency check).
+fn check_maps_to(name: &str, view: &View, ne: &[u64]) -> Result<()> {
+    let got: Vec<u64> = if ne.len() == 1 {
+        vec![view.cols() as u64]
+    } else {
+        vec![view.cols() as u64, view.rows() as u64]
+    };
+    if got != ne {
+        return Err(Error::Internal(format!(
+            "internal: tensor '{name}' maps to {got:?}, the schema says {ne:?}"
+        )));
     }
-    Ok((out, used))
+    Ok(())
 }
 
 fn norm(shapes: &dyn Shapes, entry: String, d: usize) -> Result<(String, View)> {

@@ -273,8 +273,42 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// The whole structure of a GGUF file in `buf`, checked: the header, the metadata, the tensor
+/// infos, and the tensors' data ranges (inside the file, not overlapping).
 fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
     let mut c = Cursor { buf, pos: 0 };
+    let version = read_version(&mut c)?;
+    let at = c.offset();
+    let n_tensors = c.u64(&|| "the tensor count".into())?;
+    let at_kv = c.offset();
+    let n_kv = c.u64(&|| "the metadata count".into())?;
+    // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least
+    // 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset).
+    c.check_count(at_kv, n_kv, 13, "the metadata key-value count")?;
+    let metadata = read_metadata(&mut c, n_kv)?;
+    let alignment = alignment_of(&metadata)?;
+    c.check_count(at, n_tensors, 24, "the tensor count")?;
+    let tensors = read_tensor_infos(&mut c, n_tensors, alignment)?;
+
+    let header_end = c.offset();
+    let data_offset = if tensors.is_empty() {
+        header_end
+    } else {
+        header_end.next_multiple_of(alignment)
+    };
+    check_in_file(&tensors, data_offset, buf.len() as u64)?;
+    check_no_overlap(&tensors, data_offset)?;
+    Ok(Parsed {
+        version,
+        alignment,
+        metadata,
+        tensors,
+        data_offset,
+    })
+}
+
+/// The magic and the version (2 or 3).
+fn read_version(c: &mut Cursor<'_>) -> Result<u32, GgufError> {
     let magic: [u8; 4] = c.array(&|| "the magic".into())?;
     if magic != GGUF_MAGIC {
         return Err(GgufError::format(
@@ -284,35 +318,25 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
     }
     let version = c.u32(&|| "the version".into())?;
     match version {
-        2 | 3 => {}
-        1 => {
-            return Err(GgufError::Version {
-                version,
-                reason:
-                    "GGUF v1 is no longer supported (llama.cpp refuses it too); reconvert the model",
-            })
-        }
-        v if v & 0xFFFF == 0 => {
-            return Err(GgufError::Version {
-                version,
-                reason: "looks byte-swapped: big-endian GGUF files are not supported",
-            })
-        }
-        _ => {
-            return Err(GgufError::Version {
-                version,
-                reason: "only versions 2 and 3 are supported",
-            })
-        }
+        2 | 3 => Ok(version),
+        1 => Err(GgufError::Version {
+            version,
+            reason:
+                "GGUF v1 is no longer supported (llama.cpp refuses it too); reconvert the model",
+        }),
+        v if v & 0xFFFF == 0 => Err(GgufError::Version {
+            version,
+            reason: "looks byte-swapped: big-endian GGUF files are not supported",
+        }),
+        _ => Err(GgufError::Version {
+            version,
+            reason: "only versions 2 and 3 are supported",
+        }),
     }
-    let at = c.offset();
-    let n_tensors = c.u64(&|| "the tensor count".into())?;
-    let at_kv = c.offset();
-    let n_kv = c.u64(&|| "the metadata count".into())?;
-    // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least
-    // 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset).
-    c.check_count(at_kv, n_kv, 13, "the metadata key-value count")?;
+}
 
+/// `n_kv` key-value pairs: keys non-empty and unique.
+fn read_metadata(c: &mut Cursor<'_>, n_kv: u64) -> Result<Vec<(String, Value)>, GgufError> {
     let mut metadata: Vec<(String, Value)> = Vec::with_capacity(capacity_hint(n_kv));
     let mut seen_keys: HashSet<String> = HashSet::new();
     for i in 0..n_kv {
@@ -330,28 +354,35 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
                 format!("duplicate metadata key '{key}'"),
             ));
         }
-        let value = read_value(&mut c, &key)?;
+        let value = read_value(c, &key)?;
         metadata.push((key, value));
     }
+    Ok(metadata)
+}
 
-    let alignment = match metadata.iter().find(|(k, _)| k == keys::GENERAL_ALIGNMENT) {
-        None => DEFAULT_ALIGNMENT,
-        Some((_, Value::U32(a))) if a.is_power_of_two() => u64::from(*a),
-        Some((_, Value::U32(a))) => {
-            return Err(GgufError::metadata(
-                keys::GENERAL_ALIGNMENT,
-                format!("alignment {a} is not a power of two"),
-            ))
-        }
-        Some((_, v)) => {
-            return Err(GgufError::metadata(
-                keys::GENERAL_ALIGNMENT,
-                format!("must have type u32 but has type {}", v.type_name()),
-            ))
-        }
-    };
+/// `general.alignment` (a u32 power of two), or the default.
+fn alignment_of(metadata: &[(String, Value)]) -> Result<u64, GgufError> {
+    match metadata.iter().find(|(k, _)| k == keys::GENERAL_ALIGNMENT) {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some((_, Value::U32(a))) if a.is_power_of_two() => Ok(u64::from(*a)),
+        Some((_, Value::U32(a))) => Err(GgufError::metadata(
+            keys::GENERAL_ALIGNMENT,
+            format!("alignment {a} is not a power of two"),
+        )),
+        Some((_, v)) => Err(GgufError::metadata(
+            keys::GENERAL_ALIGNMENT,
+            format!("must have type u32 but has type {}", v.type_name()),
+        )),
+    }
+}
 
-    c.check_count(at, n_tensors, 24, "the tensor count")?;
+/// `n_tensors` tensor infos: names unique, shapes within ggml's limits, types known, data
+/// offsets aligned.
+fn read_tensor_infos(
+    c: &mut Cursor<'_>,
+    n_tensors: u64,
+    alignment: u64,
+) -> Result<Vec<TensorInfo>, GgufError> {
     let mut tensors: Vec<TensorInfo> = Vec::with_capacity(capacity_hint(n_tensors));
     let mut seen_names: HashSet<String> = HashSet::new();
     for i in 0..n_tensors {
@@ -363,33 +394,7 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
                 format!("duplicate tensor name '{name}'"),
             ));
         }
-        let dims_at = c.offset();
-        let n_dims = c.u32(&|| format!("the dimension count of tensor '{name}'"))?;
-        if n_dims as usize > MAX_DIMS {
-            return Err(GgufError::format(
-                dims_at,
-                format!("tensor '{name}' has {n_dims} dimensions, at most {MAX_DIMS} are allowed"),
-            ));
-        }
-        let mut ne = Vec::with_capacity(n_dims as usize);
-        for d in 0..n_dims {
-            let ne_at = c.offset();
-            let n = c.u64(&|| format!("dimension {d} of tensor '{name}'"))?;
-            if n > i64::MAX as u64 {
-                return Err(GgufError::format(
-                    ne_at,
-                    format!("tensor '{name}' dimension {d} is {n}, larger than i64::MAX"),
-                ));
-            }
-            ne.push(n);
-        }
-        let n_elems = ne.iter().try_fold(1u64, |acc, &n| acc.checked_mul(n));
-        if n_elems.is_none_or(|n| n > i64::MAX as u64) {
-            return Err(GgufError::format(
-                dims_at,
-                format!("tensor '{name}' shape {ne:?} has more than i64::MAX elements"),
-            ));
-        }
+        let ne = read_shape(c, &name)?;
         let ty_at = c.offset();
         let ty_id = c.u32(&|| format!("the type of tensor '{name}'"))?;
         let ty = GgmlType::from_u32(ty_id).ok_or_else(|| {
@@ -417,15 +422,45 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
             n_bytes,
         });
     }
+    Ok(tensors)
+}
 
-    let header_end = c.offset();
-    let data_offset = if tensors.is_empty() {
-        header_end
-    } else {
-        header_end.next_multiple_of(alignment)
-    };
-    let file_len = buf.len() as u64;
-    for t in &tensors {
+/// Tensor `name`'s dimension count and dimensions: at most [`MAX_DIMS`], each and their product
+/// at most `i64::MAX`.
+fn read_shape(c: &mut Cursor<'_>, name: &str) -> Result<Vec<u64>, GgufError> {
+    let dims_at = c.offset();
+    let n_dims = c.u32(&|| format!("the dimension count of tensor '{name}'"))?;
+    if n_dims as usize > MAX_DIMS {
+        return Err(GgufError::format(
+            dims_at,
+            format!("tensor '{name}' has {n_dims} dimensions, at most {MAX_DIMS} are allowed"),
+        ));
+    }
+    let mut ne = Vec::with_capacity(n_dims as usize);
+    for d in 0..n_dims {
+        let ne_at = c.offset();
+        let n = c.u64(&|| format!("dimension {d} of tensor '{name}'"))?;
+        if n > i64::MAX as u64 {
+            return Err(GgufError::format(
+                ne_at,
+                format!("tensor '{name}' dimension {d} is {n}, larger than i64::MAX"),
+            ));
+        }
+        ne.push(n);
+    }
+    let n_elems = ne.iter().try_fold(1u64, |acc, &n| acc.checked_mul(n));
+    if n_elems.is_none_or(|n| n > i64::MAX as u64) {
+        return Err(GgufError::format(
+            dims_at,
+            format!("tensor '{name}' shape {ne:?} has more than i64::MAX elements"),
+        ));
+    }
+    Ok(ne)
+}
+
+/// Every tensor's data lies inside the `file_len`-byte file.
+fn check_in_file(tensors: &[TensorInfo], data_offset: u64, file_len: u64) -> Result<(), GgufError> {
+    for t in tensors {
         let end = data_offset
             .checked_add(t.offset)
             .and_then(|s| s.checked_add(t.n_bytes));
@@ -442,7 +477,11 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
             }
         }
     }
-    // Overlap: sort the non-empty ranges by offset and compare neighbours.
+    Ok(())
+}
+
+/// No two tensors' data overlap: sorts the non-empty ranges by offset and compares neighbours.
+fn check_no_overlap(tensors: &[TensorInfo], data_offset: u64) -> Result<(), GgufError> {
     let mut ranges: Vec<(u64, u64, &str)> = tensors
         .iter()
         .filter(|t| t.n_bytes > 0)
@@ -460,13 +499,7 @@ fn parse_structure(buf: &[u8]) -> Result<Parsed, GgufError> {
             ));
         }
     }
-    Ok(Parsed {
-        version,
-        alignment,
-        metadata,
-        tensors,
-        data_offset,
-    })
+    Ok(())
 }
 
 /// Pre-allocation for `n` parsed items: bounded so that a count that the file size allows but

@@ -284,6 +284,19 @@ fn cache_rows(c: &Strided, g: usize, s: usize) -> Rows {
     }
 }
 
+impl Unit {
+    /// The unit's queries: its tokens times its heads.
+    fn n_queries(&self) -> usize {
+        self.tokens.len() * self.heads.len()
+    }
+
+    /// Query `m`'s (token, head), token-major.
+    fn query(&self, m: usize) -> (usize, usize) {
+        let hp = self.heads.len();
+        (self.tokens.start + m / hp, self.heads.start + m % hp)
+    }
+}
+
 /// Computes the output rows of work unit `u`.
 ///
 /// # Safety
@@ -296,17 +309,55 @@ unsafe fn unit(
     observer: &mut Option<&mut dyn FnMut(&RowSelection)>,
     tally: &mut Tally,
 ) {
-    let (s, g, t0, t1) = (u.stream, u.kv_head, u.tokens.start, u.tokens.end);
+    let (s, g) = (u.stream, u.kv_head);
     let h = l.head_dim;
-    let (h0, hp) = (u.heads.start, u.heads.len());
-    let n_q = (t1 - t0) * hp;
-    let query = |m: usize| (t0 + m / hp, h0 + m % hp);
+    // SAFETY: forwarded from this function's contract.
+    unsafe { gather_queries(l, &u, sc) };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { find_valid_positions(l, &u, sc) };
+    union_of_valid_positions(l, sc);
+    let k_rows = cache_rows(&l.k, g, s);
+    let v_rows = cache_rows(&l.v, g, s);
+    // SAFETY: the union's positions are < n_kv (mask columns), so their rows lie inside K.
+    unsafe { first_part_scores(l, isa, k_rows, u.n_queries(), sc) };
 
-    // Queries, copied contiguous.
-    sc.q.resize(n_q * h, 0.0);
-    for m in 0..n_q {
-        let (t, n) = query(m);
-        let base = l.q.data.wrapping_add(l.q.offset([0, n, t, s]));
+    sc.o.resize(h, 0.0);
+    for m in 0..u.n_queries() {
+        let (t, n) = u.query(m);
+        let (a, b) = sc.spans[m];
+        sc.pos.clear();
+        sc.o.fill(0.0);
+        if b > a {
+            // SAFETY: query m's valid positions are < n_kv, so their rows lie inside K and V.
+            let kept = unsafe { attend(l, isa, k_rows, v_rows, m, sc) };
+            tally.kept += kept as u64;
+        }
+        tally.queries += 1;
+        let dst = l.dst.data.wrapping_add(l.dst.offset([0, n, t, s]));
+        // SAFETY: dst row (., n, t, s) holds H adjacent f32 (nb0 == 4 is validated) and belongs
+        // to this unit only.
+        unsafe { std::ptr::copy_nonoverlapping(sc.o.as_ptr().cast::<u8>(), dst, h * 4) };
+        if let Some(f) = observer.as_deref_mut() {
+            f(&RowSelection {
+                stream: s,
+                token: t,
+                head: n,
+                positions: &sc.pos,
+            });
+        }
+    }
+}
+
+/// The queries of unit `u`, copied contiguous into `sc.q` (`n_q x H`).
+///
+/// # Safety
+/// As for [`run`], for unit `u` (only q is read).
+unsafe fn gather_queries(l: &AttnLayout, u: &Unit, sc: &mut Scratch) {
+    let h = l.head_dim;
+    sc.q.resize(u.n_queries() * h, 0.0);
+    for m in 0..u.n_queries() {
+        let (t, n) = u.query(m);
+        let base = l.q.data.wrapping_add(l.q.offset([0, n, t, u.stream]));
         for (i, x) in sc.q[m * h..(m + 1) * h].iter_mut().enumerate() {
             // SAFETY: q is readable over its shape (contract); element (i, n, t, s) is in it.
             *x = unsafe {
@@ -316,13 +367,21 @@ unsafe fn unit(
             };
         }
     }
+}
 
-    // Valid positions per query (C of SPEC 4), one scan per distinct mask row.
+/// The valid positions of each query of unit `u` (C of SPEC 4), one scan per distinct mask row:
+/// `sc.lists` holds the lists, `sc.spans[m]` query `m`'s range in them and `sc.mask_rows` the
+/// distinct mask rows.
+///
+/// # Safety
+/// As for [`run`], for unit `u` (only the mask is read).
+unsafe fn find_valid_positions(l: &AttnLayout, u: &Unit, sc: &mut Scratch) {
+    let s = u.stream;
     sc.lists.clear();
     sc.spans.clear();
     sc.mask_rows.clear();
-    for m in 0..n_q {
-        let (t, n) = query(m);
+    for m in 0..u.n_queries() {
+        let (t, n) = u.query(m);
         let off = l.mask.offset([0, t, n % l.mask.ne[2], s % l.mask.ne[3]]);
         let span = match sc.mask_rows.iter().find(|(o, _)| *o == off) {
             Some(&(_, span)) => span,
@@ -342,36 +401,40 @@ unsafe fn unit(
         };
         sc.spans.push(span);
     }
+}
 
-    // Union of the lists: the key rows to score.
+/// The union of the valid-position lists into `sc.union`: the key rows to score. With more than
+/// one distinct mask row, `sc.col_of` maps a position to its column in the union; with one,
+/// every list is the union itself and columns are list indices.
+fn union_of_valid_positions(l: &AttnLayout, sc: &mut Scratch) {
     sc.union.clear();
     if sc.mask_rows.len() == 1 {
         let (a, b) = sc.mask_rows[0].1;
         sc.union.extend_from_slice(&sc.lists[a..b]);
-    } else {
-        sc.needed.clear();
-        sc.needed.resize(l.n_kv, false);
-        for &j in &sc.lists {
-            sc.needed[j as usize] = true;
-        }
-        sc.union
-            .extend((0..l.n_kv as u32).filter(|&j| sc.needed[j as usize]));
+        return;
     }
-    let width = sc.union.len();
-    // With one distinct mask row every list is the union itself: columns are list indices.
-    let shared_list = sc.mask_rows.len() == 1;
-    if !shared_list {
-        if sc.col_of.len() < l.n_kv {
-            sc.col_of.resize(l.n_kv, 0);
-        }
-        for (c, &j) in sc.union.iter().enumerate() {
-            sc.col_of[j as usize] = c as u32;
-        }
+    sc.needed.clear();
+    sc.needed.resize(l.n_kv, false);
+    for &j in &sc.lists {
+        sc.needed[j as usize] = true;
     }
+    sc.union
+        .extend((0..l.n_kv as u32).filter(|&j| sc.needed[j as usize]));
+    if sc.col_of.len() < l.n_kv {
+        sc.col_of.resize(l.n_kv, 0);
+    }
+    for (c, &j) in sc.union.iter().enumerate() {
+        sc.col_of[j as usize] = c as u32;
+    }
+}
 
-    // First-part scores of every query against every needed row.
-    let k_rows = cache_rows(&l.k, g, s);
-    let v_rows = cache_rows(&l.v, g, s);
+/// First-part scores of every query (`sc.q`, `n_q` of them) against every row of `sc.union`,
+/// into `sc.d` (`n_q x union.len()`).
+///
+/// # Safety
+/// `k_rows` must be readable over rows `sc.union` and dims `0..l.r`.
+unsafe fn first_part_scores(l: &AttnLayout, isa: Isa, k_rows: Rows, n_q: usize, sc: &mut Scratch) {
+    let width = sc.union.len();
     sc.d.resize(n_q * width, 0.0);
     // SAFETY: union positions are < n_kv, dims 0..r < H lie inside the K view; q and d sized above.
     unsafe {
@@ -382,7 +445,7 @@ unsafe fn unit(
             &sc.union,
             Queries {
                 q: &sc.q,
-                stride: h,
+                stride: l.head_dim,
                 n: n_q,
             },
             Scores {
@@ -391,83 +454,80 @@ unsafe fn unit(
             },
         )
     };
+}
 
-    sc.o.resize(h, 0.0);
-    for m in 0..n_q {
-        let (t, n) = query(m);
-        let (a, b) = sc.spans[m];
-        let n_valid = b - a;
-        sc.pos.clear();
-        sc.o.fill(0.0);
-        if n_valid > 0 {
-            // Capped scores over C.
-            sc.s.clear();
-            let drow = &sc.d[m * width..(m + 1) * width];
-            if shared_list {
-                sc.s.extend_from_slice(drow);
-            } else {
-                sc.s.extend(
-                    sc.lists[a..b]
-                        .iter()
-                        .map(|&j| drow[sc.col_of[j as usize] as usize]),
-                );
-            }
-            math::softcap_in_place(&mut sc.s, l.softcap);
-            // S: statistical top-k, attention form (keeps all of C when |C| <= k).
-            topk::attention_keep(&sc.s, l.k_keep, &mut sc.keep);
-            let list = &sc.lists[a..b];
-            sc.pos.extend(sc.keep.iter().map(|&c| list[c as usize]));
-            sc.e.clear();
-            sc.e.extend(sc.keep.iter().map(|&c| sc.s[c as usize]));
-            let mx = sc.e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let kept = sc.pos.len();
-            sc.w.resize(kept, 0.0);
-            // Softmax numerators over S (max-subtracted) and their sum in f64.
-            math::exp_shifted_in_place(&mut sc.e, mx);
-            let z: f64 = sc.e.iter().map(|&x| f64::from(x)).sum();
-            let inv_z = (1.0 / z) as f32;
-            // Second-part dots over the kept rows only, then softplus.
-            // SAFETY: kept positions are < n_kv; dims r..H lie inside the K view.
-            unsafe {
-                dot::dots(
-                    isa,
-                    k_rows,
-                    l.r..h,
-                    &sc.pos,
-                    Queries {
-                        q: &sc.q[m * h + l.r..(m + 1) * h],
-                        stride: h,
-                        n: 1,
-                    },
-                    Scores {
-                        out: &mut sc.w,
-                        ld: kept,
-                    },
-                )
-            };
-            math::softplus_in_place(&mut sc.w);
-            for (w, &e) in sc.w.iter_mut().zip(&sc.e) {
-                *w *= e * inv_z;
-            }
-            // o = sum_j w_j v_j over the kept rows only.
-            // SAFETY: kept positions are < n_kv; dims 0..H lie inside the V view.
-            unsafe { dot::accumulate(isa, v_rows, &sc.pos, &sc.w, &mut sc.o) };
-            tally.kept += kept as u64;
-        }
-        tally.queries += 1;
-        let dst = l.dst.data.wrapping_add(l.dst.offset([0, n, t, s]));
-        // SAFETY: dst row (., n, t, s) holds H adjacent f32 (nb0 == 4 is validated) and belongs
-        // to this unit only.
-        unsafe { std::ptr::copy_nonoverlapping(sc.o.as_ptr().cast::<u8>(), dst, h * 4) };
-        if let Some(f) = observer.as_deref_mut() {
-            f(&RowSelection {
-                stream: s,
-                token: t,
-                head: n,
-                positions: &sc.pos,
-            });
-        }
+/// Query `m` (with at least one valid position) attends: its capped scores over C, the kept
+/// positions S (into `sc.pos`), the softmax numerators over S, the second-part dots over the
+/// kept rows only, and the output row `o = sum_j w_j v_j` (into `sc.o`, zeroed by the caller).
+/// Returns |S|.
+///
+/// # Safety
+/// `k_rows` must be readable over query `m`'s valid positions and dims `l.r..H`, `v_rows` over
+/// those positions and dims `0..H`.
+unsafe fn attend(
+    l: &AttnLayout,
+    isa: Isa,
+    k_rows: Rows,
+    v_rows: Rows,
+    m: usize,
+    sc: &mut Scratch,
+) -> usize {
+    let h = l.head_dim;
+    let width = sc.union.len();
+    let (a, b) = sc.spans[m];
+    // Capped scores over C.
+    sc.s.clear();
+    let drow = &sc.d[m * width..(m + 1) * width];
+    if sc.mask_rows.len() == 1 {
+        sc.s.extend_from_slice(drow);
+    } else {
+        sc.s.extend(
+            sc.lists[a..b]
+                .iter()
+                .map(|&j| drow[sc.col_of[j as usize] as usize]),
+        );
     }
+    math::softcap_in_place(&mut sc.s, l.softcap);
+    // S: statistical top-k, attention form (keeps all of C when |C| <= k).
+    topk::attention_keep(&sc.s, l.k_keep, &mut sc.keep);
+    let list = &sc.lists[a..b];
+    sc.pos.extend(sc.keep.iter().map(|&c| list[c as usize]));
+    sc.e.clear();
+    sc.e.extend(sc.keep.iter().map(|&c| sc.s[c as usize]));
+    let mx = sc.e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let kept = sc.pos.len();
+    sc.w.resize(kept, 0.0);
+    // Softmax numerators over S (max-subtracted) and their sum in f64.
+    math::exp_shifted_in_place(&mut sc.e, mx);
+    let z: f64 = sc.e.iter().map(|&x| f64::from(x)).sum();
+    let inv_z = (1.0 / z) as f32;
+    // Second-part dots over the kept rows only, then softplus.
+    // SAFETY: kept positions are < n_kv; dims r..H lie inside the K view.
+    unsafe {
+        dot::dots(
+            isa,
+            k_rows,
+            l.r..h,
+            &sc.pos,
+            Queries {
+                q: &sc.q[m * h + l.r..(m + 1) * h],
+                stride: h,
+                n: 1,
+            },
+            Scores {
+                out: &mut sc.w,
+                ld: kept,
+            },
+        )
+    };
+    math::softplus_in_place(&mut sc.w);
+    for (w, &e) in sc.w.iter_mut().zip(&sc.e) {
+        *w *= e * inv_z;
+    }
+    // o = sum_j w_j v_j over the kept rows only.
+    // SAFETY: kept positions are < n_kv; dims 0..H lie inside the V view.
+    unsafe { dot::accumulate(isa, v_rows, &sc.pos, &sc.w, &mut sc.o) };
+    kept
 }
 
 #[cfg(test)]
