@@ -13,7 +13,10 @@
 //!
 //! 1. The thread index is checked. A bad one (`ith < 0`, `nth < 1`, `ith >= nth`) means ggml's
 //!    contract is broken and no share is known: the thread fills the whole output with NaN (and
-//!    takes no part in the chunk counter).
+//!    takes no part in the chunk counter). Then the reach of dst and of every source is
+//!    checked ([`unaddressable`]): a tensor whose elements span more than the address space (ne
+//!    and nb an RPC client chose) is refused before anything reads it, like a failed check
+//!    below, except that a dst of that kind is not written at all.
 //! 2. The thread joins the call's shared state ([`Call`], two counters in `dst`'s own
 //!    `op_params`), held by a drop guard until it returns, whatever the path.
 //! 3. [`SparkOp::prepare`] reads and checks `dst`, its sources and the parameters stored in the
@@ -120,6 +123,20 @@ pub(crate) unsafe fn enter<Op: SparkOp>(dst: *mut sys::ggml_tensor, ith: c_int, 
         unsafe { crate::tensor::fill_nan_rows(dst, 0, 1) };
         return;
     };
+    // SAFETY: dst is null or live, its sources null or live (contract); metadata only.
+    if let Some((arg, why)) = unsafe { unaddressable_args(dst) } {
+        // Every thread reads the same metadata: thread 0 reports, each fills its rows.
+        if arg.is_some() {
+            if ith == 0 {
+                report(Op::NAME, layer, &why);
+            }
+            // SAFETY: dst is live and its own reach was checked; row blocks cover it once.
+            unsafe { crate::tensor::fill_nan_rows(dst, ith, nth) };
+        } else if ith == 0 {
+            report_outcome(Op::NAME, layer, &why, "output not written");
+        }
+        return;
+    }
     // Counted done when this function returns, on every path below (drop guard).
     // SAFETY: dst is null or a live custom-op node being computed by this call's threads.
     let call = unsafe { Call::join(dst, nth) };
@@ -322,6 +339,55 @@ pub(crate) const fn same_name(a: &str, b: &str) -> bool {
     true
 }
 
+/// Why tensor `t` cannot be addressed, or `None`: the byte offset of its last element,
+/// `sum((ne[i] - 1) * nb[i])`, overflows or lies beyond `isize::MAX - 2^32` (room for that
+/// element or block). ggml computes a tensor's size with wrapping `size_t` arithmetic
+/// (`ggml_nbytes`), so ne and nb sent by an RPC client can reach far past a buffer while the
+/// size ggml-rpc checks against the buffer wraps around 2^64 to a few bytes; no tensor of a
+/// real graph comes near this bound, and a tensor that stays below it has a size that did not
+/// wrap, which ggml-rpc has checked. A tensor with no element (an `ne` of 0) addresses nothing;
+/// a negative `ne` is left to the op's own checks.
+///
+/// # Safety
+/// `t` is null or a live ggml tensor.
+unsafe fn unaddressable(t: *const sys::ggml_tensor) -> Option<String> {
+    // SAFETY: t is null or live (contract); struct fields only.
+    let t = unsafe { t.as_ref() }?;
+    if t.ne.iter().any(|&n| n <= 0) {
+        return None;
+    }
+    let reach = t.ne.iter().zip(t.nb).try_fold(0u64, |sum, (&n, nb)| {
+        (n as u64 - 1)
+            .checked_mul(nb as u64)
+            .and_then(|b| sum.checked_add(b))
+    });
+    match reach {
+        Some(r) if r <= isize::MAX as u64 - (1 << 32) => None,
+        _ => Some(format!(
+            "ne {:?} nb {:?} span more than the address space",
+            t.ne, t.nb
+        )),
+    }
+}
+
+/// The first of `dst` and its sources that cannot be addressed ([`unaddressable`]), as
+/// `(Some(source index) or None for dst, message)`.
+///
+/// # Safety
+/// `dst` is null or a live ggml tensor whose sources are null or live.
+unsafe fn unaddressable_args(dst: *const sys::ggml_tensor) -> Option<(Option<usize>, String)> {
+    // SAFETY: forwarded contract.
+    let d = unsafe { dst.as_ref() }?;
+    // SAFETY: as above.
+    if let Some(why) = unsafe { unaddressable(dst) } {
+        return Some((None, format!("dst: {why}")));
+    }
+    d.src.iter().enumerate().find_map(|(i, &s)| {
+        // SAFETY: sources are null or live (contract).
+        unsafe { unaddressable(s) }.map(|why| (Some(i), format!("args[{i}]: {why}")))
+    })
+}
+
 /// `(ith, nth)` as indices when `0 <= ith < nth`.
 fn thread_index(ith: c_int, nth: c_int) -> Option<(usize, usize)> {
     let (i, n) = (usize::try_from(ith).ok()?, usize::try_from(nth).ok()?);
@@ -335,9 +401,14 @@ fn panicked(ith: usize, nth: usize, payload: &(dyn std::any::Any + Send)) -> Str
 /// Prints one failure line (rate-limited for the whole process); a failed write is ignored.
 /// The CPU entry protocol and the CUDA launchers (`crate::cuda`) report through this one function.
 pub(crate) fn report(op: &str, layer: Option<i32>, reason: &str) {
+    report_outcome(op, layer, reason, "output set to NaN");
+}
+
+/// [`report`] with another ending than "output set to NaN" (a dst that could not be filled).
+fn report_outcome(op: &str, layer: Option<i32>, reason: &str, outcome: &str) {
     static PRINTED: AtomicUsize = AtomicUsize::new(0);
     let layer = layer.map_or_else(|| "?".to_owned(), |l| l.to_string());
-    let line = format!("spark-backend: {op}: layer {layer}: {reason}; output set to NaN");
+    let line = format!("spark-backend: {op}: layer {layer}: {reason}; {outcome}");
     fault::record(&line);
     let n = PRINTED.fetch_add(1, Ordering::Relaxed);
     let mut err = std::io::stderr().lock();
@@ -481,6 +552,33 @@ pub(crate) fn list_schedule_imbalance(costs: &[f64], nth: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tensor(ne: [i64; 4], nb: [usize; 4]) -> sys::ggml_tensor {
+        // SAFETY: ggml_tensor is a plain C struct for which all-zero bytes are a valid value.
+        let mut t: sys::ggml_tensor = unsafe { std::mem::zeroed() };
+        t.ne = ne;
+        t.nb = nb;
+        t
+    }
+
+    #[test]
+    fn a_tensor_whose_reach_wraps_around_the_address_space_is_unaddressable() {
+        // what an RPC client can send: ggml_nbytes() wraps to 34 bytes (test_rpc_fuzz.py)
+        let n = (1i64 << 32) - 1;
+        let wrapped = tensor([8, n, (1 << 27) + 1, 1], [4, (1 << 32) - 1, 96, 0]);
+        // SAFETY: live tensors on the stack.
+        unsafe {
+            assert!(unaddressable(&wrapped).unwrap().contains("address space"));
+            let big = tensor([1, 1 << 31, 1 << 31, 1], [4, 1 << 31, 1 << 31, 0]);
+            assert!(unaddressable(&big).is_some());
+            assert_eq!(
+                unaddressable(&tensor([64, 3, 1, 1], [4, 256, 768, 768])),
+                None
+            );
+            assert_eq!(unaddressable(&tensor([0, n, n, n], [4, 0, 0, 0])), None);
+            assert_eq!(unaddressable(std::ptr::null()), None);
+        }
+    }
 
     #[test]
     fn thread_index_accepts_only_ith_below_nth() {
