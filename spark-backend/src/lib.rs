@@ -14,10 +14,12 @@
 //! - [`ffn`]: the sparse FFN, all of it: shared inputs and activation (`mod.rs`), the CPU
 //!   kernels of its two paths (`fused.rs`, `two_stage.rs`), which path and how many chunks a
 //!   ubatch gets (`tiling.rs`), the shape rules of its ops (`shapes.rs`), the ggml custom ops
-//!   (`op.rs`), the CUDA plans (`cuda.rs`), kernels (`ffn.cu`) and launchers (`gpu.rs`).
+//!   (`op.rs`), the CUDA plans (`cuda_plan.rs`), kernels (`ffn.cu`) and launchers
+//!   (`cuda_launch.rs`).
 //! - [`attention`]: the sparse attention, all of it: the call and its checks (`layout.rs`), the
 //!   CPU kernel (`kernel.rs`, inner loops in `dot.rs` and `math.rs`), the ggml custom op
-//!   (`op.rs`), the CUDA plan (`cuda.rs`), kernels (`attn.cu`) and launcher (`gpu.rs`).
+//!   (`op.rs`), the CUDA plan (`cuda_plan.rs`), kernels (`attn.cu`) and launcher
+//!   (`cuda_launch.rs`).
 //! - [`rows`]: weight rows in ggml's storage types and their dot/axpy (float kernels in
 //!   `simd.rs`, quantized rows through ggml's type traits in `quant.rs`, AVX2 quantized kernels
 //!   in `quant_x86.rs`); [`topk`]: the statistical top-k both ops use.
@@ -37,7 +39,7 @@
 //! the plugin loader: the exported C symbols (`ggml_backend_init`, the `spark_*` ops) and the
 //! procs of [`registry::proc_address`] (with `ffn::tiling`'s `FfnTiling` mirror). For the tests and benches: the kernels and references
 //! they check ([`ffn`], [`attention`], [`rows`], [`topk`]), the ops' C entry points
-//! (`ffn::op`, `attention::op`), the CUDA plans (`ffn::cuda`, `attention::cuda`), the
+//! (`ffn::op`, `attention::op`), the CUDA plans (`ffn::cuda_plan`, `attention::cuda_plan`), the
 //! registration and NVRTC seams of [`cuda`], `op::fault` (feature `fault-injection`),
 //! [`tensor::TensorView`] and [`params`].
 

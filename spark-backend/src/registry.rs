@@ -184,27 +184,27 @@ pub const LAUNCHERS: &[Launcher] = &[
     Launcher {
         name: "spark_ffn_fused",
         fun: crate::ffn::op::spark_ffn_fused,
-        launch: crate::ffn::gpu::launch_fused,
+        launch: crate::ffn::cuda_launch::launch_fused,
     },
     Launcher {
         name: "spark_ffn_sum",
         fun: crate::ffn::op::spark_ffn_sum,
-        launch: crate::ffn::gpu::launch_sum,
+        launch: crate::ffn::cuda_launch::launch_sum,
     },
     Launcher {
         name: "spark_ffn_up",
         fun: crate::ffn::op::spark_ffn_up,
-        launch: crate::ffn::gpu::launch_up,
+        launch: crate::ffn::cuda_launch::launch_up,
     },
     Launcher {
         name: "spark_ffn_down",
         fun: crate::ffn::op::spark_ffn_down,
-        launch: crate::ffn::gpu::launch_down,
+        launch: crate::ffn::cuda_launch::launch_down,
     },
     Launcher {
         name: "spark_attn",
         fun: crate::attention::op::spark_attn,
-        launch: crate::attention::gpu::launch_attn,
+        launch: crate::attention::cuda_launch::launch_attn,
     },
 ];
 
@@ -213,8 +213,10 @@ pub const LAUNCHERS: &[Launcher] = &[
 pub const LAUNCHERS: &[Launcher] = &[];
 
 /// Every CUDA C source of the launchers (`.cu`, one module each per device), next to its op.
-pub const KERNEL_SOURCES: &[KernelSource] =
-    &[crate::ffn::cuda::KERNELS, crate::attention::cuda::KERNELS];
+pub const KERNEL_SOURCES: &[KernelSource] = &[
+    crate::ffn::cuda_plan::KERNELS,
+    crate::attention::cuda_plan::KERNELS,
+];
 
 static REGISTER: Once = Once::new();
 static REGISTERED: AtomicBool = AtomicBool::new(false);

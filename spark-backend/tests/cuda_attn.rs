@@ -1,5 +1,5 @@
 //! The CUDA `spark_attn` launcher without a GPU: its metadata-only validation
-//! (`spark_backend::attention::cuda::check`) accepts what the CPU op accepts and rejects bad calls
+//! (`spark_backend::attention::cuda_plan::check`) accepts what the CPU op accepts and rejects bad calls
 //! with the CPU op's wording; the launcher reports the op's one line and returns non-zero
 //! without touching the (host) tensors; attn.cu compiles through NVRTC for sm_75/80/90 and has
 //! every kernel the plan launches. The kernels' arithmetic is checked on the CPU by
@@ -9,7 +9,7 @@ mod attention_support;
 
 use attention_support::{build_op, Case, Ctx, Spec, Ty};
 use llama_cpp_sys_2 as sys;
-use spark_backend::attention::cuda::{self as attn, AttnKernel, AttnPlan, OUTPUT_CHUNKS};
+use spark_backend::attention::cuda_plan::{self as attn, AttnKernel, AttnPlan, OUTPUT_CHUNKS};
 use spark_backend::params::AttnParams;
 use spark_backend::KernelError;
 use std::ffi::c_void;

@@ -1,4 +1,4 @@
-//! The CUDA launchers' validation (`spark_backend::ffn::cuda`): a pure function of tensor
+//! The CUDA launchers' validation (`spark_backend::ffn::cuda_plan`): a pure function of tensor
 //! metadata, run here on host tensors. It accepts what the CPU ops accept for the weight types
 //! the kernels read and rejects the rest with the CPU ops' wording; with the `cuda` feature, a
 //! launcher called with bad inputs reports the op's one line and returns non-zero without a
@@ -8,7 +8,7 @@ mod ffn_common;
 
 use ffn_common::{op_case, OpCase, Rng, Weights};
 use llama_cpp_sys_2 as sys;
-use spark_backend::ffn::cuda as check;
+use spark_backend::ffn::cuda_plan as check;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;

@@ -1,10 +1,10 @@
 //! The `spark_attn` launcher ggml-cuda calls (feature `cuda`; `crate::cuda::launch::enter`):
-//! it checks its node into an `super::cuda::AttnPlan`, takes one stream-ordered scratch
+//! it checks its node into a `super::cuda_plan::AttnPlan`, takes one stream-ordered scratch
 //! allocation of the plan's size, enqueues the plan's launches slab after slab on ggml's
 //! stream and frees the scratch on the stream; only when `crate::cuda::device_stats` is on, it
 //! copies the kept counts to the host (one stream synchronization) for the statistics table.
 
-use super::cuda::{AttnArgs, AttnPlan, KERNELS};
+use super::cuda_plan::{AttnArgs, AttnPlan, KERNELS};
 use crate::cuda::driver::Gpu;
 use crate::cuda::launch::{self, cuda_launcher, CudaOp, KernelArgs};
 use crate::{stats, KernelError};
@@ -13,7 +13,7 @@ use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
 // SAFETY: AttnArgs is #[repr(C)], plain integers and one f32 with no padding (size
-// asserted in super::cuda), laid out as `struct SparkAttnArgs` of attn.cu, which every kernel takes
+// asserted in super::cuda_plan), laid out as `struct SparkAttnArgs` of attn.cu, which every kernel takes
 // by value.
 unsafe impl DeviceRepr for AttnArgs {}
 
@@ -30,7 +30,7 @@ impl CudaOp for AttnPlan {
         userdata: *const c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { super::cuda::check(dst, userdata) }
+        unsafe { super::cuda_plan::check(dst, userdata) }
     }
 
     unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {

@@ -9,8 +9,8 @@
 //! shapes, strides, types and addresses, so the tests run it on host-only tensors; the CPU
 //! emulation test (tests/cuda_emu) runs the same launches through g++.
 //!
-//! With the `cuda` feature, `super::gpu` holds the launcher ggml-cuda calls for a `spark_attn`
-//! node, which enqueues this plan.
+//! With the `cuda` feature, `super::cuda_launch` holds the launcher ggml-cuda calls for a
+//! `spark_attn` node, which enqueues this plan.
 
 use super::layout::{AttnCall, AttnLayout, ElemType, Strided};
 use crate::cuda::KernelSource;

@@ -95,7 +95,7 @@ pub struct AttnCall {
 impl AttnCall {
     /// Reads the views of `dst` and its four sources and the params struct, reading no tensor
     /// data: the one reading of a `spark_attn` call for the CPU op (`super::op`) and the CUDA
-    /// launcher (`super::cuda`), with the same messages.
+    /// launcher (`super::cuda_plan`), with the same messages.
     ///
     /// # Safety
     /// `dst` must be null or a live `ggml_tensor` whose `src[0..4]` are null or live;

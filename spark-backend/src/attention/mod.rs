@@ -20,14 +20,14 @@
 //! ([`AttnCall`]) and checks their shapes ([`AttnLayout`], one set of checks for the CPU op and
 //! the CUDA launcher); `kernel.rs` the CPU kernel over work units, with its inner loops in
 //! `dot.rs` (dot products and value accumulation, scalar and AVX2) and `math.rs` (exp, tanh,
-//! softplus); `op.rs` the ggml custom op `spark_attn` (the C entry point); `cuda.rs` the CUDA
-//! plan (checks and launch sequence, a pure function) and `attn.cu` its kernels; `gpu.rs` the
-//! launcher ggml-cuda calls (feature `cuda`).
+//! softplus); `op.rs` the ggml custom op `spark_attn` (the C entry point); `cuda_plan.rs` the
+//! CUDA plan (checks and launch sequence, a pure function built without CUDA) and `attn.cu` its
+//! kernels; `cuda_launch.rs` the launcher ggml-cuda calls (feature `cuda`).
 
-pub mod cuda;
-mod dot;
 #[cfg(feature = "cuda")]
-pub(crate) mod gpu;
+pub(crate) mod cuda_launch;
+pub mod cuda_plan;
+mod dot;
 mod kernel;
 pub(crate) mod layout;
 mod math;

@@ -32,15 +32,15 @@
 //!
 //! To add an op (say `spark_foo`, in the op's folder `src/foo/`):
 //! 1. `foo/foo.cu` (may `#include "common.cuh"`) defines `extern "C" __global__` kernels;
-//!    `foo/cuda.rs` embeds it as a [`KernelSource`] and holds the plan: metadata-only checks
+//!    `foo/cuda_plan.rs` embeds it as a [`KernelSource`] and holds the plan: metadata-only checks
 //!    (with [`check`]) and the launch sequence as data, pure functions the tests run on host
 //!    tensors; add the source to `crate::registry::KERNEL_SOURCES` (`tests/cuda_nvrtc.rs`
 //!    compiles every `.cu` under `src/` for sm_75/80/90 and checks the table lists them all).
-//! 2. `foo/gpu.rs` (feature `cuda`): the plan implements `launch::CudaOp` (`check`, and
+//! 2. `foo/cuda_launch.rs` (feature `cuda`): the plan implements `launch::CudaOp` (`check`, and
 //!    `launch`, which gets `device.function(&KERNELS, "kernel")` and enqueues on `gpu.stream`
 //!    with `stream.launch_builder`), and `launch::cuda_launcher!(launch_foo => FooPlan);`.
 //! 3. One row `Launcher { name: "spark_foo", fun: crate::foo::op::spark_foo, launch:
-//!    crate::foo::gpu::launch_foo }` in `crate::registry::LAUNCHERS`.
+//!    crate::foo::cuda_launch::launch_foo }` in `crate::registry::LAUNCHERS`.
 //!
 //! ggml-cuda may capture a graph's launches into a CUDA graph and replay it without calling the
 //! launchers while the nodes keep their properties (patch 0008): every launch is a pure

@@ -1,11 +1,11 @@
 //! The FFN launchers ggml-cuda calls (feature `cuda`; `crate::cuda::launch::enter`): each
-//! checks its node into a plan of `super::cuda`, takes one stream-ordered scratch allocation
+//! checks its node into a plan of `super::cuda_plan`, takes one stream-ordered scratch allocation
 //! (`cuMemAllocAsync`) of the plan's layout, enqueues the plan's launches on ggml's stream and
 //! frees the scratch on the stream; only when `crate::cuda::device_stats` is on (and the stream
 //! is not being captured into a CUDA graph), it copies the kept counts to the host (one stream
 //! synchronization) for the statistics table.
 
-use super::cuda::{
+use super::cuda_plan::{
     Arg, DownPlan, FusedPlan, Launch, ScratchLayout, StagePlan, SumPlan, UpPlan, KERNELS,
 };
 use crate::cuda::driver::Gpu;
@@ -95,7 +95,7 @@ impl CudaOp for FusedPlan {
         userdata: *const c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { super::cuda::fused(dst, userdata) }
+        unsafe { super::cuda_plan::fused(dst, userdata) }
     }
 
     unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
@@ -112,7 +112,7 @@ impl CudaOp for UpPlan {
         userdata: *const c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { super::cuda::up(dst, userdata) }
+        unsafe { super::cuda_plan::up(dst, userdata) }
     }
 
     unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
@@ -128,7 +128,7 @@ impl CudaOp for DownPlan {
         _userdata: *const c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { super::cuda::down(dst) }
+        unsafe { super::cuda_plan::down(dst) }
     }
 
     unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
@@ -145,7 +145,7 @@ impl CudaOp for SumPlan {
         _userdata: *const c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { super::cuda::sum(dst) }
+        unsafe { super::cuda_plan::sum(dst) }
     }
 
     unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {

@@ -22,8 +22,8 @@
 //! - `spark_ffn_down`: the tiled V accumulation over all F neurons (one chunk).
 //! - `spark_ffn_sum`: one thread per output value, partials added in chunk order.
 //!
-//! With the `cuda` feature, `super::gpu` holds the launchers ggml-cuda calls, which enqueue
-//! these plans.
+//! With the `cuda` feature, `super::cuda_launch` holds the launchers ggml-cuda calls, which
+//! enqueue these plans.
 
 use super::shapes::{self, StageDims};
 use crate::cuda::check::{expect_f32_rows, weight, GpuWeight};

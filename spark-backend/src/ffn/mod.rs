@@ -16,19 +16,19 @@
 //! buffers, prefetching); `fused.rs` and `two_stage.rs` the CPU kernels of each path;
 //! `shapes.rs` the shape rules of the four ops' tensors (one set for the CPU ops and the CUDA
 //! launchers); `op.rs` the ggml custom ops (the C entry points); `tiling.rs` the path and chunk
-//! count of a ubatch (what the graph asks, `spark_ffn_tiling`); `cuda.rs` the CUDA plans (checks
-//! and launch sequences, pure functions) and `ffn.cu` their kernels; `gpu.rs` the launchers
-//! ggml-cuda calls (feature `cuda`).
+//! count of a ubatch (what the graph asks, `spark_ffn_tiling`); `cuda_plan.rs` the CUDA plans
+//! (checks and launch sequences, pure functions, built without CUDA) and `ffn.cu` their
+//! kernels; `cuda_launch.rs` the launchers ggml-cuda calls (feature `cuda`).
 
 use crate::rows::{self, Activation, RowMatrix};
 use crate::topk;
 use crate::KernelError;
 use std::ops::Range;
 
-pub mod cuda;
-pub mod fused;
 #[cfg(feature = "cuda")]
-pub(crate) mod gpu;
+pub(crate) mod cuda_launch;
+pub mod cuda_plan;
+pub mod fused;
 pub mod op;
 pub(crate) mod shapes;
 pub mod tiling;

@@ -2,11 +2,11 @@
 //! sequences the launchers enqueue, and compared with the CPU ops (`spark_backend::ffn::op`) run
 //! by ggml on the same host tensors.
 //!
-//! The plans come from the launchers' own validation (`spark_backend::ffn::cuda::{fused, up,
+//! The plans come from the launchers' own validation (`spark_backend::ffn::cuda_plan::{fused, up,
 //! down, sum}`, metadata only) on those tensors; their host addresses are translated into
 //! offsets of a memory image holding copies of the tensors and the plan's scratch, and the
 //! plans' own launch sequences (`launches`: kernel, grid, block, arguments in order) run over
-//! it: the same launches the GPU launchers enqueue (src/ffn/gpu.rs).
+//! it: the same launches the GPU launchers enqueue (src/ffn/cuda_launch.rs).
 //!
 //! Checked per case: the kept-neuron set of every token (the nonzero entries of u, the compacted
 //! lists and the threshold kernel's kept counts) equals the CPU op's exactly; u, the chunk
@@ -16,7 +16,7 @@ use super::ffn_common::{Ggml, Rng, Weights};
 use llama_cpp_sys_2 as sys;
 use spark_backend::cuda::options;
 use spark_backend::ffn;
-use spark_backend::ffn::cuda::{self as check, Arg, FfnKernel, Launch, SPARSE_MAX_TOKENS};
+use spark_backend::ffn::cuda_plan::{self as check, Arg, FfnKernel, Launch, SPARSE_MAX_TOKENS};
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::FfnParams;
 use spark_backend::rows::RowType;

@@ -5,7 +5,7 @@
 // Job file (little-endian): u64 memory size, the memory image; u32 launch count; per launch:
 // u32 kernel (its index in FfnKernel::ALL: 0 threshold, 1 up, 2 compact, 3 v_sparse, 4 v_tiled,
 // 5 sum), u32 grid x, y, z, u32 block x, u32 argument count, per argument u32 kind (0 address
-// as an offset into the image, 1 int, 2 i64, 3 double: the variants of ffn::cuda::Arg) and its
+// as an offset into the image, 1 int, 2 i64, 3 double: the variants of ffn::cuda_plan::Arg) and its
 // u64 bits. The kinds must match the kernel's parameter types (checked). Writes the memory
 // image after the launches to the output file.
 #include "emu.h"

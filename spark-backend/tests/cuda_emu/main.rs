@@ -1,7 +1,7 @@
 //! The CUDA attention kernels (src/attention/attn.cu) run on the CPU: g++ compiles the .cu
 //! unchanged through a small CUDA emulation header (emu.h: one std::thread per CUDA thread,
 //! barriers for `__syncthreads` and warp shuffles), and the launch sequence planned by
-//! `spark_backend::attention::cuda::AttnPlan` runs over a memory image holding the tensors and
+//! `spark_backend::attention::cuda_plan::AttnPlan` runs over a memory image holding the tensors and
 //! the scratch. The kept positions of every query must equal the CPU kernel's exactly, and the
 //! outputs must agree with the CPU kernel to f32 rounding. This checks the kernels' logic
 //! (indexing, GQA, streams, masks, thresholds, compaction, chunking) without a GPU; it says
@@ -20,7 +20,7 @@ mod ffn;
 mod ffn_common;
 
 use attention_support::{Case, MaskKind, Spec, Ty};
-use spark_backend::attention::cuda::{AttnKernel, AttnPlan};
+use spark_backend::attention::cuda_plan::{AttnKernel, AttnPlan};
 use spark_backend::attention::AttnCall;
 use spark_backend::tensor::TensorView;
 use std::path::PathBuf;
