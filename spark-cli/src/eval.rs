@@ -81,7 +81,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let mut ctx = session.context(n)?;
     let n_batch = ctx.n_batch() as usize;
     let n_vocab_usize = n_vocab as usize;
-    crate::spark::reset_stats(&session.source);
+    crate::spark_stats::reset_stats(&session.source);
 
     let mut logits = Vec::with_capacity(tokens.len() * n_vocab_usize);
     let mut batch = LlamaBatch::new(n_batch, 1);

@@ -15,7 +15,7 @@
 //! f32, so the comparison carries no error of its own.
 
 use crate::error::{CliError, Result};
-use crate::sample::mean_sd;
+use crate::mean_sd::mean_sd;
 use spark_gguf::atomic::{AtomicFile, Existing};
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};

@@ -6,14 +6,15 @@ mod bench;
 mod error;
 mod eval;
 mod gguf_info;
+mod kernel_source;
 mod kld;
 mod llama_log;
+mod mean_sd;
 mod perplexity;
 mod quantize;
 mod run;
-mod sample;
 mod session;
-mod spark;
+mod spark_stats;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

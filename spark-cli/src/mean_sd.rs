@@ -1,4 +1,5 @@
-//! Summary statistics of a sample of measurements (benchmark speeds, per-token divergences).
+//! The mean and standard deviation of a sample of measurements (benchmark speeds, per-token
+//! divergences).
 
 /// Mean and sample standard deviation (n - 1 denominator); `(0, 0)` for no values and a zero
 /// deviation for one.

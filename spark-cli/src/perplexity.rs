@@ -263,7 +263,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         tokens.len()
     );
     let mut ctx = session.context(n_ctx_u32)?;
-    crate::spark::reset_stats(&session.source);
+    crate::spark_stats::reset_stats(&session.source);
     let t0 = std::time::Instant::now();
 
     let sum = if let Some(base) = base_in {

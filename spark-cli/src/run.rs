@@ -95,7 +95,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut ctx = session.context(n_total)?;
     let n_batch = ctx.n_batch() as usize;
     let mut sampler = sampler(args);
-    crate::spark::reset_stats(&session.source);
+    crate::spark_stats::reset_stats(&session.source);
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -2,8 +2,9 @@
 
 use crate::error::{CliError, Result};
 use crate::gguf_info::{self, ModelInfo};
+use crate::kernel_source::{self, KernelSource};
 use crate::llama_log;
-use crate::spark::{self, KernelSource};
+use crate::spark_stats;
 use clap::{Args, ValueEnum};
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::LlamaContext;
@@ -186,7 +187,7 @@ impl Session {
         let backend = LlamaBackend::init()
             .map_err(|e| CliError::new(format!("cannot initialise llama.cpp: {e}")))?;
         let source = args.spark.kernel_source();
-        spark::activate(&source)?;
+        kernel_source::activate(&source)?;
 
         let mut params = pin!(LlamaModelParams::default().with_n_gpu_layers(args.n_gpu_layers));
         for (key, value) in [
@@ -262,12 +263,12 @@ impl Session {
             return;
         }
         let n_layer = self.info.n_layer().unwrap_or_else(|| self.model.n_layer());
-        let targets = spark::Targets {
+        let targets = spark_stats::Targets {
             n_ff: self.info.n_ff(),
             ffn_k: self.args.spark.k.ffn_k.or(self.info.ffn_k()),
             attn_k: self.args.spark.k.attn_k.or(self.info.attn_k()),
         };
-        spark::print_stats(&self.source, n_layer, targets);
+        spark_stats::print_stats(&self.source, n_layer, targets);
     }
 }
 

@@ -7,7 +7,7 @@ use super::child::{ChildReport, TestResult};
 use super::plan::{Entry, TestSpec};
 use super::time::{rfc3339, unix_now};
 use crate::error::{CliError, Result};
-use crate::sample::mean_sd;
+use crate::mean_sd::mean_sd;
 use crate::session::{thread_count, CacheType};
 
 /// One output record: one test of one (model, mode), over all repetitions.
