@@ -31,18 +31,36 @@ pub const GGML_BACKEND_API_VERSION: c_int = 3;
 /// The registry entry's name.
 pub(crate) const NAME: &CStr = c"Spark";
 
+/// The C functions the entry exports, by name: the one table [`proc_address`] resolves (through
+/// [`get_proc_address`](BackendRegIface::get_proc_address)) and [`PROC_NAMES`] lists.
+const PROCS: [(&str, *mut c_void); 9] = {
+    use crate::attention::op::spark_attn;
+    use crate::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+    use crate::ffn::tiling::spark_ffn_tiling;
+    use crate::params::spark_op_set_params;
+    [
+        ("spark_ffn_up", spark_ffn_up as *mut c_void),
+        ("spark_ffn_down", spark_ffn_down as *mut c_void),
+        ("spark_ffn_fused", spark_ffn_fused as *mut c_void),
+        ("spark_ffn_sum", spark_ffn_sum as *mut c_void),
+        ("spark_ffn_tiling", spark_ffn_tiling as *mut c_void),
+        ("spark_op_set_params", spark_op_set_params as *mut c_void),
+        ("spark_attn", spark_attn as *mut c_void),
+        ("spark_stats_reset", spark_stats_reset as *mut c_void),
+        ("spark_stats_get", spark_stats_get as *mut c_void),
+    ]
+};
+
 /// Names [`get_proc_address`](BackendRegIface::get_proc_address) resolves, in no particular order.
-pub const PROC_NAMES: [&str; 9] = [
-    "spark_ffn_up",
-    "spark_ffn_down",
-    "spark_ffn_fused",
-    "spark_ffn_sum",
-    "spark_ffn_tiling",
-    "spark_op_set_params",
-    "spark_attn",
-    "spark_stats_reset",
-    "spark_stats_get",
-];
+pub const PROC_NAMES: [&str; PROCS.len()] = {
+    let mut names = [""; PROCS.len()];
+    let mut i = 0;
+    while i < PROCS.len() {
+        names[i] = PROCS[i].0;
+        i += 1;
+    }
+    names
+};
 
 /// Mirror of `struct ggml_backend_reg_i`.
 #[repr(C)]
@@ -133,21 +151,9 @@ unsafe extern "C" fn reg_get_proc_address(
     })
 }
 
-/// The C function the entry exports under `name`, or `None` for an unknown name.
+/// The C function the entry exports under `name` ([`PROCS`]), or `None` for an unknown name.
 pub fn proc_address(name: &str) -> Option<*mut c_void> {
-    let f: *mut c_void = match name {
-        "spark_ffn_up" => crate::ffn::op::spark_ffn_up as *mut c_void,
-        "spark_ffn_down" => crate::ffn::op::spark_ffn_down as *mut c_void,
-        "spark_ffn_fused" => crate::ffn::op::spark_ffn_fused as *mut c_void,
-        "spark_ffn_sum" => crate::ffn::op::spark_ffn_sum as *mut c_void,
-        "spark_ffn_tiling" => crate::ffn::tiling::spark_ffn_tiling as *mut c_void,
-        "spark_op_set_params" => crate::params::spark_op_set_params as *mut c_void,
-        "spark_attn" => crate::attention::op::spark_attn as *mut c_void,
-        "spark_stats_reset" => spark_stats_reset as *mut c_void,
-        "spark_stats_get" => spark_stats_get as *mut c_void,
-        _ => return None,
-    };
-    Some(f)
+    PROCS.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
 }
 
 /// C ABI `void spark_stats_reset(void)`: clears every layer's counters (`stats::reset`).
