@@ -3,12 +3,12 @@
 //! their precedence (flag > checkpoint > --vocab-from), and the errors (a missing, non-UTF-8 or
 //! empty template names its source, exits non-zero and leaves no output file).
 
-mod common;
+mod convert_helpers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{checkpoint_members, npy_u8, npy_unicode, write_npz};
+use convert_helpers::{checkpoint_members, npy_u8, npy_unicode, write_npz};
 use spark_convert::npy;
 use spark_gguf::schema::keys;
 use spark_gguf::validate::validate;

@@ -5,12 +5,12 @@
 //! never panics; after an error the output directory is empty (no output, no temporary file);
 //! after a success it holds exactly the output, a GGUF the reader opens and the validator accepts.
 
-mod common;
+mod convert_helpers;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use common::{
+use convert_helpers::{
     config_json, sentencepiece, Weights, D, FF, FFN_R, HEADS, HEAD_DIM, KV_HEADS, LAYERS, VOCAB,
 };
 

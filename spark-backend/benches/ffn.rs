@@ -11,11 +11,11 @@
 //! usual). `SPARK_BENCH_TYPES=f16` / `SPARK_BENCH_BATCHES=1` restrict the grid;
 //! `SPARK_BENCH_THREADS=1` runs both graphs on one ggml thread.
 
-#[path = "../tests/ffn_common/mod.rs"]
-mod ffn_common;
+#[path = "../tests/ffn_helpers/mod.rs"]
+mod ffn_helpers;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ffn_common::{Ggml, Rng, Runner};
+use ffn_helpers::{Ggml, Rng, Runner};
 use llama_cpp_sys_2 as sys;
 use spark_backend::params::FfnParams;
 use spark_backend::rows::{quant, RowType};

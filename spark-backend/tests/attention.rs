@@ -1,9 +1,9 @@
 //! The sparse attention kernel against a float64 reference of SPEC.md section 4, on random cases
 //! in llama.cpp's KV-cache layouts; thread-count and batch invariance; edge cases.
 
-mod attention_support;
+mod attention_helpers;
 
-use attention_support::{reference_output, reference_row, Case, MaskKind, Spec, Ty};
+use attention_helpers::{reference_output, reference_row, Case, MaskKind, Spec, Ty};
 use spark_backend::attention::{AttnCall, SparseAttention};
 use spark_backend::params::AttnParams;
 use std::collections::BTreeMap;

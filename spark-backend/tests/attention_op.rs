@@ -2,9 +2,9 @@
 //! prefix of a larger cache, V transposed through `ggml_permute`), ggml's own worker threads,
 //! argument validation (NaN-filled output), statistics through the C wrappers.
 
-mod attention_support;
+mod attention_helpers;
 
-use attention_support::{build_op, Case, Ctx, MaskKind, Spec, Ty};
+use attention_helpers::{build_op, Case, Ctx, MaskKind, Spec, Ty};
 use llama_cpp_sys_2 as sys;
 use spark_backend::params::AttnParams;
 use spark_backend::stats::LayerStats;

@@ -5,9 +5,9 @@
 //! every kernel the plan launches. The kernels' arithmetic is checked on the CPU by
 //! tests/cuda_emu.
 
-mod attention_support;
+mod attention_helpers;
 
-use attention_support::{build_op, Case, Ctx, Spec, Ty};
+use attention_helpers::{build_op, Case, Ctx, Spec, Ty};
 use llama_cpp_sys_2 as sys;
 use spark_backend::attention::cuda_plan::{self as attn, AttnKernel, AttnPlan, OUTPUT_CHUNKS};
 use spark_backend::params::AttnParams;

@@ -4,9 +4,9 @@
 //! launcher called with bad inputs reports the op's one line and returns non-zero without a
 //! CUDA call (no driver here) and without touching the tensors.
 
-mod ffn_common;
+mod ffn_helpers;
 
-use ffn_common::{op_case, OpCase, Rng, Weights};
+use ffn_helpers::{op_case, OpCase, Rng, Weights};
 use llama_cpp_sys_2 as sys;
 use spark_backend::ffn::cuda_plan as check;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};

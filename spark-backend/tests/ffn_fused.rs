@@ -3,9 +3,9 @@
 //! batches; bit-identical results for any thread count and batch composition; the ggml graph
 //! with real threads; errors surfacing as NaN.
 
-mod ffn_common;
+mod ffn_helpers;
 
-use ffn_common::{assert_close, batch, op_case, ref_up, up_scale, OpCase, Rng, Weights};
+use ffn_helpers::{assert_close, batch, op_case, ref_up, up_scale, OpCase, Rng, Weights};
 use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_sum};
 use spark_backend::ffn::{self, fused, tiling, two_stage, FfnWeights};
 use spark_backend::params::FfnParams;

@@ -2,9 +2,9 @@
 //! weight type, odd shapes and batches; thread-count independence; the full ggml graph;
 //! errors surfacing as NaN.
 
-mod ffn_common;
+mod ffn_helpers;
 
-use ffn_common::{
+use ffn_helpers::{
     assert_close, batch, op_case, ref_down, ref_scores, ref_up, up_scale, OpCase, Rng, Weights,
 };
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_up};
@@ -36,7 +36,7 @@ fn gelu_matches_float64_and_its_limits() {
         let x = i as f32 * 0.005;
         let (got, want) = (
             f64::from(ffn::gelu_tanh(x)),
-            ffn_common::ref_gelu(f64::from(x)),
+            ffn_helpers::ref_gelu(f64::from(x)),
         );
         // A few f32 roundings of the result, plus the f32 rounding of the argument's cube
         // term where the curve is steep around its minimum.
@@ -162,7 +162,7 @@ fn serial_ffn_matches_float64_end_to_end_for_f32() {
             for (j, &sj) in s.iter().enumerate() {
                 if sj > theta {
                     want_kept += 1;
-                    let a = ffn_common::ref_gelu(sj - theta);
+                    let a = ffn_helpers::ref_gelu(sj - theta);
                     let dot: f64 = k2
                         .row_f64(j)
                         .zip(&h[t * d + r..(t + 1) * d])
@@ -212,7 +212,7 @@ fn dense_when_k_at_least_f_and_inactive_rows_are_skipped() {
             .zip(&h[r..])
             .map(|(w, &x)| w * f64::from(x))
             .sum();
-        let want = ffn_common::ref_gelu(f64::from(scores[j])) * dot;
+        let want = ffn_helpers::ref_gelu(f64::from(scores[j])) * dot;
         assert!((f64::from(u[j]) - want).abs() < 1e-5 * (1.0 + want.abs()));
     }
     // A V row full of NaN is never read when its neuron is inactive.

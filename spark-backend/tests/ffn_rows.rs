@@ -1,9 +1,9 @@
 //! Row kernels: the SIMD versions against the scalar reference and float64 on odd lengths, and
 //! quantized rows (through ggml's traits) against float64 on the dequantized weights.
 
-mod ffn_common;
+mod ffn_helpers;
 
-use ffn_common::{Rng, Weights};
+use ffn_helpers::{Rng, Weights};
 use proptest::prelude::*;
 use spark_backend::rows::{self, simd, Activation, Row, RowType};
 

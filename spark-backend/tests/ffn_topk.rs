@@ -1,9 +1,9 @@
 //! Statistical top-k: counts within Theorem 3.1's bound on Gaussian rows, edge cases, and
 //! non-finite inputs.
 
-mod ffn_common;
+mod ffn_helpers;
 
-use ffn_common::{ref_threshold, Rng};
+use ffn_helpers::{ref_threshold, Rng};
 use spark_backend::topk::{attention_keep, mean_std, soft, threshold, threshold_f64};
 
 fn theorem_bound(d: usize, k: usize, delta: f64) -> f64 {

@@ -7,13 +7,13 @@
 //! through ggml's own worker threads. A bad thread index or bad parameters give NaN, not an early
 //! return.
 
-mod attention_support;
-mod ffn_common;
-mod op_node;
+mod attention_helpers;
+mod ffn_helpers;
+mod op_helpers;
 
-use attention_support::{build_op, Case, Ctx, Spec};
-use ffn_common::Runner;
-use op_node::{ffn_nodes_of, FfnNodes, FfnShape, Node, OpFn};
+use attention_helpers::{build_op, Case, Ctx, Spec};
+use ffn_helpers::Runner;
+use op_helpers::{ffn_nodes_of, FfnNodes, FfnShape, Node, OpFn};
 use spark_backend::attention::op::spark_attn;
 use spark_backend::ffn;
 use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_up};

@@ -7,12 +7,12 @@
 //! partitions themselves (unit counts, coverage, balance at Gemma-2 2B shapes) are tested next
 //! to their definitions (`ffn::tiling`, `attention::kernel`).
 
-mod attention_support;
-mod ffn_common;
-mod op_node;
+mod attention_helpers;
+mod ffn_helpers;
+mod op_helpers;
 
-use attention_support::{build_op, Case, Ctx, Spec};
-use op_node::{ffn_nodes, Node};
+use attention_helpers::{build_op, Case, Ctx, Spec};
+use op_helpers::{ffn_nodes, Node};
 use spark_backend::attention::op::spark_attn;
 use spark_backend::params::AttnParams;
 use spark_backend::stats::{self, LayerStats};
@@ -74,7 +74,7 @@ fn check(name: &str, node: &Node, layer: i32) {
     }
 }
 
-/// `op_node::ffn_nodes`: D 1024 (q8_0: 32 blocks of 32, so up to four column parts), r_f 256,
+/// `op_helpers::ffn_nodes`: D 1024 (q8_0: 32 blocks of 32, so up to four column parts), r_f 256,
 /// F 600 (P = 16 chunks
 /// of 37-38 neurons), k_f 60, `n_tokens` tokens; statistics in `layer` (one per test case).
 #[test]

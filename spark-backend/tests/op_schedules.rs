@@ -8,12 +8,12 @@
 //! descheduled), all at once, and one thread stalled while holding a chunk until every other
 //! thread has returned. No timing is asserted.
 
-mod attention_support;
-mod ffn_common;
-mod op_node;
+mod attention_helpers;
+mod ffn_helpers;
+mod op_helpers;
 
-use attention_support::{build_op, Case, Ctx, Spec};
-use op_node::{ffn_nodes, Node};
+use attention_helpers::{build_op, Case, Ctx, Spec};
+use op_helpers::{ffn_nodes, Node};
 use spark_backend::attention::op::spark_attn;
 use spark_backend::op::fault::{self, ClaimEvent};
 use spark_backend::params::{self, AttnParams, OpParams};

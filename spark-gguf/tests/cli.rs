@@ -1,8 +1,8 @@
 //! The `spark-gguf` binary: inspect and validate.
 
-mod common;
+mod gguf_helpers;
 
-use common::*;
+use gguf_helpers::*;
 use spark_gguf::schema::SPARK_ARCH;
 use spark_gguf::GgmlType;
 

@@ -5,12 +5,12 @@
 //! Needs SPARK_PYTHON (a Python with numpy and gguf, e.g. the project's .venv). Without it these
 //! tests fail, unless SPARK_SKIP_PYTHON=1 says to skip them on purpose.
 
-mod common;
+mod gguf_helpers;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use gguf_helpers::*;
 use serde_json::Value as Json;
 use spark_gguf::quant::{decode_to_f32, encode_f32};
 use spark_gguf::{keys, Array, GgmlType, GgufFile, TensorPlan, Value};

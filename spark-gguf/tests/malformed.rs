@@ -1,8 +1,8 @@
 //! Malformed files: each must give a precise error, never a panic or a huge allocation.
 
-mod common;
+mod gguf_helpers;
 
-use common::*;
+use gguf_helpers::*;
 use spark_gguf::validate::validate;
 use spark_gguf::{GgmlType, GgufError, GgufFile, TensorPlan, Value};
 

@@ -3,11 +3,11 @@
 //! manifest, malformed lines). tests/python/convert/test_manifest.py checks the same files with
 //! llama.cpp's own llama-gguf-hash.
 
-mod common;
+mod gguf_helpers;
 
 use std::path::{Path, PathBuf};
 
-use common::*;
+use gguf_helpers::*;
 use spark_gguf::manifest::{manifest_of, verify, HashKind, Manifest};
 use spark_gguf::schema::{Arch, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{GgmlType, GgufFile, GgufWriter};

@@ -1,8 +1,8 @@
 //! Writer -> reader round trips, streaming, padding and writer refusals.
 
-mod common;
+mod gguf_helpers;
 
-use common::*;
+use gguf_helpers::*;
 use proptest::prelude::*;
 use spark_gguf::{
     keys, Array, GgmlType, GgufError, GgufFile, GgufWriter, TensorPlan, Value, ValueType,

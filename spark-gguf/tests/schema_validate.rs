@@ -1,8 +1,8 @@
 //! `validate` on whole model files: the Spark schema and llama.cpp's metadata rules.
 
-mod common;
+mod gguf_helpers;
 
-use common::*;
+use gguf_helpers::*;
 use spark_gguf::schema::{suffix, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::validate::validate;
 use spark_gguf::{keys, Array, GgmlType, GgufFile, GgufWriter, TensorPlan, Value};

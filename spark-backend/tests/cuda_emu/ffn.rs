@@ -12,7 +12,7 @@
 //! lists and the threshold kernel's kept counts) equals the CPU op's exactly; u, the chunk
 //! partials and the outputs agree to f32 rounding (see [`TOL`]).
 
-use super::ffn_common::{Ggml, Rng, Weights};
+use super::ffn_helpers::{Ggml, Rng, Weights};
 use llama_cpp_sys_2 as sys;
 use spark_backend::cuda::options;
 use spark_backend::ffn;

@@ -13,13 +13,13 @@
 
 #![cfg(feature = "cuda")]
 
-#[path = "../attention_support/mod.rs"]
-mod attention_support;
+#[path = "../attention_helpers/mod.rs"]
+mod attention_helpers;
 mod ffn;
-#[path = "../ffn_common/mod.rs"]
-mod ffn_common;
+#[path = "../ffn_helpers/mod.rs"]
+mod ffn_helpers;
 
-use attention_support::{Case, MaskKind, Spec, Ty};
+use attention_helpers::{Case, MaskKind, Spec, Ty};
 use spark_backend::attention::cuda_plan::{AttnKernel, AttnPlan};
 use spark_backend::attention::AttnCall;
 use spark_backend::tensor::TensorView;

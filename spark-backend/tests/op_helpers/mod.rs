@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use crate::ffn_common::{op_case, OpCase, Rng};
+use crate::ffn_helpers::{op_case, OpCase, Rng};
 use llama_cpp_sys_2 as sys;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::{self, Batch};
