@@ -2,8 +2,32 @@
 # The whole test suite: formatting, lints, Rust tests, and the Python tests that compare our
 # binaries and files with the independent float64 reference and with gguf-py.
 # Needs what tools/setup.sh installs.
+#
+# Usage: bash tests/run.sh [--quick]
+#   (no option)  everything, as CI runs it.
+#   --quick      the inner loop: formatting, lints, the Rust build and tests, and the Python
+#                tests that need neither llama.cpp's tools nor CUDA. It leaves out the
+#                upstream-tools build (tools/upstream.sh, tools/python.sh), the CUDA tools
+#                download (tools/cuda-tools.sh), the CUDA steps (the hook's compile check,
+#                clippy and tests with --features cuda) and the Python tests that run
+#                llama.cpp's tools: tests/python/upstream, tests/python/integration/
+#                test_iq_types.py (llama-quantize) and the llama-gguf-hash tests of
+#                tests/python/convert/test_manifest.py. Run the whole suite before pushing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+usage() {
+    echo "usage: bash tests/run.sh [--quick]" >&2
+    exit 2
+}
+quick=0
+if [ $# -gt 1 ]; then
+    usage
+fi
+case "${1:-}" in
+    "") ;;
+    --quick) quick=1 ;;
+    *) usage ;;
+esac
 export SPARK_PYTHON="${SPARK_PYTHON:-$PWD/.venv/bin/python}"
 export SPARK_BIN_DIR="${SPARK_BIN_DIR:-$PWD/target/debug}"
 
@@ -13,12 +37,24 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo build (binaries used by the Python tests)"
 cargo build --workspace --quiet
-echo "== upstream llama.cpp tools (tools/upstream.sh: the tools on the same llama.cpp build)"
-bash tools/upstream.sh --quiet
-echo "== llama-cpp-python on that build (tools/python.sh: pinned sdist, headers checked)"
-bash tools/python.sh --quiet --no-build
+if [ "$quick" = 0 ]; then
+    echo "== upstream llama.cpp tools (tools/upstream.sh: the tools on the same llama.cpp build)"
+    bash tools/upstream.sh --quiet
+    echo "== llama-cpp-python on that build (tools/python.sh: pinned sdist, headers checked)"
+    bash tools/python.sh --quiet --no-build
+fi
 echo "== cargo test"
 cargo test --workspace --quiet
+if [ "$quick" = 1 ]; then
+    echo "== pytest (--quick: without the tests of llama.cpp's tools)"
+    "$SPARK_PYTHON" -m pytest -q tests \
+        --ignore=tests/python/upstream \
+        --ignore=tests/python/integration/test_iq_types.py \
+        --deselect=tests/python/convert/test_manifest.py::test_manifest_is_what_llama_gguf_hash_prints_and_checks \
+        --deselect=tests/python/convert/test_manifest.py::test_a_corrupted_copy_fails_the_check_naming_the_tensor
+    echo "== --quick: left out the upstream tools, the CUDA steps and their tests"
+    exit 0
+fi
 echo "== CUDA without a GPU (tools/cuda-tools.sh: NVRTC and nvcc 13.0 from PyPI)"
 bash tools/cuda-tools.sh --quiet
 # shellcheck source=/dev/null
