@@ -200,7 +200,9 @@ fn source_of(
     kind: TensorKind,
     l: u64,
 ) -> Result<(String, View)> {
-    let Sizes { v, d, f, .. } = z;
+    let Sizes {
+        v, d, n, kv, h, f, ..
+    } = z;
     let e = |what: &str| layer_entry(l, what);
     Ok(match kind {
         TensorKind::TokenEmbd => (EMBEDDING_ENTRY.to_string(), View::contiguous(0, v, d)),
@@ -212,10 +214,27 @@ fn source_of(
         TensorKind::PostAttentionNorm => norm(shapes, e(entry::POST_ATTENTION_NORM), d)?,
         TensorKind::FfnNorm => norm(shapes, e(entry::PRE_FFW_NORM), d)?,
         TensorKind::PostFfwNorm => norm(shapes, e(entry::POST_FFW_NORM), d)?,
-        TensorKind::AttnQ => attn_q(shapes, e(entry::Q_EINSUM), z)?,
-        TensorKind::AttnK => attn_kv(shapes, e(entry::KV_EINSUM), z, false)?,
-        TensorKind::AttnV => attn_kv(shapes, e(entry::KV_EINSUM), z, true)?,
-        TensorKind::AttnOutput => attn_output(shapes, e(entry::ATTN_VEC_EINSUM), z)?,
+        // out[n*H + h, d] = q[n, d, h]
+        TensorKind::AttnQ => {
+            let (rows, cols) = (vec![(n, d * h), (h, 1)], vec![(d, h)]);
+            einsum(shapes, e(entry::Q_EINSUM), &[n, d, h], 0, rows, cols)?
+        }
+        // out[g*H + h, d] = kv[i, g, d, h], i = 0 for K and 1 for V
+        TensorKind::AttnK | TensorKind::AttnV => {
+            let base = if kind == TensorKind::AttnK {
+                0
+            } else {
+                kv * d * h
+            };
+            let (rows, cols) = (vec![(kv, d * h), (h, 1)], vec![(d, h)]);
+            let en = e(entry::KV_EINSUM);
+            einsum(shapes, en, &[2, kv, d, h], base, rows, cols)?
+        }
+        // out[d, n*H + h] = o[n, h, d]
+        TensorKind::AttnOutput => {
+            let (rows, cols) = (vec![(d, 1)], vec![(n, h * d), (h, d)]);
+            einsum(shapes, e(entry::ATTN_VEC_EINSUM), &[n, h, d], 0, rows, cols)?
+        }
         TensorKind::FfnGate | TensorKind::FfnUp if spark => {
             spark_ffn_in(shapes, l, z, kind == TensorKind::FfnGate)?
         }
@@ -239,53 +258,24 @@ fn source_of(
     })
 }
 
-/// Wq from `q_einsum` [N, D, H].
-fn attn_q(shapes: &dyn Shapes, en: String, z: Sizes) -> Result<(String, View)> {
-    let Sizes { n, d, h, .. } = z;
-    need(shapes, &en, &[n, d, h])?;
-    // out[n*H + h, d] = q[n, d, h]
-    Ok((
-        en,
-        View {
-            base: 0,
-            row_dims: vec![(n, d * h), (h, 1)],
-            col_dims: vec![(d, h)],
-            add_one: false,
-        },
-    ))
-}
-
-/// Wk (`value` false) or Wv (true) from `kv_einsum` [2, KV, D, H].
-fn attn_kv(shapes: &dyn Shapes, en: String, z: Sizes, value: bool) -> Result<(String, View)> {
-    let Sizes { kv, d, h, .. } = z;
-    need(shapes, &en, &[2, kv, d, h])?;
-    let base = if value { kv * d * h } else { 0 };
-    // out[g*H + h, d] = kv[i, g, d, h]
-    Ok((
-        en,
-        View {
-            base,
-            row_dims: vec![(kv, d * h), (h, 1)],
-            col_dims: vec![(d, h)],
-            add_one: false,
-        },
-    ))
-}
-
-/// Wo from `attn_vec_einsum` [N, H, D].
-fn attn_output(shapes: &dyn Shapes, en: String, z: Sizes) -> Result<(String, View)> {
-    let Sizes { n, d, h, .. } = z;
-    need(shapes, &en, &[n, h, d])?;
-    // out[d, n*H + h] = o[n, h, d]
-    Ok((
-        en,
-        View {
-            base: 0,
-            row_dims: vec![(d, 1)],
-            col_dims: vec![(n, h * d), (h, d)],
-            add_one: false,
-        },
-    ))
+/// Entry `en` (an einsum weight), checked to have `shape`, read from element `base` with row
+/// digits `row_dims` and column digits `col_dims`.
+fn einsum(
+    shapes: &dyn Shapes,
+    en: String,
+    shape: &[usize],
+    base: usize,
+    row_dims: Vec<(usize, usize)>,
+    col_dims: Vec<(usize, usize)>,
+) -> Result<(String, View)> {
+    need(shapes, &en, shape)?;
+    let view = View {
+        base,
+        row_dims,
+        col_dims,
+        add_one: false,
+    };
+    Ok((en, view))
 }
 
 /// Spark's K1 (`gate`) or K2 of layer `l`: from the fused `spark_in` [D, F] or from
