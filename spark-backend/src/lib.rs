@@ -1,8 +1,8 @@
 //! Sparse CPU kernels for the Spark Transformer's FFN and attention (SPEC.md section 4),
 //! presented to llama.cpp as a ggml backend registry entry named "Spark".
 //!
-//! Data flow: the patched llama.cpp graph (`src/models/spark-gemma2.cpp`) finds the "Spark"
-//! registry entry, asks it how the FFN of each ubatch runs (`spark_ffn_tiling`: today
+//! Data flow: the llama.cpp graph (`patches/llama.cpp/files/src/models/spark-gemma2.cpp`) finds
+//! the "Spark" registry entry, asks it how the FFN of each ubatch runs (`spark_ffn_tiling`: today
 //! `spark_ffn_fused` + `spark_ffn_sum` for ubatches of up to 512 tokens, `spark_ffn_up` +
 //! `spark_ffn_down` above), resolves those ops and `spark_attn` by name and runs them as ggml
 //! custom ops (`ggml_custom_4d`) from ggml's own worker threads. See `docs/INTERFACES.md`.

@@ -81,8 +81,9 @@ pub(crate) unsafe fn read_ffn(
 pub const MISSING: &str =
     "the node carries no Spark parameters (spark_op_set_params was not called on it)";
 
-/// `struct spark_op_params` of the patch series' `src/models/spark-gemma2-backend.h`: what the
-/// graph stores in each Spark node (layout pinned by `probe/graph_abi.c`).
+/// `struct spark_op_params` of the graph's C header
+/// (`patches/llama.cpp/files/src/models/spark-gemma2-backend.h`): what the graph stores in each
+/// Spark node (layout pinned by `probe/graph_abi.c`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct OpParams {

@@ -12,7 +12,7 @@
 //
 // Compiled at load time by NVRTC with no headers at all (CUDA 13's NVRTC has no built-in
 // cuda_fp16.h; f16 is converted with one PTX cvt instruction instead). The host
-// side is spark-backend/src/attention/cuda.rs; `struct SparkAttnArgs` below is `AttnArgs` there
+// side is spark-backend/src/attention/cuda_plan.rs; `struct SparkAttnArgs` below is `AttnArgs` there
 // (same field order, C layout, passed by value to every kernel).
 //
 // ## Launch sequence (one `spark_attn` node, all on ggml-cuda's stream)

@@ -1,5 +1,6 @@
 //! The CUDA side shared by every Spark op's launcher (the launchers themselves and their plans
-//! live with their op: `crate::ffn::{cuda, gpu}`, `crate::attention::{cuda, gpu}`).
+//! live with their op: `crate::ffn::{cuda_plan, cuda_launch}`,
+//! `crate::attention::{cuda_plan, cuda_launch}`).
 //!
 //! ggml-cuda with patch 0008 runs a `GGML_OP_CUSTOM` node on the GPU when the node's
 //! `ggml_custom_op_t` has a registered launcher ([`hook`]): it calls

@@ -1,5 +1,5 @@
 // Spark FFN kernels (SPEC.md section 4, docs/INTERFACES.md "CUDA launchers"), launched by
-// spark-backend/src/ffn/cuda.rs on ggml-cuda's stream. Deterministic: every output value is
+// spark-backend/src/ffn/cuda_plan.rs on ggml-cuda's stream. Deterministic: every output value is
 // computed by one thread in a fixed order; reductions use fixed trees; no float atomics.
 #include "common.cuh"
 

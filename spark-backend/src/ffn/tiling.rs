@@ -62,7 +62,8 @@ pub const PATH_FUSED: i32 = 1;
 pub const PATH_TWO_STAGE: i32 = 2;
 
 /// The answer of [`spark_ffn_tiling`]: `struct spark_ffn_tiling { int32_t path; int32_t
-/// n_chunk; }` of the patch series' `src/models/spark-gemma2-backend.h` (layout pinned by
+/// n_chunk; }` of the graph's C header
+/// (`patches/llama.cpp/files/src/models/spark-gemma2-backend.h`; layout pinned by
 /// `probe/graph_abi.c`, `tests/registry.rs`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
