@@ -33,9 +33,10 @@ are written to tests/out/rpc-fuzz.txt.
 The plugin prints at most 8 op failure lines per process; the server is started again before
 that budget runs out, so every written NaN case's line is checked.
 
-AddressSanitizer: `bash tools/asan-rpc.sh` builds ggml and rpc-server with ASan and runs this
-test against that server (SPARK_FUZZ_RPC_SERVER names its binary); CI runs it against the
-normal build."""
+AddressSanitizer: `bash tools/asan-rpc.sh` builds ggml, rpc-server and (with a nightly Rust) the
+plugin with ASan and runs this test against that server (SPARK_FUZZ_RPC_SERVER and
+SPARK_FUZZ_PLUGIN name them; the test's client tools stay the installed ones); CI runs it
+against the normal build."""
 
 from __future__ import annotations
 
@@ -840,9 +841,10 @@ class Harness:
     """One rpc-server with the plugin at a time (started again after an abort, and before the
     plugin's line budget runs out), and the checks around each case."""
 
-    def __init__(self, workdir: Path, binary: Path | None):
+    def __init__(self, workdir: Path, binary: Path | None, plugin: Path | None):
         self.workdir = workdir
         self.binary = binary
+        self.plugin = plugin
         self.starts = 0
         self.server = None
         self.logs: list[Path] = []
@@ -850,8 +852,11 @@ class Harness:
 
     def start(self):
         self.starts += 1
-        self.server = test_rpc.start_rpc_server(self.workdir, True, binary=self.binary,
-                                                name=f"fuzz{self.starts}")
+        with pytest.MonkeyPatch.context() as mp:
+            if self.plugin:  # the server's plugin only (tool_env reads PLUGIN)
+                mp.setattr(sys.modules["upstream_helpers"], "PLUGIN", self.plugin)
+            self.server = test_rpc.start_rpc_server(self.workdir, True, binary=self.binary,
+                                                    name=f"fuzz{self.starts}")
         self.logs.append(self.server.log_path)
         self.seen = 0
 
@@ -1025,13 +1030,15 @@ def classify(spec: Node, out: bytes | None) -> tuple[str, str]:
 # the test
 
 
-def fuzz_server_binary() -> Path | None:
-    """SPARK_FUZZ_RPC_SERVER: another rpc-server to attack (tools/asan-rpc.sh's ASan build)."""
-    path = os.environ.get("SPARK_FUZZ_RPC_SERVER")
+def fuzz_target(variable: str) -> Path | None:
+    """SPARK_FUZZ_RPC_SERVER: another rpc-server to attack; SPARK_FUZZ_PLUGIN: another plugin
+    for it (the client tools keep the installed one). tools/asan-rpc.sh sets both to its ASan
+    builds."""
+    path = os.environ.get(variable)
     if not path:
         return None
     if not Path(path).is_file():
-        pytest.fail(f"SPARK_FUZZ_RPC_SERVER={path} is not a file", pytrace=False)
+        pytest.fail(f"{variable}={path} is not a file", pytrace=False)
     return Path(path)
 
 
@@ -1041,7 +1048,8 @@ def test_hostile_rpc_clients_get_refusals_or_nan_and_the_server_keeps_serving(
     t0 = time.monotonic()
     rng = np.random.default_rng(SEED)
     all_cases = cases() + mutations(np.random.default_rng(SEED + 1), N_MUTATIONS)
-    harness = Harness(tmp_path, fuzz_server_binary())
+    harness = Harness(tmp_path, fuzz_target("SPARK_FUZZ_RPC_SERVER"),
+                      fuzz_target("SPARK_FUZZ_PLUGIN"))
     tally = Tally()
     try:
         version = None
@@ -1083,7 +1091,9 @@ def test_hostile_rpc_clients_get_refusals_or_nan_and_the_server_keeps_serving(
                f"{tally.count('crash')} crashes elsewhere"
                + "".join(f", {tally.count(o)} {o}" for o in others)
                + f"; {harness.starts} server starts, {seconds:.1f} s"
-               + (" (ASan server)" if fuzz_server_binary() else ""))
+               + "".join(f"; {v}={os.environ[v]}" for v in ("SPARK_FUZZ_RPC_SERVER",
+                                                             "SPARK_FUZZ_PLUGIN")
+                         if os.environ.get(v)))
     lines = [summary, "server deaths in upstream code (patches/README.md, Known limits):"]
     lines += [f"  {k}: {len(names)} ({'; '.join(names)}) -- {known[k].pattern}"
               for k, names in tally.aborts.items()]
