@@ -14,9 +14,10 @@ use std::path::Path;
 pub struct ModelInfo {
     /// [`keys::GENERAL_ARCHITECTURE`], as the file names it (any architecture llama.cpp knows).
     pub arch: String,
-    /// The dimensions ([`Hparams::from_metadata`]) when the architecture is one of the schema's
-    /// (spark-gemma2, gemma2) and its keys are all there with their types; `None` otherwise,
-    /// and llama.cpp's loader has the last word on such a file.
+    /// The dimensions ([`Hparams::from_metadata`], checked by [`Hparams::validate`]) when the
+    /// architecture is one of the schema's (spark-gemma2, gemma2; [`read`] refuses such a file
+    /// whose keys are missing, mistyped or out of range); `None` for other architectures, on
+    /// which llama.cpp's loader has the last word.
     pub hparams: Option<Hparams>,
 }
 
@@ -86,8 +87,22 @@ pub fn read(path: &Path) -> Result<ModelInfo> {
             ))
         })?
         .to_string();
-    let hparams =
-        Arch::from_name(&arch).and_then(|a| Hparams::from_metadata(a, |k| file.get(k)).ok());
+    // A file of the schema's architectures is checked here, so that a hostile or damaged one
+    // gets spark-gguf's named error instead of llama.cpp's assertions (issue 36).
+    let hparams = match Arch::from_name(&arch) {
+        None => None,
+        Some(a) => Some(
+            Hparams::from_metadata(a, |k| file.get(k))
+                .and_then(|h| h.validate().map(|()| h))
+                .and_then(|h| Hparams::validate_floats(a, |k| file.get(k)).map(|()| h))
+                .map_err(|e| {
+                    CliError::new(format!(
+                        "{}: not a valid {arch} file: {e} (`spark-gguf validate` lists every problem)",
+                        path.display()
+                    ))
+                })?,
+        ),
+    };
     Ok(ModelInfo { arch, hparams })
 }
 
@@ -160,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn other_architectures_and_incomplete_metadata_have_no_dimensions() {
+    fn other_architectures_have_no_dimensions() {
         let dir = tempfile::tempdir().unwrap();
         let llama = [kv(
             keys::GENERAL_ARCHITECTURE,
@@ -169,12 +184,33 @@ mod tests {
         let info = read(&write(dir.path(), "l.gguf", &llama)).unwrap();
         assert_eq!((info.arch.as_str(), info.is_spark()), ("llama", false));
         assert_eq!((&info.hparams, info.n_layer()), (&None, None));
-        // a block count of the wrong type: the architecture is known, the dimensions are not
+    }
+
+    #[test]
+    fn spark_files_with_bad_hyperparameters_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let block_count = arch_key(SPARK_ARCH, suffix::BLOCK_COUNT);
+        for (value, why) in [
+            (Value::U64(3), "must have type u32 but has type u64"),
+            (Value::U32(0), "must be positive, is 0"),
+            (Value::U32(u32::MAX), "llama.cpp loads at most 512 layers"),
+        ] {
+            let mut m = spark_metadata();
+            m[2] = kv(block_count.clone(), value);
+            let path = write(dir.path(), "w.gguf", &m);
+            let e = read(&path).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "{}: not a valid spark-gemma2 file: metadata key '{block_count}'",
+                    path.display()
+                )) && e.contains(why),
+                "{e}"
+            );
+        }
         let mut m = spark_metadata();
-        m[2].1 = Value::U64(3);
-        let info = read(&write(dir.path(), "w.gguf", &m)).unwrap();
-        assert!(info.is_spark());
-        assert_eq!((info.n_layer(), info.ffn_k()), (None, None));
+        m.retain(|(k, _)| !k.ends_with(suffix::SPARK_FFN_R));
+        let e = read(&write(dir.path(), "r.gguf", &m)).unwrap_err().to_string();
+        assert!(e.contains("spark-gemma2.spark.ffn_r") && e.contains("is missing"), "{e}");
     }
 
     #[test]

@@ -3,6 +3,11 @@
 
 use crate::{Array, GgmlType, GgufError, Value, ValueType};
 
+
+/// The most layers llama.cpp loads (`LLAMA_MAX_LAYERS` in its `src/llama-hparams.h`); its loader
+/// asserts on a larger block count (patch 0014 turns that into a load error for spark-gemma2).
+pub const LLAMA_MAX_LAYERS: u64 = 512;
+
 /// The metadata key names (also at `spark_gguf::keys`).
 pub use crate::keys;
 
@@ -501,9 +506,29 @@ impl Hparams {
         })
     }
 
+    /// Checks the f32 keys of `arch` whose values ggml itself stops on (the RMSNorm epsilon:
+    /// ggml's `rms_norm` asserts `eps >= 0`, false for NaN too), naming the key: a missing key
+    /// is left to [`Hparams::from_metadata`]'s callers' key checks, a mistyped one to the type
+    /// check.
+    pub fn validate_floats<'a>(
+        arch: Arch,
+        get: impl Fn(&str) -> Option<&'a Value>,
+    ) -> Result<(), GgufError> {
+        let key = arch_key(arch, suffix::RMS_EPS);
+        if let Some(Value::F32(eps)) = get(&key) {
+            if !(eps.is_finite() && *eps >= 0.0) {
+                return Err(GgufError::metadata(
+                    key,
+                    format!("is {eps}, must be finite and >= 0 (ggml's rms_norm asserts it)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks SPEC section 2's validity rules, naming the offending key:
-    /// all sizes positive, N % KV == 0, and for `spark-gemma2` 0 < r_f < D, 0 < r_a < H,
-    /// r_a and H - r_a even, k_f >= 1, k_a >= 1.
+    /// all sizes positive, L <= [`LLAMA_MAX_LAYERS`], N % KV == 0, and for `spark-gemma2`
+    /// 0 < r_f < D, 0 < r_a < H, r_a and H - r_a even, k_f >= 1, k_a >= 1.
     pub fn validate(&self) -> Result<(), GgufError> {
         let key = |s: &str| arch_key(self.arch, s);
         let positive = [
@@ -519,6 +544,15 @@ impl Hparams {
             if v == 0 {
                 return Err(GgufError::metadata(k, "must be positive, is 0"));
             }
+        }
+        if self.n_layers > LLAMA_MAX_LAYERS {
+            return Err(GgufError::metadata(
+                key(suffix::BLOCK_COUNT),
+                format!(
+                    "is {}, llama.cpp loads at most {LLAMA_MAX_LAYERS} layers",
+                    self.n_layers
+                ),
+            ));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(GgufError::metadata(

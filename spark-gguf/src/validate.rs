@@ -337,6 +337,9 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
         r.add(error_subject(&e), error_message(&e));
         return;
     }
+    if let Err(e) = Hparams::validate_floats(arch, |k| file.get(k)) {
+        r.add(error_subject(&e), error_message(&e));
+    }
     let expected = hp.expected_tensors();
     let present: HashMap<&str, &crate::TensorInfo> = file
         .tensors()
