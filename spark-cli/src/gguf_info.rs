@@ -209,8 +209,13 @@ mod tests {
         }
         let mut m = spark_metadata();
         m.retain(|(k, _)| !k.ends_with(suffix::SPARK_FFN_R));
-        let e = read(&write(dir.path(), "r.gguf", &m)).unwrap_err().to_string();
-        assert!(e.contains("spark-gemma2.spark.ffn_r") && e.contains("is missing"), "{e}");
+        let e = read(&write(dir.path(), "r.gguf", &m))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("spark-gemma2.spark.ffn_r") && e.contains("is missing"),
+            "{e}"
+        );
     }
 
     #[test]
