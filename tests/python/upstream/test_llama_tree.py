@@ -97,3 +97,14 @@ def test_an_edit_checkout_exports_an_unchanged_series(tmp_path):
     assert (repo / "patches/llama.cpp/files/src/models/spark-gemma2.cpp").read_text().endswith(
         "// edited\n")
     assert not any("written" in line for line in res.stderr.splitlines()), res.stderr
+
+
+def test_spark_gguf_pins_llama_cpps_layer_limit(tmp_path):
+    """spark-gguf refuses a block count llama.cpp's loader would stop on: its LLAMA_MAX_LAYERS is
+    the patched tree's."""
+    llama_tree(str(tmp_path / "t"))
+    header = (tmp_path / "t" / "llama.cpp" / "src" / "llama-hparams.h").read_text()
+    upstream = re.search(r"#define\s+LLAMA_MAX_LAYERS\s+(\d+)", header).group(1)
+    schema = (ROOT / "spark-gguf" / "src" / "schema.rs").read_text()
+    ours = re.search(r"pub const LLAMA_MAX_LAYERS: u64 = (\d+);", schema).group(1)
+    assert ours == upstream, (ours, upstream)

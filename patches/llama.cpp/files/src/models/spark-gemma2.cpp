@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <cmath>
 #include <stdexcept>
 
 //
@@ -136,6 +137,10 @@ void llama_model_spark_gemma2::load_arch_hparams(llama_model_loader & ml) {
     }
     if (hparams.n_embd_head_v() != n_head) {
         throw std::runtime_error(format("spark-gemma2 needs key_length == value_length, got %u and %u", n_head, hparams.n_embd_head_v()));
+    }
+    if (!(std::isfinite(hparams.f_norm_rms_eps) && hparams.f_norm_rms_eps >= 0.0f)) {
+        // ggml's rms_norm asserts eps >= 0 (false for NaN too) when the graph runs
+        throw invalid(LLM_KV_ATTENTION_LAYERNORM_RMS_EPS, format("%g, must be finite and >= 0", hparams.f_norm_rms_eps));
     }
     if (hparams.n_head() == 0 || hparams.n_head_kv() == 0 || hparams.n_head() % hparams.n_head_kv() != 0) {
         throw std::runtime_error(format("spark-gemma2 needs head_count (%u) to be a multiple of head_count_kv (%u)", hparams.n_head(), hparams.n_head_kv()));
