@@ -3,7 +3,6 @@
 
 use crate::{Array, GgmlType, GgufError, Value, ValueType};
 
-
 /// The most layers llama.cpp loads (`LLAMA_MAX_LAYERS` in its `src/llama-hparams.h`); its loader
 /// asserts on a larger block count (patch 0014 turns that into a load error for spark-gemma2).
 pub const LLAMA_MAX_LAYERS: u64 = 512;
