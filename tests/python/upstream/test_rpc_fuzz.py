@@ -5,7 +5,8 @@ with the plugin (patch 0009) that includes Spark nodes. This test speaks the pro
 (rpc_client.py) and sends a fixed set of hostile messages: Spark nodes whose sources have wrong
 shapes, types and strides, views past their buffers, k = 0, r >= D, huge ne (and ne and nb whose
 byte size wraps around 2^64), no or foreign parameters, unknown op ids, truncated and garbage
-messages; then N_MUTATIONS random mutations (seed SEED) of good Spark nodes.
+messages; then N_MUTATIONS random mutations (seed SEED) of one to three fields of good Spark
+nodes.
 
 Each case ends in one of:
 - refused: ggml-rpc refused the message (the server closed the connection, or answered an
@@ -55,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from upstream_helpers import OUT_DIR, UPSTREAM, exit_status, llama_completion, tail
+from upstream_helpers import OUT_DIR, UPSTREAM, exit_status, llama_completion, tail, tool
 
 
 def _sibling(name: str, path: str):
@@ -71,8 +72,10 @@ def _sibling(name: str, path: str):
 rpc = _sibling("spark_rpc_client", "rpc_client.py")
 test_rpc = _sibling("spark_test_rpc", "test_rpc.py")
 
-SEED = 36
-N_MUTATIONS = 48
+# The seed of the cases' data and mutations, and how many mutations: CI's are fixed; a longer
+# search is SPARK_FUZZ_SEED=7 SPARK_FUZZ_MUTATIONS=2000 (2120 cases in ~100 s on 2 cores).
+SEED = int(os.environ.get("SPARK_FUZZ_SEED", "36"))
+N_MUTATIONS = int(os.environ.get("SPARK_FUZZ_MUTATIONS", "200"))
 CASE_TIMEOUT = 10.0  # seconds a case may take before it counts as a hang
 LINE_BUDGET = 8  # op failure lines the plugin prints per process (op::MAX_ERROR_LINES)
 SENTINEL = -12345.0  # what dst holds before a case (f32)
@@ -122,9 +125,9 @@ ASAN_NEW_OOM = re.compile(
 # ggml's numbers, from the installed header
 
 
-TYPES, OPS, LIMITS = rpc.ggml_header_constants(UPSTREAM / "include" / "ggml.h")
-assert (LIMITS["GGML_MAX_DIMS"], LIMITS["GGML_MAX_SRC"], LIMITS["GGML_MAX_OP_PARAMS"],
-        LIMITS["GGML_MAX_NAME"]) == (4, 10, 64, 64), f"rpc_tensor's layout changed: {LIMITS}"
+# (empty when tools/upstream.sh has not run: the test then fails saying so, collection does not)
+GGML_H = UPSTREAM / "include" / "ggml.h"
+TYPES, OPS, LIMITS = rpc.ggml_header_constants(GGML_H) if GGML_H.is_file() else ({}, {}, {})
 
 # ---------------------------------------------------------------------------------------------
 # graphs as specs: what the client sends, before it is placed in a server buffer
@@ -303,6 +306,8 @@ class Placed:
         return a.base + off
 
     def tensor(self, t: TS, fill: bytes | None = None) -> rpc.Tensor:
+        """The tensor of spec `t`, placed as it says and written with its values (random ones
+        when it has none) or with `fill` repeated."""
         key = id(t)
         if key in self.made:
             return self.made[key]
@@ -325,7 +330,7 @@ class Placed:
         out = rpc.Tensor(TYPES[t.type] if isinstance(t.type, str) else t.type, ne, nb,
                          buffer=buffer, data=data)
         if key in self.regions and nbytes:
-            payload = fill
+            payload = None if fill is None else (fill * (nbytes // len(fill) + 1))[:nbytes]
             if payload is None:
                 values = t.values
                 if values is None and t.type == "F32":
@@ -346,9 +351,7 @@ class Placed:
             return self.made[key]
         srcs = [None if s is None else self.node(s) if isinstance(s, Node) else self.tensor(s)
                 for s in n.srcs]
-        nbytes = ggml_nbytes(n.dst)
-        fill = (struct.pack("<f", SENTINEL) * (nbytes // 4 + 1))[:nbytes] \
-            if n.dst.type == "F32" else b"\xa5" * nbytes
+        fill = struct.pack("<f", SENTINEL) if n.dst.type == "F32" else b"\xa5"
         dst = self.tensor(n.dst, fill)
         op_id = rpc.fnv1a64(n.op) if n.op_id is None else n.op_id
         params = rpc.custom_op_params(op_id, n.params, n.n_tasks, n.magic, n.call_state)
@@ -768,9 +771,9 @@ def raw_cases() -> list[Case]:
 
 
 def mutations(rng: np.random.Generator, n: int) -> list[Case]:
-    """Seeded random mutations of good Spark nodes: one field of one tensor (a source or dst) or
-    one parameter set to a hostile value. Pass: anything but a crash or a hang (ran and NaN
-    without a line included: a supported weight type of random bytes can hold NaN)."""
+    """Seeded random mutations of good Spark nodes: one to three fields of its tensors (sources
+    or dst) or parameters set to hostile values. Pass: anything but a crash or a hang (ran and
+    NaN without a line included: a supported weight type of random bytes can hold NaN)."""
     choices = {
         "ne": [0, 1, 2, 7, 2**31 + 1, 2**32 - 1],
         "nb": [0, 1, 2, 3, 5, 2**31, 2**32 - 1],
@@ -785,41 +788,53 @@ def mutations(rng: np.random.Generator, n: int) -> list[Case]:
     for i in range(n):
         op = pick(list(GOOD))
         seed = int(rng.integers(1 << 30))
-        field_ = pick(["ne", "nb", "type", "place", "params"])
-        dim = int(rng.integers(4)) if field_ in ("ne", "nb", "params") else None
-        if field_ == "params":
-            value = pick(choices["softcap" if dim == 3 else "int param"])
-        else:
-            value = pick(choices[field_])
-        slot = int(rng.integers(5))  # a tensor source (modulo the op's count) or, at 4, dst
-        where = "params" if field_ == "params" else "dst" if slot == 4 else f"src {slot}"
-        out.append(Case(f"mutation {i}: {op} {where} {field_}"
-                        f"{'' if dim is None else f'[{dim}]'} = {value}", ANY_SAFE,
-                        node=mutate(op, seed, field_, dim, value, slot)))
+        spec = GOOD[op](np.random.default_rng(seed))
+        changes = []
+        for _ in range(1 + int(rng.integers(3)) if rng.random() < 0.5 else 1):
+            field_ = pick(["ne", "nb", "type", "place", "params"])
+            dim = int(rng.integers(4)) if field_ in ("ne", "nb", "params") else None
+            if field_ == "params":
+                value = pick(choices["softcap" if dim == 3 else "int param"])
+            else:
+                value = pick(choices[field_])
+            changes.append((field_, dim, value, target(spec, int(rng.integers(5)))))
+        label = ", ".join(
+            f"{'params' if f == 'params' else 'dst' if t == 'dst' else f'src {t}'} "
+            f"{f}{'' if d is None else f'[{d}]'} = {v}" for f, d, v, t in changes)
+        out.append(Case(f"mutation {i}: {op} {label}", ANY_SAFE, node=mutate(op, seed, changes)))
     return out
 
 
-def mutate(op, seed, field_, dim, value, slot):
+def target(spec: Node, slot: int):
+    """Which tensor of `spec` a mutation changes: source `slot` modulo its sources that are not
+    nodes, or dst (slot 4, or no such source)."""
+    plain = [i for i, s in enumerate(spec.srcs) if isinstance(s, TS)]
+    return "dst" if slot == 4 or not plain else plain[slot % len(plain)]
+
+
+def mutate(op, seed, changes):
     def build(_rng):
         spec = GOOD[op](np.random.default_rng(seed))
-        if field_ == "params":
-            params = list(spec.params)
-            params[dim] = value
-            return change(spec, params=tuple(params))
-        plain = [i for i, s in enumerate(spec.srcs) if isinstance(s, TS)]
-        src = "dst" if slot == 4 or not plain else plain[slot % len(plain)]
-        cur = spec.dst if src == "dst" else spec.srcs[src]
-        if field_ == "ne":
-            ne = list(ne4(cur.ne))
-            ne[dim] = value
-            return change(spec, src=src, ne=tuple(ne), nb=None)
-        if field_ == "nb":
-            nb = list(strides(cur))
-            nb[dim] = value
-            return change(spec, src=src, nb=tuple(nb))
-        if field_ == "type":
-            return change(spec, src=src, type=value, nb=strides(cur))
-        return change(spec, src=src, place=value)
+        for field_, dim, value, src in changes:
+            if field_ == "params":
+                params = list(spec.params)
+                params[dim] = value
+                spec = change(spec, params=tuple(params))
+                continue
+            cur = spec.dst if src == "dst" else spec.srcs[src]
+            if field_ == "ne":
+                ne = list(ne4(cur.ne))
+                ne[dim] = value
+                spec = change(spec, src=src, ne=tuple(ne), nb=None)
+            elif field_ == "nb":
+                nb = list(strides(cur))
+                nb[dim] = value
+                spec = change(spec, src=src, nb=tuple(nb))
+            elif field_ == "type":
+                spec = change(spec, src=src, type=value, nb=strides(cur))
+            else:
+                spec = change(spec, src=src, place=value)
+        return spec
     return build
 
 
@@ -1044,6 +1059,9 @@ def fuzz_target(variable: str) -> Path | None:
 
 def test_hostile_rpc_clients_get_refusals_or_nan_and_the_server_keeps_serving(
         shipped_f32, tmp_path, monkeypatch):
+    tool("rpc-server")  # fails saying how to build the tools when they are missing
+    assert (LIMITS["GGML_MAX_DIMS"], LIMITS["GGML_MAX_SRC"], LIMITS["GGML_MAX_OP_PARAMS"],
+            LIMITS["GGML_MAX_NAME"]) == (4, 10, 64, 64), f"rpc_tensor's layout changed: {LIMITS}"
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")  # an abort's gdb backtrace takes seconds
     t0 = time.monotonic()
     rng = np.random.default_rng(SEED)
