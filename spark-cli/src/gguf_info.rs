@@ -103,6 +103,13 @@ pub fn read(path: &Path) -> Result<ModelInfo> {
                 })?,
         ),
     };
+    if let Some((t, a, b)) = spark_gguf::validate::duplicate_token(&file) {
+        return Err(CliError::new(format!(
+            "{}: {}: tokens {a} and {b} are both {t:?} (llama.cpp's vocabulary loader would abort)",
+            path.display(),
+            keys::TOKENIZER_TOKENS
+        )));
+    }
     Ok(ModelInfo { arch, hparams })
 }
 

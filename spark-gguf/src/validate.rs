@@ -229,10 +229,33 @@ fn check_metadata_types(file: &GgufFile, r: &mut Report) {
     }
 }
 
+/// The first token string that appears twice in `tokenizer.ggml.tokens`, as (string, first
+/// id, second id): llama.cpp's vocabulary loader asserts that every token string is distinct
+/// (`id_to_token.size() == token_to_id.size()` in llama-vocab.cpp), so such a file aborts it.
+pub fn duplicate_token(file: &GgufFile) -> Option<(String, usize, usize)> {
+    let Some(Value::Array(Array::String(tokens))) = file.get(keys::TOKENIZER_TOKENS) else {
+        return None;
+    };
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(tokens.len());
+    for (id, t) in tokens.iter().enumerate() {
+        if let Some(&first) = seen.get(t.as_str()) {
+            return Some((t.clone(), first, id));
+        }
+        seen.insert(t, id);
+    }
+    None
+}
+
 fn check_tokenizer(file: &GgufFile, r: &mut Report) {
     let Some(Value::Array(Array::String(tokens))) = file.get(keys::TOKENIZER_TOKENS) else {
         return;
     };
+    if let Some((t, a, b)) = duplicate_token(file) {
+        r.add(
+            keys::TOKENIZER_TOKENS,
+            format!("tokens {a} and {b} are both {t:?} (llama.cpp's vocabulary loader asserts every token is distinct)"),
+        );
+    }
     let n = tokens.len();
     for key in [keys::TOKENIZER_SCORES, keys::TOKENIZER_TOKEN_TYPE] {
         if let Some(Value::Array(a)) = file.get(key) {

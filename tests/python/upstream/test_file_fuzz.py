@@ -1,7 +1,8 @@
 """Hostile and damaged GGUF files (issue 36): every one gets a named error or runs, never a
 signal from our code. A deterministic set of damaged copies of a small spark-gemma2 model
 (hostile values for every spark-gemma2 and Gemma-2 hyperparameter key, random bytes in the
-header, truncations at random offsets, tensors with wrong shapes or types; one seed) goes
+header, truncations at random offsets, tensors with wrong shapes or types, two equal token
+strings; one seed) goes
 through `spark-gguf validate`, `spark run` and upstream `llama-completion` with the plugin. Each
 run is classified: refused (non-zero exit with a message), ran (exit 0), or killed by a signal.
 A signal from `spark-gguf` or `spark` fails the test; one from `llama-completion` passes only if
@@ -148,6 +149,23 @@ def cases(base: Path, tmp: Path) -> list[tuple[str, Path]]:
             what = f"type {type_id}"
             edit_tensor(p, t, type_id=type_id)
         out.append((f"tensor {t}: {what}", p))
+    # 5. two equal token strings, valid UTF-8 (llama.cpp's vocabulary loader asserts on them)
+    reader = gguf.GGUFReader(base)
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    strings = [bytes(tokens.parts[i]) for i in tokens.data]
+    del reader
+    by_len = collections.defaultdict(list)
+    for i, t in enumerate(strings):
+        by_len[len(t)].append(i)
+    pairs = [ids[:2] for ids in by_len.values() if len(ids) >= 2]
+    for a, b in rng.sample(pairs, min(4, len(pairs))):
+        p = copy()
+        reader = gguf.GGUFReader(p, "r+")
+        field = reader.fields["tokenizer.ggml.tokens"]
+        field.parts[field.data[b]][...] = np.frombuffer(strings[a], dtype=np.uint8)
+        reader.data.flush()
+        del reader
+        out.append((f"tokens {a} and {b} both {strings[a]!r}", p))
     return out
 
 
