@@ -14,9 +14,9 @@
 //! 1. The thread index is checked. A bad one (`ith < 0`, `nth < 1`, `ith >= nth`) means ggml's
 //!    contract is broken and no share is known: the thread fills the whole output with NaN (and
 //!    takes no part in the chunk counter). Then the reach of dst and of every source is
-//!    checked ([`unaddressable`]): a tensor whose elements span more than the address space (ne
-//!    and nb an RPC client chose) is refused before anything reads it, like a failed check
-//!    below, except that a dst of that kind is not written at all.
+//!    checked ([`unaddressable`]): a tensor whose elements span more than the address space or
+//!    overlap (ne and nb an RPC client chose) is refused before anything reads it, like a failed
+//!    check below, except that a dst of that kind is not written at all.
 //! 2. The thread joins the call's shared state ([`Call`], two counters in `dst`'s own
 //!    `op_params`), held by a drop guard until it returns, whatever the path.
 //! 3. [`SparkOp::prepare`] reads and checks `dst`, its sources and the parameters stored in the
@@ -339,14 +339,21 @@ pub(crate) const fn same_name(a: &str, b: &str) -> bool {
     true
 }
 
-/// Why tensor `t` cannot be addressed, or `None`: the byte offset of its last element,
-/// `sum((ne[i] - 1) * nb[i])`, overflows or lies beyond `isize::MAX - 2^32` (room for that
-/// element or block). ggml computes a tensor's size with wrapping `size_t` arithmetic
-/// (`ggml_nbytes`), so ne and nb sent by an RPC client can reach far past a buffer while the
-/// size ggml-rpc checks against the buffer wraps around 2^64 to a few bytes; no tensor of a
-/// real graph comes near this bound, and a tensor that stays below it has a size that did not
-/// wrap, which ggml-rpc has checked. A tensor with no element (an `ne` of 0) addresses nothing;
-/// a negative `ne` is left to the op's own checks.
+/// Why tensor `t` cannot be addressed, or `None`:
+/// - the byte offset of its last element, `sum((ne[i] - 1) * nb[i])`, overflows or lies beyond
+///   `isize::MAX - 2^32` (room for that element or block). ggml computes a tensor's size with
+///   wrapping `size_t` arithmetic (`ggml_nbytes`), so ne and nb sent by an RPC client can reach
+///   far past a buffer while the size ggml-rpc checks against the buffer wraps around 2^64 to a
+///   few bytes; no tensor of a real graph comes near this bound, and a tensor that stays below
+///   it has a size that did not wrap, which ggml-rpc has checked;
+/// - its elements overlap: they hold more bytes than the span from its first byte to the end
+///   of its last element (`ggml_nbytes`), e.g. a stride of 0 under a dimension of 2^31. No
+///   tensor of a real graph does, and without this an RPC client could make an op (or the NaN
+///   fill of its dst) run over 2^37 elements of a 256-byte tensor: the work an op does is now
+///   bounded by the bytes of its tensors, which ggml-rpc has checked against their buffers.
+///
+/// A tensor with no element (an `ne` of 0) addresses nothing; a negative `ne` and a type that
+/// ggml has no size for are left to the op's own checks.
 ///
 /// # Safety
 /// `t` is null or a live ggml tensor.
@@ -356,18 +363,36 @@ unsafe fn unaddressable(t: *const sys::ggml_tensor) -> Option<String> {
     if t.ne.iter().any(|&n| n <= 0) {
         return None;
     }
-    let reach = t.ne.iter().zip(t.nb).try_fold(0u64, |sum, (&n, nb)| {
-        (n as u64 - 1)
-            .checked_mul(nb as u64)
-            .and_then(|b| sum.checked_add(b))
-    });
-    match reach {
-        Some(r) if r <= isize::MAX as u64 - (1 << 32) => None,
-        _ => Some(format!(
+    // u128: (2^63 - 1) * (2^64 - 1), four times, does not overflow
+    let (ne, nb) = (t.ne.map(|n| n as u128), t.nb.map(|b| b as u128));
+    let reach: u128 = (0..4).map(|i| (ne[i] - 1) * nb[i]).sum();
+    if reach > (isize::MAX as u128) - (1 << 32) {
+        return Some(format!(
             "ne {:?} nb {:?} span more than the address space",
             t.ne, t.nb
-        )),
+        ));
     }
+    if t.type_ >= sys::GGML_TYPE_COUNT {
+        return None;
+    }
+    // SAFETY: a type id below GGML_TYPE_COUNT indexes ggml's static type-traits table.
+    let (block, size) = unsafe { (sys::ggml_blck_size(t.type_), sys::ggml_type_size(t.type_)) };
+    let (Ok(block @ 1..), size) = (u128::try_from(block), size as u128) else {
+        return None;
+    };
+    // ggml_nbytes without the wrap, and the bytes of all elements
+    let span = if block == 1 {
+        size + reach
+    } else {
+        ne[0] * nb[0] / block + reach - (ne[0] - 1) * nb[0]
+    };
+    let bytes = ne.iter().product::<u128>() / block * size;
+    (bytes > span).then(|| {
+        format!(
+            "ne {:?} nb {:?}: elements overlap ({bytes} bytes in a span of {span})",
+            t.ne, t.nb
+        )
+    })
 }
 
 /// The first of `dst` and its sources that cannot be addressed ([`unaddressable`]), as
@@ -577,6 +602,20 @@ mod tests {
             );
             assert_eq!(unaddressable(&tensor([0, n, n, n], [4, 0, 0, 0])), None);
             assert_eq!(unaddressable(std::ptr::null()), None);
+            // what the fuzz test found: 64 x (2^31 + 1) f32 rows at a stride of 0, 256 bytes
+            let stride0 = tensor([64, (1 << 31) + 1, 1, 1], [4, 0, 256, 256]);
+            assert!(unaddressable(&stride0).unwrap().contains("overlap"));
+            // padded rows and a transposed view do not overlap
+            let padded = tensor([64, 3, 1, 1], [4, 272, 816, 816]);
+            assert_eq!(unaddressable(&padded), None);
+            let transposed = tensor([3, 64, 1, 1], [256, 4, 768, 768]);
+            assert_eq!(unaddressable(&transposed), None);
+            // q8_0 rows (32 elements, 34 bytes per block), contiguous
+            let mut q8 = tensor([64, 32, 1, 1], [34, 68, 68 * 32, 68 * 32]);
+            q8.type_ = sys::GGML_TYPE_Q8_0;
+            assert_eq!(unaddressable(&q8), None);
+            q8.nb[1] = 34;
+            assert!(unaddressable(&q8).unwrap().contains("overlap"));
         }
     }
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import re
 import signal
@@ -465,13 +466,14 @@ def cases() -> list[Case]:
                  src=2, ne=(0, F)),
         nan_case("up: scores strided (nb0 = 8)", "spark_ffn_up", r"scores: f32 rows not contig",
                  src=0, nb=(8, 8 * F, 8 * F * T, 8 * F * T)),
-        nan_case("up: h row stride below its row", "spark_ffn_up", r"h: f32 rows not contig",
+        # rows closer than a row: op::enter's overlap check refuses them before the op's own
+        nan_case("up: h row stride below its row", "spark_ffn_up", r"args\[1\]: .*overlap",
                  src=1, nb=(4, 4 * D - 4, (4 * D - 4) * T, (4 * D - 4) * T)),
         nan_case("up: scores rows padded", "spark_ffn_up", r"scores rows must be contiguous",
                  src=0, nb=(4, 4 * F + 16, (4 * F + 16) * T, (4 * F + 16) * T)),
         nan_case("up: K2 nb0 not its element", "spark_ffn_up", r"ffn_up: not a packed 2-D",
                  src=2, nb=(8, 8 * W, 8 * W * F, 8 * W * F)),
-        nan_case("up: K2 rows overlap", "spark_ffn_up", r"ffn_up: .*row stride \d+ < row size",
+        nan_case("up: K2 rows overlap", "spark_ffn_up", r"args\[2\]: .*elements overlap",
                  src=2, nb=(4, 4 * W - 4, (4 * W - 4) * F, (4 * W - 4) * F)),
         nan_case("up: K2 q8_0, a row not whole blocks", "spark_ffn_up",
                  r"ffn_up: \d+ columns are not whole q8_0 blocks", src=2, type="Q8_0",
@@ -593,6 +595,8 @@ def cases() -> list[Case]:
                 dst=TS("F32", (AH, huge, 0, 2**24))),
         op_case("down: no token, D = 0, F = 2^32 - 1", "spark_ffn_down", frozenset({RAN, NAN}),
                 srcs=[TS("F32", (0, huge)), TS("F32", (0, huge))], dst=TS("F32", (0, 0))),
+        nan_case("sum: dst rows at a stride of 0, 2^31 + 1 of them", "spark_ffn_sum",
+                 r"dst: .*elements overlap", src="dst", ne=(D, 2**31 + 1), nb=(4, 0, 256, 256)),
         op_case("sum: D = 0, 2^32 - 1 tokens and chunks", "spark_ffn_sum", frozenset({RAN, NAN}),
                 srcs=[TS("F32", (0, huge, huge))], dst=TS("F32", (0, huge))),
         # ggml-cpu skips a node with no element (ggml_is_empty): the op is not called
@@ -1023,8 +1027,10 @@ def classify(spec: Node, out: bytes | None) -> tuple[str, str]:
         return RAN, "no output element"
     if spec.dst.type == "F32":
         ne, nb = ne4(spec.dst.ne), strides(spec.dst)
-        if sum((n - 1) * b for n, b in zip(ne, nb)) + 4 > len(out):
-            # ne and nb reach past the bytes ggml_nbytes() gave it (a size that wrapped)
+        if sum((n - 1) * b for n, b in zip(ne, nb)) + 4 > len(out) \
+                or math.prod(ne) * 4 > len(out):
+            # ne and nb reach past the bytes ggml_nbytes() gave it (a size that wrapped), or
+            # its elements overlap (more of them than its bytes hold)
             if out == struct.pack("<f", SENTINEL) * (len(out) // 4) + out[len(out) // 4 * 4:]:
                 return UNTOUCHED, "dst left as it was"
             return "written", f"dst ne {ne} nb {nb} reach past its {len(out)} bytes, changed"
