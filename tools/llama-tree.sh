@@ -130,12 +130,19 @@ make_tree() {
     if [ "$tools" = 1 ]; then
         local sd d
         sd=$(sdist_llama)
-        # What the tools compile against must be the tree's (ggml-cuda.h differs: patch 0008).
-        for d in include common vendor; do
-            diff -rq "$sd/$d" "$t/$d" >/dev/null || die "sdist $d/ differs from the patched tree"
+        # What the tools compile against must be the tree's, apart from the files the series
+        # changes or adds there (as tools/upstream.sh checks: ggml-cuda.h, ggml-rpc.h, ...).
+        local changed excludes f
+        changed=$( { sed -n 's|^diff --git a/\([^ ]*\) b/.*|\1|p' "${patches[@]}"
+                     printf '%s\n' "${new_files[@]}"; } | sort -u)
+        for d in include common ggml/include vendor; do
+            excludes=()
+            for f in $changed; do
+                case "$f" in "$d"/*) excludes+=(-x "$(basename "$f")") ;; esac
+            done
+            diff -rq "${excludes[@]}" "$sd/$d" "$t/$d" >/dev/null \
+                || die "sdist $d/ differs from the patched tree"
         done
-        diff -rq -x ggml-cuda.h "$sd/ggml/include" "$t/ggml/include" >/dev/null \
-            || die "sdist ggml/include/ differs from the patched tree"
         for d in tools examples scripts; do
             mkdir -p "$t/$d"
             cp -rn "$sd/$d/." "$t/$d/"
