@@ -400,7 +400,9 @@ unsafe fn unaddressable(t: *const sys::ggml_tensor) -> Option<String> {
 ///
 /// # Safety
 /// `dst` is null or a live ggml tensor whose sources are null or live.
-unsafe fn unaddressable_args(dst: *const sys::ggml_tensor) -> Option<(Option<usize>, String)> {
+pub(crate) unsafe fn unaddressable_args(
+    dst: *const sys::ggml_tensor,
+) -> Option<(Option<usize>, String)> {
     // SAFETY: forwarded contract.
     let d = unsafe { dst.as_ref() }?;
     // SAFETY: as above.
@@ -430,7 +432,7 @@ pub(crate) fn report(op: &str, layer: Option<i32>, reason: &str) {
 }
 
 /// [`report`] with another ending than "output set to NaN" (a dst that could not be filled).
-fn report_outcome(op: &str, layer: Option<i32>, reason: &str, outcome: &str) {
+pub(crate) fn report_outcome(op: &str, layer: Option<i32>, reason: &str, outcome: &str) {
     static PRINTED: AtomicUsize = AtomicUsize::new(0);
     let layer = layer.map_or_else(|| "?".to_owned(), |l| l.to_string());
     let line = format!("spark-backend: {op}: layer {layer}: {reason}; {outcome}");

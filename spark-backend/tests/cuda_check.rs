@@ -288,3 +288,44 @@ fn a_launcher_given_bad_inputs_reports_the_ops_line_and_fails_without_cuda() {
         .unwrap()
         .starts_with("spark-backend: spark_ffn_fused: layer ?: invalid parameter"));
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn a_launcher_refuses_tensors_that_reach_past_the_address_space_before_any_plan() {
+    // The CPU entry's first check, for the CUDA launchers too (an RPC client chooses ne and nb,
+    // and ggml_nbytes wraps): a dst of 64 x 2^32 rows at a stride of 2^40 is refused, not
+    // written, and nothing is enqueued.
+    use spark_backend::op::fault;
+    use spark_backend::registry::LAUNCHERS;
+    let c = case(RowType::Q8_0);
+    let dst = fused_dst(&c, c.v, 16);
+    let stored = spark_backend::params::OpParams {
+        layer: 3,
+        k: 4,
+        ..Default::default()
+    };
+    // SAFETY: dst is a live node that no thread computes; only its metadata is changed, and
+    // the launcher refuses it before reading any data.
+    unsafe {
+        spark_backend::params::store(dst, &stored);
+        (*dst).ne[1] = 1 << 32;
+        (*dst).nb[1] = 1 << 40;
+    }
+    let fused = LAUNCHERS
+        .iter()
+        .find(|l| l.name == "spark_ffn_fused")
+        .unwrap();
+    let before = fault::reports().len();
+    // SAFETY: a live custom-op tensor carrying its params; the launcher refuses it from its
+    // metadata before any CUDA call.
+    let rc = unsafe { (fused.launch)(dst, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
+    assert_ne!(rc, 0);
+    let lines = fault::reports();
+    let line = lines[before..].last().expect("one report line");
+    assert!(
+        line.starts_with("spark-backend: spark_ffn_fused: layer 3: dst: ne ")
+            && line.contains("span more than the address space")
+            && line.ends_with("; output not written"),
+        "{line}"
+    );
+}

@@ -5,7 +5,7 @@
 use super::driver::Gpu;
 use super::options::KernelSource;
 use crate::ffi::panic_message;
-use crate::op::report;
+use crate::op::{report, report_outcome};
 use crate::params;
 use crate::KernelError;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, LaunchConfig};
@@ -55,6 +55,20 @@ pub(crate) unsafe fn enter<Op: CudaOp>(
     let userdata = unsafe { params::block(dst) };
     // SAFETY: userdata is null or the node's parameter block.
     let layer = unsafe { params::layer_of(userdata) };
+    // The CPU entry's first check (`crate::op::enter`): a tensor whose ne and nb reach past the
+    // address space or overlap (an RPC client's) is refused before any plan reads it; such a
+    // source gives a NaN dst, such a dst is not written at all.
+    // SAFETY: dst is null or live, its sources null or live (contract); metadata only.
+    if let Some((arg, why)) = unsafe { crate::op::unaddressable_args(dst) } {
+        if arg.is_some() {
+            report(Op::NAME, layer, &why);
+            // SAFETY: forwarded contract; dst's own reach was checked.
+            unsafe { fill_dst_nan(dst, device, stream) };
+        } else {
+            report_outcome(Op::NAME, layer, &why, "output not written");
+        }
+        return 1;
+    }
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(), (String, bool)> {
         // SAFETY: forwarded contract.
         let op = unsafe { Op::check(dst, userdata) }.map_err(|e| (e.to_string(), true))?;
