@@ -23,6 +23,10 @@
 #       back to patches/llama.cpp/files/, and `git format-patch spark-files..HEAD` replaces the
 #       patches whose content changed (a new From line, date or [PATCH n/m] count alone does not
 #       rewrite a patch); patches no longer in the range are removed
+#   bash tools/llama-tree.sh --add-tools SDIST_LLAMA TREE
+#       the step --tools adds to a tree, for a tree made otherwise (tools/upstream.sh uses it on
+#       the cargo build's tree): the sdist's headers checked against TREE's, then its tools/,
+#       examples/ and scripts/ copied in without overwriting anything
 #   bash tools/llama-tree.sh --tag
 #       prints the series tag, spark-<12 hex>, exactly as spark-llama-prep computes it: the git
 #       blob hash of "llama-cpp-sys-2 <version>\n", then per patch in name order "<name>\n<bytes>",
@@ -94,6 +98,30 @@ sdist_llama() {
     echo "$dl/$top"
 }
 
+# add_tools SDIST TREE: checks that what upstream's tools compile against (include/, common/,
+# ggml/include/, vendor/) is the same in the sdist's llama.cpp and in TREE, apart from the files
+# the series changes or adds there (ggml-cuda.h, ggml-rpc.h, ...), then copies the sdist's
+# tools/, examples/ (llama-gguf-hash lives there) and scripts/ (the server's UI step runs
+# scripts/ui-assets.cmake) into TREE without overwriting a file that is there, so the series'
+# files and cmake's timestamps stay as they are.
+add_tools() {
+    local sd=$1 t=$2 changed excludes d f
+    changed=$( { sed -n 's|^diff --git a/\([^ ]*\) b/.*|\1|p' "${patches[@]}"
+                 printf '%s\n' "${new_files[@]}"; } | sort -u)
+    for d in include common ggml/include vendor; do
+        excludes=()
+        for f in $changed; do
+            case "$f" in "$d"/*) excludes+=(-x "$(basename "$f")") ;; esac
+        done
+        diff -rq "${excludes[@]}" "$sd/$d" "$t/$d" >/dev/null \
+            || die "the sdist's $d/ differs from the patched tree at $t"
+    done
+    for d in tools examples scripts; do
+        mkdir -p "$t/$d"
+        cp -rn "$sd/$d/." "$t/$d/"
+    done
+}
+
 make_tree() {
     local dir=$1 tools=$2 git=$3 src p f
     [ ! -e "$dir" ] || die "$dir exists (give a new directory)"
@@ -128,25 +156,7 @@ make_tree() {
         done
     fi
     if [ "$tools" = 1 ]; then
-        local sd d
-        sd=$(sdist_llama)
-        # What the tools compile against must be the tree's, apart from the files the series
-        # changes or adds there (as tools/upstream.sh checks: ggml-cuda.h, ggml-rpc.h, ...).
-        local changed excludes f
-        changed=$( { sed -n 's|^diff --git a/\([^ ]*\) b/.*|\1|p' "${patches[@]}"
-                     printf '%s\n' "${new_files[@]}"; } | sort -u)
-        for d in include common ggml/include vendor; do
-            excludes=()
-            for f in $changed; do
-                case "$f" in "$d"/*) excludes+=(-x "$(basename "$f")") ;; esac
-            done
-            diff -rq "${excludes[@]}" "$sd/$d" "$t/$d" >/dev/null \
-                || die "sdist $d/ differs from the patched tree"
-        done
-        for d in tools examples scripts; do
-            mkdir -p "$t/$d"
-            cp -rn "$sd/$d/." "$t/$d/"
-        done
+        add_tools "$(sdist_llama)" "$t"
     fi
     say "patched llama.cpp ($(series_tag)) in $t"
 }
@@ -195,8 +205,10 @@ while [ $# -gt 0 ]; do
         --tag) series_tag; exit 0 ;;
         --export) [ $# -eq 2 ] || die "--export takes the directory made with --git"; export_tree "$2"; exit 0 ;;
         --tools) tools=1 ;;
+        --add-tools) [ $# -eq 3 ] || die "--add-tools takes the sdist's llama.cpp and a tree"
+                     add_tools "$2" "$3"; exit 0 ;;
         --git) git=1 ;;
-        -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) [ $# -eq 1 ] || die "one directory, after the options"; make_tree "$1" "$tools" "$git"; exit 0 ;;
     esac

