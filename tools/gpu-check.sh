@@ -41,7 +41,7 @@
 # GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_UB_CHUNKS (8: the -ub 1/8 rows),
 # GPU_CHECK_BENCH_REPS (3),
 # GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), CUDA_ARCH (from nvidia-smi); for gpu-pack.sh's prebuild:
-# GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU), GPU_CHECK_PORTABLE=1.
+# GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU, portable CPU code).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
@@ -102,16 +102,6 @@ cuda_root=${nvcc:+$(cd "$(dirname "$nvcc")/.." && pwd)}
 for d in "$cuda_root/lib64" "$cuda_root/targets/x86_64-linux/lib" /usr/local/nvidia/lib64; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
-# folders use_prebuilt found for libraries the loader missed (kept for a rerun on this machine)
-ld_extra() {
-    local d
-    [ -f "$work/ld-preload" ] && export LD_PRELOAD="$(cat "$work/ld-preload")"
-    [ -f "$work/ld-extra" ] || return 0
-    while read -r d; do
-        [[ ":${LD_LIBRARY_PATH:-}:" == *":$d:"* ]] || export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    done <"$work/ld-extra"
-}
-ld_extra
 arch=${CUDA_ARCH:-}
 if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
@@ -168,15 +158,15 @@ bld=$work/build
 bin=$bld/bin
 tools_built=(llama-bench llama-batched-bench llama-perplexity llama-completion llama-quantize)
 
-# cuda_build: configure and build the tools in $bld from $src. GPU_CHECK_PORTABLE=1 builds the
-# CPU backend for x86-64-v3 (AVX2 FMA F16C BMI2) instead of -march=native: a prebuilt must run
+# cuda_build: configure and build the tools in $bld from $src. A prebuild (GPU_CHECK_PREBUILD=1)
+# builds the CPU backend for x86-64-v3 (AVX2 FMA F16C BMI2) instead of -march=native: it must run
 # on a CPU nobody has seen. With SPARK_CUDA_TOOLKIT (tools/cuda-tools.sh, the dev machine) it
 # compiles and links against that toolkit root and its libcuda stub.
 cuda_build() {
     local gen=() cpu=(-DGGML_NATIVE=ON) tk=()
     command -v ninja >/dev/null && gen=(-G Ninja)
     [ -f "$bld/CMakeCache.txt" ] && gen=()
-    if [ "${GPU_CHECK_PORTABLE:-0}" = 1 ]; then
+    if [ "${GPU_CHECK_PREBUILD:-0}" = 1 ]; then
         cpu=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
     fi
     if [ -n "${SPARK_CUDA_TOOLKIT:-}" ]; then
@@ -251,31 +241,17 @@ EOF
 use_prebuilt() {
     local pre=$carry/llama-cuda-sm$arch.tar.xz missing
     [ -f "$pre" ] || { say "no prebuilt for sm_$arch in the carry: building from source"; return 1; }
-    rm -rf "$bld" "$work/ld-extra" "$work/ld-preload"
+    rm -rf "$bld"
     mkdir -p "$bld"
     tar -xJf "$pre" -C "$bld" || { say "cannot unpack $(basename "$pre"): building from source"; return 1; }
     if [ "$(cat "$bld/SPARK_SERIES_TAG" 2>/dev/null)" != "$tag" ]; then
         say "the prebuilt's tag $(cat "$bld/SPARK_SERIES_TAG" 2>/dev/null) is not the plugin's $tag: building from source"
         rm -rf "$bld"; return 1
     fi
-    # a library the dynamic loader misses may still be on the machine (a pip wheel's folder)
-    local lib found
-    for lib in $(ldd "$bin"/llama-* "$bin"/*.so 2>&1 | sed -n 's/^\s*\(\S*\) => not found/\1/p' | sort -u); do
-        found=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | head -1)
-        [ -n "$found" ] && dirname "$found" >>"$work/ld-extra"
-    done
-    ld_extra
     missing=$(ldd "$bin"/llama-* "$bin"/*.so 2>&1 | grep 'not found' | sort -u | tr -s ' \t' ' ')
     if [ -n "$missing" ]; then
         say "the prebuilt needs libraries this machine lacks ($missing): building from source"
         rm -rf "$bld"; return 1
-    fi
-    # driver functions the prebuilt calls without naming libcuda.so.1 as needed (a prebuilt made
-    # before gpu-check linked it --no-as-needed): the driver library is preloaded
-    if ldd -r "$bin/libggml-cuda.so" 2>&1 | grep -q 'undefined symbol: cu'; then
-        say "libggml-cuda.so does not name libcuda.so.1: LD_PRELOAD=libcuda.so.1"
-        echo libcuda.so.1 >"$work/ld-preload"
-        ld_extra
     fi
     say "prebuilt $(basename "$pre") ($(cat "$bld/BUILT_ON" 2>/dev/null)): $(ldd "$bin/libggml-cuda.so" \
         | grep -o 'lib\(cudart\|cublas\|cuda\)\.so[.0-9]* => [^ ]*' | tr '\n' ' ')"
@@ -285,7 +261,7 @@ phase_build() {
     if [ "${GPU_CHECK_PREBUILD:-0}" = 1 ]; then
         # on the dev machine, for gpu-pack.sh --cuda-arch: no GPU to check the plugin against
         unpack_src && cuda_build || return 1
-        say "built in $bld (CUDA arch $arch, ggml_commit $tag, portable CPU ${GPU_CHECK_PORTABLE:-0})"
+        say "built in $bld (CUDA arch $arch, ggml_commit $tag, x86-64-v3 CPU backend)"
         return 0
     fi
     if ! use_prebuilt; then
@@ -547,7 +523,6 @@ for t in $bench_types; do
     for p in spark-gemma2-2b gemma2-2b; do [ -f "$work/models/$p-$t.gguf" ] || bench_need=$((bench_need + 15)); done
 done
 run_phase bench "$bench_need" phase_bench
-
 
 # --- prof --------------------------------------------------------------------------------------
 phase_prof() {

@@ -138,14 +138,15 @@ if [ -n "$cuda_arch" ]; then
     source target/cuda-tools/env.sh
     pre=$root/target/gpuprebuild
     say "building the CUDA llama.cpp for sm_$cuda_arch in $pre (log: $pre/logs/cmake-build.log)"
-    GPU_CHECK_WORK=$pre GPU_CHECK_PREBUILD=1 GPU_CHECK_PORTABLE=1 CUDA_ARCH=$cuda_arch OUT=$pre/out \
+    GPU_CHECK_WORK=$pre GPU_CHECK_PREBUILD=1 CUDA_ARCH=$cuda_arch OUT=$pre/out \
         bash tools/gpu-check.sh --phases build --budget 100000 --redo >"$work/prebuild.log" 2>&1 \
         || { tail -n 30 "$work/prebuild.log" >&2; die "the CUDA build failed"; }
     stage=$work/prebuilt
     rm -rf "$stage"
     mkdir -p "$stage/bin"
-    for t in llama-bench llama-batched-bench llama-perplexity llama-completion llama-quantize; do
-        strip -o "$stage/bin/$t" "$pre/build/bin/$t"
+    # the tools gpu-check.sh's build phase made (its tools_built)
+    for t in "$pre"/build/bin/llama-*; do
+        [ -x "$t" ] && [ -f "$t" ] && strip -o "$stage/bin/$(basename "$t")" "$t"
     done
     # the shared libraries with their soname links; strip only the files
     (cd "$pre/build/bin" && find . -maxdepth 1 -name '*.so*' -print0 | xargs -0 cp -P -t "$stage/bin")
