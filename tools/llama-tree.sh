@@ -23,6 +23,9 @@
 #       back to patches/llama.cpp/files/, and `git format-patch spark-files..HEAD` replaces the
 #       patches whose content changed (a new From line, date or [PATCH n/m] count alone does not
 #       rewrite a patch); patches no longer in the range are removed
+#   bash tools/llama-tree.sh --sdist
+#       prints the llama.cpp folder of tools/upstream.sh's pinned PyPI sdist (its SDIST_* lines),
+#       downloaded (sha256 checked) and unpacked once under target/upstream/dl
 #   bash tools/llama-tree.sh --add-tools SDIST_LLAMA TREE
 #       the step --tools adds to a tree, for a tree made otherwise (tools/upstream.sh uses it on
 #       the cargo build's tree): the sdist's headers checked against TREE's, then its tools/,
@@ -38,8 +41,9 @@ root=$PWD
 series=$root/patches/llama.cpp
 files=$series/files
 
+quiet=0
 die() { echo "llama-tree: error: $*" >&2; exit 1; }
-say() { echo "llama-tree: $*" >&2; }
+say() { if [ "$quiet" = 0 ]; then echo "llama-tree: $*" >&2; fi; }
 
 version=$(sed -n 's/^const SYS_VERSION: &str = "\(.*\)";/\1/p' patches/spark-llama-prep/build.rs)
 [ -n "$version" ] || die "no SYS_VERSION in patches/spark-llama-prep/build.rs"
@@ -86,14 +90,18 @@ sdist_llama() {
     tarball=$dl/${name//-/_}-$ver.tar.gz
     mkdir -p "$dl"
     if ! { [ -f "$tarball" ] && echo "$sha  $tarball" | sha256sum --check --status; }; then
-        say "downloading $name==$ver (PyPI sdist)"
+        say "downloading $name==$ver (PyPI sdist, 37 MB)"
+        rm -f "$tarball"
+        # --no-binary for this package only: with :all: pip would build cmake from source
         python3 -m pip download --quiet --no-deps --no-binary "$name" "$name==$ver" -d "$dl" \
             || die "pip download failed"
         echo "$sha  $tarball" | sha256sum --check --status || die "$tarball: wrong sha256"
     fi
     top=${name//-/_}-$ver/llama.cpp
     if [ ! -f "$dl/$top/tools/server/server.cpp" ]; then
-        tar -xzf "$tarball" -C "$dl" "$top"
+        say "unpacking $(basename "$tarball")"
+        rm -rf "$dl/${top%/llama.cpp}"
+        tar -xzf "$tarball" -C "$dl" "$top" || die "cannot unpack $tarball"
     fi
     echo "$dl/$top"
 }
@@ -156,7 +164,9 @@ make_tree() {
         done
     fi
     if [ "$tools" = 1 ]; then
-        add_tools "$(sdist_llama)" "$t"
+        local sd
+        sd=$(sdist_llama) || exit 1
+        add_tools "$sd" "$t"
     fi
     say "patched llama.cpp ($(series_tag)) in $t"
 }
@@ -204,11 +214,13 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --tag) series_tag; exit 0 ;;
         --export) [ $# -eq 2 ] || die "--export takes the directory made with --git"; export_tree "$2"; exit 0 ;;
+        --quiet) quiet=1 ;;
+        --sdist) sd=$(sdist_llama) || exit 1; echo "$sd"; exit 0 ;;
         --tools) tools=1 ;;
         --add-tools) [ $# -eq 3 ] || die "--add-tools takes the sdist's llama.cpp and a tree"
                      add_tools "$2" "$3"; exit 0 ;;
         --git) git=1 ;;
-        -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) [ $# -eq 1 ] || die "one directory, after the options"; make_tree "$1" "$tools" "$git"; exit 0 ;;
     esac

