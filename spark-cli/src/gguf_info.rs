@@ -14,7 +14,7 @@ use std::path::Path;
 pub struct ModelInfo {
     /// [`keys::GENERAL_ARCHITECTURE`], as the file names it (any architecture llama.cpp knows).
     pub arch: String,
-    /// The dimensions ([`Hparams::from_metadata`], checked by [`Hparams::validate`]) when the
+    /// The dimensions ([`Hparams::from_metadata_checked`]) when the
     /// architecture is one of the schema's (spark-gemma2, gemma2; [`read`] refuses such a file
     /// whose keys are missing, mistyped or out of range); `None` for other architectures, on
     /// which llama.cpp's loader has the last word.
@@ -92,15 +92,12 @@ pub fn read(path: &Path) -> Result<ModelInfo> {
     let hparams = match Arch::from_name(&arch) {
         None => None,
         Some(a) => Some(
-            Hparams::from_metadata(a, |k| file.get(k))
-                .and_then(|h| h.validate().map(|()| h))
-                .and_then(|h| Hparams::validate_floats(a, |k| file.get(k)).map(|()| h))
-                .map_err(|e| {
-                    CliError::new(format!(
-                        "{}: not a valid {arch} file: {e} (`spark-gguf validate` lists every problem)",
-                        path.display()
-                    ))
-                })?,
+            Hparams::from_metadata_checked(a, |k| file.get(k)).map_err(|e| {
+                CliError::new(format!(
+                    "{}: not a valid {arch} file: {e} (`spark-gguf validate` lists every problem)",
+                    path.display()
+                ))
+            })?,
         ),
     };
     if let Some((t, a, b)) = spark_gguf::validate::duplicate_token(&file) {

@@ -505,6 +505,19 @@ impl Hparams {
         })
     }
 
+    /// [`Hparams::from_metadata`], then [`Hparams::validate`] and [`Hparams::validate_floats`]:
+    /// the dimensions of a file whose schema keys llama.cpp can load, or the first of their
+    /// errors, naming the key (what `spark` and `spark-gguf validate` check before llama.cpp).
+    pub fn from_metadata_checked<'a>(
+        arch: Arch,
+        get: impl Fn(&str) -> Option<&'a Value>,
+    ) -> Result<Self, GgufError> {
+        let hp = Hparams::from_metadata(arch, &get)?;
+        hp.validate()?;
+        Hparams::validate_floats(arch, &get)?;
+        Ok(hp)
+    }
+
     /// Checks the f32 keys of `arch` whose values ggml itself stops on (the RMSNorm epsilon:
     /// ggml's `rms_norm` asserts `eps >= 0`, false for NaN too), naming the key: a missing key
     /// is left to [`Hparams::from_metadata`]'s callers' key checks, a mistyped one to the type
