@@ -498,6 +498,45 @@ extern "C" __global__ void spark_attn_select(const SparkAttnArgs a) {
 // ---------------------------------------------------------------------------------------------
 // 3. Second-part dots, weights and the V gather over one chunk of one query's kept positions.
 
+// acc += w[p] v_{pos[p]} for p = 0..NP-1, in that order, over this thread's dims (tid + u * bs,
+// as pairs on the half2 path): the NP rows' loads are issued before their multiply-adds.
+template <int NP>
+__device__ __forceinline__ void spark_accumulate_v(const SparkAttnArgs& a, const float* w, const int* pos,
+                                                   const char* vbase, int tid, int bs, float* acc) {
+    const int H = a.head_dim;
+    const char* vr[NP];
+#pragma unroll
+    for (int p = 0; p < NP; ++p) vr[p] = vbase + (long long)pos[p] * a.v_nb[2];
+    if (a.v_vec) {
+#pragma unroll
+        for (int u = 0; u < SPARK_OUT_ACC / 2; ++u) {
+            const int d2 = tid + u * bs;
+            if (d2 < H / 2) {
+                float2 vf[NP];
+#pragma unroll
+                for (int p = 0; p < NP; ++p) vf[p] = spark_load_h2(vr[p] + 4LL * d2);
+#pragma unroll
+                for (int p = 0; p < NP; ++p) {
+                    acc[2 * u] = fmaf(w[p], vf[p].x, acc[2 * u]);
+                    acc[2 * u + 1] = fmaf(w[p], vf[p].y, acc[2 * u + 1]);
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < SPARK_OUT_ACC; ++u) {
+            const int d = tid + u * bs;
+            if (d < H) {
+                float vf[NP];
+#pragma unroll
+                for (int p = 0; p < NP; ++p) vf[p] = spark_load(vr[p] + (long long)d * a.v_nb[0], a.v_f16);
+#pragma unroll
+                for (int p = 0; p < NP; ++p) acc[u] = fmaf(w[p], vf[p], acc[u]);
+            }
+        }
+    }
+}
+
 extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
     __shared__ float2 q2sh[SPARK_MAX_HEAD_DIM / 2];
     __shared__ float wsh[SPARK_SUB];
@@ -556,67 +595,11 @@ extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
         }
         __syncthreads();
         // o += w_j v_j over the sub-batch, in position order: SPARK_POS_UNROLL positions' V loads
-        // in flight before their multiply-adds.
+        // in flight before their multiply-adds, then the rest one by one.
         int i = 0;
-        for (; i + SPARK_POS_UNROLL <= cnt; i += SPARK_POS_UNROLL) {
-            float wj[SPARK_POS_UNROLL];
-            const char* vr[SPARK_POS_UNROLL];
-#pragma unroll
-            for (int p = 0; p < SPARK_POS_UNROLL; ++p) {
-                wj[p] = wsh[i + p];
-                vr[p] = vbase + (long long)psh[i + p] * a.v_nb[2];
-            }
-            if (a.v_vec) {
-#pragma unroll
-                for (int u = 0; u < SPARK_OUT_ACC / 2; ++u) {
-                    const int d2 = tid + u * bs;
-                    if (d2 < H / 2) {
-                        float2 vf[SPARK_POS_UNROLL];
-#pragma unroll
-                        for (int p = 0; p < SPARK_POS_UNROLL; ++p) vf[p] = spark_load_h2(vr[p] + 4LL * d2);
-#pragma unroll
-                        for (int p = 0; p < SPARK_POS_UNROLL; ++p) {
-                            acc[2 * u] = fmaf(wj[p], vf[p].x, acc[2 * u]);
-                            acc[2 * u + 1] = fmaf(wj[p], vf[p].y, acc[2 * u + 1]);
-                        }
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int u = 0; u < SPARK_OUT_ACC; ++u) {
-                    const int d = tid + u * bs;
-                    if (d < H) {
-                        float vf[SPARK_POS_UNROLL];
-#pragma unroll
-                        for (int p = 0; p < SPARK_POS_UNROLL; ++p)
-                            vf[p] = spark_load(vr[p] + (long long)d * a.v_nb[0], a.v_f16);
-#pragma unroll
-                        for (int p = 0; p < SPARK_POS_UNROLL; ++p) acc[u] = fmaf(wj[p], vf[p], acc[u]);
-                    }
-                }
-            }
-        }
-        for (; i < cnt; ++i) {
-            const float wj = wsh[i];
-            const char* vrow = vbase + (long long)psh[i] * a.v_nb[2];
-            if (a.v_vec) {
-#pragma unroll
-                for (int u = 0; u < SPARK_OUT_ACC / 2; ++u) {
-                    const int d2 = tid + u * bs;
-                    if (d2 < H / 2) {
-                        const float2 vf = spark_load_h2(vrow + 4LL * d2);
-                        acc[2 * u] = fmaf(wj, vf.x, acc[2 * u]);
-                        acc[2 * u + 1] = fmaf(wj, vf.y, acc[2 * u + 1]);
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int u = 0; u < SPARK_OUT_ACC; ++u) {
-                    const int d = tid + u * bs;
-                    if (d < H) acc[u] = fmaf(wj, spark_load(vrow + (long long)d * a.v_nb[0], a.v_f16), acc[u]);
-                }
-            }
-        }
+        for (; i + SPARK_POS_UNROLL <= cnt; i += SPARK_POS_UNROLL)
+            spark_accumulate_v<SPARK_POS_UNROLL>(a, wsh + i, psh + i, vbase, tid, bs, acc);
+        for (; i < cnt; ++i) spark_accumulate_v<1>(a, wsh + i, psh + i, vbase, tid, bs, acc);
         __syncthreads();
     }
 
