@@ -12,7 +12,6 @@ limits"). The summary line gives the counts."""
 from __future__ import annotations
 
 import collections
-import math
 import os
 import random
 import re
@@ -23,7 +22,6 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-import pytest
 
 from upstream_helpers import OUT_DIR, exit_status, spark_binary, tool, tool_env
 
