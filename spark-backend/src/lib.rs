@@ -20,10 +20,10 @@
 //!   CPU kernel (`kernel.rs`, inner loops in `dot.rs` and `math.rs`), the ggml custom op
 //!   (`op.rs`), the CUDA plan (`cuda_plan.rs`), kernels (`attn.cu`) and launcher
 //!   (`cuda_launch.rs`).
-//! - [`rows`]: weight rows in ggml's storage types and their dot/axpy (float kernels in
-//!   `simd.rs`, quantized rows through ggml's type traits in `quant.rs`, AVX2 quantized kernels
-//!   in `quant_x86.rs`); [`topk`]: the statistical top-k both ops use.
-//! - `isa`: the one choice of SIMD instruction set, made once per process.
+//! - [`rows`]: weight rows in ggml's storage types and their dot/axpy (quantized rows through
+//!   ggml's type traits in `quant.rs`); [`topk`]: the statistical top-k both ops use.
+//! - [`arch`]: every SIMD kernel, one table per instruction set (`arch/generic`, `arch/x86`,
+//!   `arch/arm`, one file per kernel family in each), and the one choice of table per process.
 //! - [`op`]: the entry protocol of every CPU op (checks, shared chunk counter, NaN on failure);
 //!   [`tensor`]: views of ggml tensors; [`params`]: the graph's parameter structs; `error`:
 //!   [`KernelError`]; `ffi`: no unwinding across the C boundary.
@@ -47,12 +47,12 @@
 // describe: read them with `cargo doc --document-private-items`.
 #![allow(rustdoc::private_intra_doc_links)]
 
+pub mod arch;
 pub mod attention;
 pub mod cuda;
 mod error;
 mod ffi;
 pub mod ffn;
-mod isa;
 pub mod op;
 pub mod params;
 mod plugin;

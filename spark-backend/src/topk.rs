@@ -153,88 +153,11 @@ pub fn mean_std(x: &[f32]) -> Option<(f64, f64)> {
 }
 
 /// Sums of `x - shift` and `(x - shift)^2` in f64 with eight fixed lanes (deterministic order:
-/// lane `i` takes the entries `i, i + 8, ...`, then a fixed tree). Non-finite entries make the
-/// sums non-finite. The AVX2 version ([`shifted_sums_avx2`]) gives the same bits.
+/// lane `i` takes the entries `i, i + 8, ...`, then a fixed tree), with the count. Non-finite
+/// entries make the sums non-finite. Every kernel table gives the generic version's bits.
 fn shifted_sums(x: &[f32], shift: f64) -> (f64, f64, usize) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa::current() == crate::isa::Isa::Avx2 {
-        // SAFETY: the CPU has AVX2 (and FMA, F16C), AVX2 being the one feature the function
-        // requires.
-        return unsafe { shifted_sums_avx2(x, shift) };
-    }
-    shifted_sums_scalar(x, shift)
-}
-
-/// The portable [`shifted_sums`] (the reference the AVX2 version is tested against).
-fn shifted_sums_scalar(x: &[f32], shift: f64) -> (f64, f64, usize) {
-    let mut lanes = Lanes::default();
-    for c in x.chunks(8) {
-        lanes.add(c, shift);
-    }
-    lanes.finish(x.len())
-}
-
-/// The eight lanes of [`shifted_sums`]: sums of `x - shift` and of its square.
-#[derive(Default)]
-struct Lanes {
-    a1: [f64; 8],
-    a2: [f64; 8],
-}
-
-impl Lanes {
-    /// Entry `i` of `xs` (at most eight) into lane `i`.
-    #[inline(always)]
-    fn add(&mut self, xs: &[f32], shift: f64) {
-        for (i, &v) in xs.iter().enumerate() {
-            let d = f64::from(v) - shift;
-            self.a1[i] += d;
-            self.a2[i] += d * d;
-        }
-    }
-
-    /// The two sums by the fixed reduction tree, with the entry count.
-    fn finish(&self, n: usize) -> (f64, f64, usize) {
-        let tree = |a: &[f64; 8]| ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-        (tree(&self.a1), tree(&self.a2), n)
-    }
-}
-
-/// [`shifted_sums`] with the eight lanes in two AVX registers per sum: per lane the same
-/// subtraction, multiplication and addition (no FMA) in the same order as the scalar version,
-/// so the same bits; ~4 instructions per 8 entries against ~6 per entry for what the compiler
-/// makes of the scalar loop (it pairs each entry's two sums in one register).
-///
-/// # Safety
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn shifted_sums_avx2(x: &[f32], shift: f64) -> (f64, f64, usize) {
-    use std::arch::x86_64::*;
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder();
-    let sh = _mm256_set1_pd(shift);
-    let (mut a1_lo, mut a1_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-    let (mut a2_lo, mut a2_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-    for c in chunks {
-        // SAFETY: `c` is 8 f32 = 32 readable bytes; the load is unaligned.
-        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
-        let d_lo = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), sh);
-        let d_hi = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)), sh);
-        a1_lo = _mm256_add_pd(a1_lo, d_lo);
-        a1_hi = _mm256_add_pd(a1_hi, d_hi);
-        a2_lo = _mm256_add_pd(a2_lo, _mm256_mul_pd(d_lo, d_lo));
-        a2_hi = _mm256_add_pd(a2_hi, _mm256_mul_pd(d_hi, d_hi));
-    }
-    let mut lanes = Lanes::default();
-    // SAFETY: each array holds 8 f64, two unaligned 4-lane stores each.
-    unsafe {
-        _mm256_storeu_pd(lanes.a1.as_mut_ptr(), a1_lo);
-        _mm256_storeu_pd(lanes.a1.as_mut_ptr().add(4), a1_hi);
-        _mm256_storeu_pd(lanes.a2.as_mut_ptr(), a2_lo);
-        _mm256_storeu_pd(lanes.a2.as_mut_ptr().add(4), a2_hi);
-    }
-    lanes.add(tail, shift);
-    lanes.finish(x.len())
+    // SAFETY: the table's CPU features were detected; the function reads `x` only.
+    unsafe { (crate::arch::kernels().shifted_sums)(x, shift) }
 }
 
 fn finish_stats(s1: f64, s2: f64, n: usize, shift: f64) -> (f64, f64) {
@@ -431,12 +354,9 @@ mod tests {
     }
 
     #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn avx2_shifted_sums_equal_the_scalar_ones_bit_for_bit() {
-        if !std::arch::is_x86_feature_detected!("avx2") {
-            eprintln!("no AVX2: nothing to compare");
-            return;
-        }
+    fn every_tables_shifted_sums_equal_the_generic_ones_bit_for_bit() {
+        use crate::arch::{table, Isa};
+        let generic = table(Isa::Generic).unwrap();
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -444,24 +364,39 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 40) as f32 / (1u64 << 24) as f32
         };
-        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 255, 1000, 13_824] {
-            let x: Vec<f32> = (0..n).map(|_| (next() - 0.4) * 37.0).collect();
-            for shift in [0.0, 1.25, f64::from(x.first().copied().unwrap_or(0.0))] {
-                let want = shifted_sums_scalar(&x, shift);
-                // SAFETY: AVX2 checked above.
-                let got = unsafe { shifted_sums_avx2(&x, shift) };
-                assert_eq!(got.0.to_bits(), want.0.to_bits(), "n {n} shift {shift}");
-                assert_eq!(got.1.to_bits(), want.1.to_bits(), "n {n} shift {shift}");
-                assert_eq!(got.2, n);
+        for isa in Isa::available() {
+            let k = table(isa).unwrap();
+            for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 255, 1000, 13_824] {
+                let x: Vec<f32> = (0..n).map(|_| (next() - 0.4) * 37.0).collect();
+                for shift in [0.0, 1.25, f64::from(x.first().copied().unwrap_or(0.0))] {
+                    // SAFETY: both tables' CPU features were detected by `table`.
+                    let (want, got) = unsafe {
+                        (
+                            (generic.shifted_sums)(&x, shift),
+                            (k.shifted_sums)(&x, shift),
+                        )
+                    };
+                    assert_eq!(
+                        got.0.to_bits(),
+                        want.0.to_bits(),
+                        "{isa:?} n {n} shift {shift}"
+                    );
+                    assert_eq!(
+                        got.1.to_bits(),
+                        want.1.to_bits(),
+                        "{isa:?} n {n} shift {shift}"
+                    );
+                    assert_eq!(got.2, n);
+                }
             }
+            // a non-finite entry makes both sums non-finite in every version
+            let mut x = vec![1.0f32; 20];
+            x[11] = f32::INFINITY;
+            // SAFETY: as above.
+            let got = unsafe { (k.shifted_sums)(&x, 1.0) };
+            assert!(!got.0.is_finite() && !got.1.is_finite(), "{isa:?}");
+            assert_eq!(shifted_sums(&x, 1.0).0.to_bits(), got.0.to_bits());
         }
-        // a non-finite entry makes both sums non-finite in both versions
-        let mut x = vec![1.0f32; 20];
-        x[11] = f32::INFINITY;
-        // SAFETY: AVX2 checked above.
-        let got = unsafe { shifted_sums_avx2(&x, 1.0) };
-        assert!(!got.0.is_finite() && !got.1.is_finite());
-        assert_eq!(shifted_sums(&x, 1.0).0.to_bits(), got.0.to_bits());
     }
 
     #[test]

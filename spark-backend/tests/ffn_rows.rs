@@ -5,7 +5,8 @@ mod ffn_helpers;
 
 use ffn_helpers::{Rng, Weights};
 use proptest::prelude::*;
-use spark_backend::rows::{self, simd, Activation, Row, RowType};
+use spark_backend::arch::{self, Isa, Kernels};
+use spark_backend::rows::{self, Activation, Row, RowType};
 
 const LENGTHS: [usize; 10] = [1, 2, 7, 8, 31, 33, 255, 256, 1000, 2304];
 
@@ -20,7 +21,7 @@ fn decoded(ty: RowType, bytes: &[u8], n: usize) -> Vec<f64> {
 }
 
 /// Checks every float kernel of `k` against float64 on one row and activation.
-fn check_float_kernels(k: &simd::Kernels, w: &[f32], x: &[f32], alpha: f32) {
+fn check_float_kernels(k: &Kernels, w: &[f32], x: &[f32], alpha: f32) {
     let n = x.len();
     for ty in [RowType::F32, RowType::F16, RowType::Bf16] {
         let bytes = encode(ty, w);
@@ -36,8 +37,8 @@ fn check_float_kernels(k: &simd::Kernels, w: &[f32], x: &[f32], alpha: f32) {
             RowType::F16 => (k.dot_f16, k.axpy_f16, Some(k.f16_to_f32)),
             _ => (k.dot_bf16, k.axpy_bf16, Some(k.bf16_to_f32)),
         };
-        // SAFETY: the kernels come from `simd::avx2()` (features detected) or SCALAR, and
-        // the row holds n elements.
+        // SAFETY: the kernels come from `arch::table` (features detected), and the row holds
+        // n elements.
         let got = unsafe { dot(&bytes, x) };
         let tol = 1e-6 * mag + 1e-30;
         assert!(
@@ -73,7 +74,7 @@ fn check_float_kernels(k: &simd::Kernels, w: &[f32], x: &[f32], alpha: f32) {
 #[test]
 fn float_kernels_match_float64_on_odd_lengths() {
     let mut rng = Rng::new(1);
-    let kernels: Vec<simd::Kernels> = std::iter::once(simd::SCALAR).chain(simd::avx2()).collect();
+    let kernels = available_tables();
     for &n in &LENGTHS {
         let w = rng.normals(n, 1.0);
         let x = rng.normals(n, 2.0);
@@ -83,31 +84,124 @@ fn float_kernels_match_float64_on_odd_lengths() {
     }
 }
 
+/// Every kernel table the running CPU has, the generic one first.
+fn available_tables() -> Vec<&'static Kernels> {
+    Isa::available()
+        .into_iter()
+        .map(|isa| arch::table(isa).expect("available ISA has a table"))
+        .collect()
+}
+
 #[test]
-fn simd_axpy_equals_scalar_bit_for_bit_on_any_slice() {
-    // Both use one fused multiply-add per element, so tiling an output across threads at any
-    // boundary cannot change a result.
-    let Some(avx) = simd::avx2() else { return };
+fn simd_axpy_equals_generic_bit_for_bit_on_any_slice() {
+    // Every version uses one fused multiply-add per element, so tiling an output across
+    // threads at any boundary cannot change a result.
+    let generic = arch::table(Isa::Generic).unwrap();
     let mut rng = Rng::new(2);
     let n = 2304;
     let w = rng.normals(n, 1.0);
-    for ty in [RowType::F32, RowType::F16, RowType::Bf16] {
-        let bytes = encode(ty, &w);
-        let (a, s) = match ty {
-            RowType::F32 => (avx.axpy_f32, simd::SCALAR.axpy_f32),
-            RowType::F16 => (avx.axpy_f16, simd::SCALAR.axpy_f16),
-            _ => (avx.axpy_bf16, simd::SCALAR.axpy_bf16),
-        };
-        for start in [0usize, 1, 5, 16, 333] {
-            let esz = if ty == RowType::F32 { 4 } else { 2 };
-            let y0 = rng.normals(n - start, 1.0);
-            let (mut y1, mut y2) = (y0.clone(), y0.clone());
-            // SAFETY: features detected; the row slice holds n - start elements.
-            unsafe {
-                a(&bytes[start * esz..], 0.3, &mut y1);
-                s(&bytes[start * esz..], 0.3, &mut y2);
+    for k in available_tables() {
+        for ty in [RowType::F32, RowType::F16, RowType::Bf16] {
+            let bytes = encode(ty, &w);
+            let (a, s) = match ty {
+                RowType::F32 => (k.axpy_f32, generic.axpy_f32),
+                RowType::F16 => (k.axpy_f16, generic.axpy_f16),
+                _ => (k.axpy_bf16, generic.axpy_bf16),
+            };
+            for start in [0usize, 1, 5, 16, 333] {
+                let esz = if ty == RowType::F32 { 4 } else { 2 };
+                let y0 = rng.normals(n - start, 1.0);
+                let (mut y1, mut y2) = (y0.clone(), y0.clone());
+                // SAFETY: features detected by `arch::table`; the row slice holds n - start
+                // elements.
+                unsafe {
+                    a(&bytes[start * esz..], 0.3, &mut y1);
+                    s(&bytes[start * esz..], 0.3, &mut y2);
+                }
+                assert_eq!(y1, y2, "{:?} {ty:?} start {start}", k.isa);
             }
-            assert_eq!(y1, y2, "{ty:?} start {start}");
+        }
+    }
+}
+
+#[test]
+fn every_tables_quantized_kernels_equal_the_generic_ones_bit_for_bit() {
+    // q8_0, q4_0 and q6_K: axpy, dequantization, the four-row axpy and the folded axpy (1 to 4
+    // rows, both starts) of every table against the generic table (ggml's `to_float`, then one
+    // FMA per element; the folded arithmetic row by row), on lengths of 1 to 72 blocks.
+    let generic = arch::table(Isa::Generic).unwrap();
+    let mut rng = Rng::new(17);
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    for k in available_tables() {
+        for ty in [RowType::Q8_0, RowType::Q4_0, RowType::Q6K] {
+            for blocks in [1usize, 3, 9, 72] {
+                let n = ty.block_elems() * blocks;
+                let w = Weights::random(&mut rng, ty, n, 4, 0.7);
+                let m = w.matrix();
+                let rows4 = [0, 1, 2, 3].map(|j| m.row(j).bytes());
+                let y0 = rng.normals(n, 1.0);
+                let what = format!("{:?} {ty:?} n={n}", k.isa);
+                let (axpy, to_f32, g_axpy, g_to_f32) = match ty {
+                    RowType::Q8_0 => (
+                        k.axpy_q8_0,
+                        k.to_f32_q8_0,
+                        generic.axpy_q8_0,
+                        generic.to_f32_q8_0,
+                    ),
+                    RowType::Q4_0 => (
+                        k.axpy_q4_0,
+                        k.to_f32_q4_0,
+                        generic.axpy_q4_0,
+                        generic.to_f32_q4_0,
+                    ),
+                    _ => (
+                        k.axpy_q6_k,
+                        k.to_f32_q6_k,
+                        generic.axpy_q6_k,
+                        generic.to_f32_q6_k,
+                    ),
+                };
+                let (mut got, mut want) = (y0.clone(), y0.clone());
+                // SAFETY: both tables' features were detected; every row holds n elements of ty.
+                unsafe {
+                    axpy(rows4[0], -0.37, &mut got);
+                    g_axpy(rows4[0], -0.37, &mut want);
+                }
+                assert!(same(&got, &want), "{what} axpy");
+                let (mut got, mut want) = (vec![0f32; n], vec![0f32; n]);
+                // SAFETY: as above.
+                unsafe {
+                    to_f32(rows4[1], &mut got);
+                    g_to_f32(rows4[1], &mut want);
+                }
+                assert!(same(&got, &want), "{what} to_f32");
+                if ty != RowType::Q8_0 {
+                    continue;
+                }
+                let alphas = [0.31f32, -1.7, 2.5e-3, 0.0];
+                let (mut got, mut want) = (y0.clone(), y0.clone());
+                // SAFETY: as above.
+                unsafe {
+                    (k.axpy4_q8_0)(rows4, alphas, &mut got);
+                    (generic.axpy4_q8_0)(rows4, alphas, &mut want);
+                }
+                assert!(same(&got, &want), "{what} axpy4");
+                for r in 1..=4 {
+                    for start in [rows::Start::Accumulate, rows::Start::Zero] {
+                        let mut got = match start {
+                            rows::Start::Zero => vec![f32::NAN; n],
+                            rows::Start::Accumulate => y0.clone(),
+                        };
+                        let mut want = y0.clone();
+                        // SAFETY: as above.
+                        unsafe {
+                            (k.axpy_q8_0_folded)(&rows4[..r], &alphas[..r], &mut got, start);
+                            (generic.axpy_q8_0_folded)(&rows4[..r], &alphas[..r], &mut want, start);
+                        }
+                        assert!(same(&got, &want), "{what} folded rows={r} {start:?}");
+                    }
+                }
+            }
         }
     }
 }
@@ -119,9 +213,8 @@ proptest! {
         let mut rng = Rng::new(seed);
         let w = rng.normals(n, 1.0);
         let x = rng.normals(n, 1.0);
-        check_float_kernels(&simd::SCALAR, &w, &x, alpha);
-        if let Some(k) = simd::avx2() {
-            check_float_kernels(&k, &w, &x, alpha);
+        for k in available_tables() {
+            check_float_kernels(k, &w, &x, alpha);
         }
     }
 }
@@ -334,8 +427,8 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 #[test]
 fn folded_axpy_equals_its_definition_bit_for_bit() {
     // Every type, 0 to 4 rows, both starts, whole-block lengths from one block to Gemma-2 2B's
-    // D. q8_0 against the definition above (the AVX2 pass and the portable function both);
-    // other types against one exact `axpy` per row.
+    // D. q8_0 against the definition above (the process's table; every table equals the
+    // generic one, tested above); other types against one exact `axpy` per row.
     let mut rng = Rng::new(16);
     let alphas = [0.31f32, -1.7, 2.5e-3, 0.0];
     for ty in RowType::ALL {
@@ -357,19 +450,15 @@ fn folded_axpy_equals_its_definition_bit_for_bit() {
                         rows::Start::Zero => vec![0f32; n],
                         rows::Start::Accumulate => y0.clone(),
                     };
-                    let mut portable = want.clone();
                     for (row, &a) in all[..k].iter().zip(&alphas) {
                         if ty == RowType::Q8_0 {
                             folded_q8_0_reference(row.bytes(), a, &mut want);
-                            rows::quant::axpy_q8_0_folded_scalar(row.bytes(), a, &mut portable);
                         } else {
                             rows::axpy(*row, a, &mut want);
-                            portable.clone_from(&want);
                         }
                     }
                     let what = format!("{ty:?} n={n} rows={k} {start:?}");
                     assert!(same_bits(&got, &want), "{what}");
-                    assert!(same_bits(&portable, &want), "{what} (portable)");
                 }
             }
         }

@@ -21,7 +21,7 @@
 use super::dot::{self, Queries, Rows, Scores};
 use super::layout::{AttnLayout, ElemType, Strided};
 use super::math;
-use crate::isa::Isa;
+use crate::arch::Kernels;
 use crate::topk;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -217,13 +217,22 @@ pub(crate) unsafe fn run_units(
     units: &mut dyn Iterator<Item = usize>,
     mut observer: Option<&mut dyn FnMut(&RowSelection)>,
 ) -> Tally {
-    let isa = crate::isa::current();
+    let kernels = crate::arch::kernels();
     let n = n_units(l, ti);
     let mut tally = Tally::default();
     let mut work = |sc: &mut Scratch| {
         for u in (&mut *units).filter(|&u| u < n) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { unit(l, isa, unit_bounds(l, ti, u), sc, &mut observer, &mut tally) };
+            unsafe {
+                unit(
+                    l,
+                    kernels,
+                    unit_bounds(l, ti, u),
+                    sc,
+                    &mut observer,
+                    &mut tally,
+                )
+            };
         }
     };
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
@@ -303,7 +312,7 @@ impl Unit {
 /// As for [`run`].
 unsafe fn unit(
     l: &AttnLayout,
-    isa: Isa,
+    kernels: &Kernels,
     u: Unit,
     sc: &mut Scratch,
     observer: &mut Option<&mut dyn FnMut(&RowSelection)>,
@@ -319,7 +328,7 @@ unsafe fn unit(
     let k_rows = cache_rows(&l.k, g, s);
     let v_rows = cache_rows(&l.v, g, s);
     // SAFETY: the union's positions are < n_kv (mask columns), so their rows lie inside K.
-    unsafe { first_part_scores(l, isa, k_rows, u.n_queries(), sc) };
+    unsafe { first_part_scores(l, kernels, k_rows, u.n_queries(), sc) };
 
     sc.o.resize(h, 0.0);
     for m in 0..u.n_queries() {
@@ -329,7 +338,7 @@ unsafe fn unit(
         sc.o.fill(0.0);
         if b > a {
             // SAFETY: query m's valid positions are < n_kv, so their rows lie inside K and V.
-            let kept = unsafe { attend(l, isa, k_rows, v_rows, m, sc) };
+            let kept = unsafe { attend(l, kernels, k_rows, v_rows, m, sc) };
             tally.kept += kept as u64;
         }
         tally.queries += 1;
@@ -433,13 +442,19 @@ fn union_of_valid_positions(l: &AttnLayout, sc: &mut Scratch) {
 ///
 /// # Safety
 /// `k_rows` must be readable over rows `sc.union` and dims `0..l.r`.
-unsafe fn first_part_scores(l: &AttnLayout, isa: Isa, k_rows: Rows, n_q: usize, sc: &mut Scratch) {
+unsafe fn first_part_scores(
+    l: &AttnLayout,
+    kernels: &Kernels,
+    k_rows: Rows,
+    n_q: usize,
+    sc: &mut Scratch,
+) {
     let width = sc.union.len();
     sc.d.resize(n_q * width, 0.0);
     // SAFETY: union positions are < n_kv, dims 0..r < H lie inside the K view; q and d sized above.
     unsafe {
         dot::dots(
-            isa,
+            kernels,
             k_rows,
             0..l.r,
             &sc.union,
@@ -466,7 +481,7 @@ unsafe fn first_part_scores(l: &AttnLayout, isa: Isa, k_rows: Rows, n_q: usize, 
 /// those positions and dims `0..H`.
 unsafe fn attend(
     l: &AttnLayout,
-    isa: Isa,
+    kernels: &Kernels,
     k_rows: Rows,
     v_rows: Rows,
     m: usize,
@@ -505,7 +520,7 @@ unsafe fn attend(
     // SAFETY: kept positions are < n_kv; dims r..H lie inside the K view.
     unsafe {
         dot::dots(
-            isa,
+            kernels,
             k_rows,
             l.r..h,
             &sc.pos,
@@ -526,7 +541,7 @@ unsafe fn attend(
     }
     // o = sum_j w_j v_j over the kept rows only.
     // SAFETY: kept positions are < n_kv; dims 0..H lie inside the V view.
-    unsafe { dot::accumulate(isa, v_rows, &sc.pos, &sc.w, &mut sc.o) };
+    unsafe { dot::accumulate(kernels, v_rows, &sc.pos, &sc.w, &mut sc.o) };
     kept
 }
 

@@ -27,7 +27,7 @@
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_launch;
 pub mod cuda_plan;
-mod dot;
+pub(crate) mod dot;
 mod kernel;
 pub(crate) mod layout;
 mod math;

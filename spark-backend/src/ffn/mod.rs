@@ -348,19 +348,9 @@ fn prefetch_row_range(m: &RowMatrix<'_>, j: usize, dims: Range<usize>) {
     prefetch(m.row_ptr(j).wrapping_add(offset), dims.len() / be * bb);
 }
 
-/// Prefetch hints for every cache line of `bytes` bytes from `p`.
+/// Prefetch hints for every cache line of the first `bytes` (at most [`PREFETCH_BYTES`]) from
+/// `p`.
 #[inline]
 fn prefetch(p: *const u8, bytes: usize) {
-    let bytes = bytes.min(PREFETCH_BYTES);
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetch is a hint that never faults, whatever the address.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                p.wrapping_add(off).cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
+    crate::arch::prefetch(p, bytes.min(PREFETCH_BYTES));
 }

@@ -6,21 +6,18 @@
 //! refused by [`RowType::from_ggml`]. Block layouts (elements and bytes per block) are ggml's
 //! own (`ggml_blck_size`, `ggml_type_size`), read once per process ([`RowType::block_elems`]).
 //!
-//! Float rows (f32, f16, bf16) use this crate's own SIMD kernels ([`simd`]) against an f32
-//! activation. Every block-quantized type (q4_0 ... q6_K, the IQ family, tq1_0 / tq2_0, mxfp4,
+//! Float rows (f32, f16, bf16) use this crate's own SIMD kernels (the process's table of
+//! `crate::arch`, one per instruction set) against an f32 activation. Every block-quantized type (q4_0 ... q6_K, the IQ family, tq1_0 / tq2_0, mxfp4,
 //! nvfp4, q1_0 / q2_0) goes through ggml's type traits ([`quant`], one table entry per type,
 //! loaded once): the activation is quantized once to the type's `vec_dot_type`
 //! ([`Activation::prepare`]), then each row costs one ggml `vec_dot` (the code ggml's own
 //! `mul_mat` runs for that type); `axpy` dequantizes with ggml's `to_float` in chunks into a
 //! per-call stack buffer, then runs the SIMD f32 axpy ([`to_f32`]: `to_float` straight into its
-//! output). q8_0, q4_0 and q6_K have fused AVX2 axpy and dequantization kernels
-//! ([`quant_x86`]), bit-identical to that generic path. There is no per-element branching on
+//! output). q8_0, q4_0 and q6_K have fused axpy and dequantization kernels per
+//! instruction set (`crate::arch`), bit-identical to that generic path. There is no per-element branching on
 //! type: each call dispatches once per row.
 
 pub mod quant;
-#[cfg(target_arch = "x86_64")]
-mod quant_x86;
-pub mod simd;
 
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
@@ -442,7 +439,7 @@ pub fn dot(row: Row<'_>, x: &Activation) -> f32 {
         x.ty == Some(row.ty) && x.n == row.n,
         "activation prepared for another row"
     );
-    let k = simd::kernels();
+    let k = crate::arch::kernels();
     // SAFETY: `kernels()` only returns SIMD functions whose CPU features were detected; the
     // row holds `row.n` elements (checked at construction) and `x` has the same length.
     unsafe {
@@ -463,7 +460,7 @@ pub fn axpy(row: Row<'_>, alpha: f32, y: &mut [f32]) {
         row.n,
         "axpy: output length differs from row length"
     );
-    let k = simd::kernels();
+    let k = crate::arch::kernels();
     // SAFETY: as in `dot`; `y` has exactly `row.n` elements.
     unsafe {
         match row.ty {
@@ -476,16 +473,13 @@ pub fn axpy(row: Row<'_>, alpha: f32, y: &mut [f32]) {
 }
 
 /// `y += alphas[0] * rows[0] + ... + alphas[3] * rows[3]`, bit-identical to four [`axpy`]
-/// calls in order but in one pass over `y` where a kernel exists (q8_0 on AVX2).
+/// calls in order but in one pass over `y` where a kernel exists (q8_0).
 #[inline]
 pub fn axpy4(rows: [Row<'_>; 4], alphas: [f32; 4], y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if rows.iter().all(|r| r.ty == RowType::Q8_0 && r.n == y.len())
-        && crate::isa::current() == crate::isa::Isa::Avx2
-    {
-        // SAFETY: AVX2, FMA and F16C were detected; every row holds y.len() q8_0 elements
-        // (checked at construction and above), which the kernel checks again by length.
-        return unsafe { quant_x86::axpy4_q8_0(rows.map(|r| r.bytes), alphas, y) };
+    if rows.iter().all(|r| r.ty == RowType::Q8_0 && r.n == y.len()) {
+        // SAFETY: the table's CPU features were detected; every row holds y.len() q8_0
+        // elements (checked at construction and above), which the kernel checks again.
+        return unsafe { (crate::arch::kernels().axpy4_q8_0)(rows.map(|r| r.bytes), alphas, y) };
     }
     for (row, alpha) in rows.into_iter().zip(alphas) {
         axpy(row, alpha, y);
@@ -504,10 +498,10 @@ pub enum Start {
 /// `y = y + alphas[0] * rows[0] + ...` (up to four rows, in order; from zero with
 /// [`Start::Zero`]) in the sparse FFN's fused arithmetic: q8_0 rows fold each block's scale
 /// into the row's coefficient (per block `c = alpha * d` rounded to f32, then `y = fma(q, c, y)`
-/// per weight), one pass over `y` on AVX2, [`quant::axpy_q8_0_folded_scalar`] row by row
-/// otherwise, bit for bit the same. Rows of other types get exactly [`axpy`]. The q8_0 result
-/// differs from [`axpy`]'s (where `d * q` is exact and the FMA rounds once) by `c`'s rounding,
-/// a relative 2^-24 per term.
+/// per weight), in one pass over `y` where the table has a kernel for it, bit for bit the
+/// generic version. Rows of other types get exactly [`axpy`]. The q8_0 result differs from
+/// [`axpy`]'s (where `d * q` is exact and the FMA rounds once) by `c`'s rounding, a relative
+/// 2^-24 per term.
 #[inline]
 pub fn axpy_folded(rows: &[Row<'_>], alphas: &[f32], y: &mut [f32], start: Start) {
     assert!(
@@ -518,35 +512,19 @@ pub fn axpy_folded(rows: &[Row<'_>], alphas: &[f32], y: &mut [f32], start: Start
         rows.iter().all(|r| r.n == y.len()),
         "axpy_folded: output length differs from row length"
     );
-    let q8 = rows.iter().all(|r| r.ty == RowType::Q8_0);
-    #[cfg(target_arch = "x86_64")]
-    if q8 && !rows.is_empty() && crate::isa::current() == crate::isa::Isa::Avx2 {
-        /// The one-pass kernel for the first `R` rows.
-        fn pass<const R: usize>(rows: &[Row<'_>], alphas: &[f32], y: &mut [f32], start: Start) {
-            let bytes: [&[u8]; R] = std::array::from_fn(|i| rows[i].bytes);
-            let alphas: [f32; R] = std::array::from_fn(|i| alphas[i]);
-            // SAFETY: AVX2, FMA and F16C were detected (the caller's condition); every row
-            // holds y.len() q8_0 elements (checked at construction and by the caller), which
-            // the kernel checks again by length.
-            unsafe { quant_x86::axpy_q8_0_folded(bytes, alphas, y, start == Start::Zero) }
-        }
-        match rows.len() {
-            1 => pass::<1>(rows, alphas, y, start),
-            2 => pass::<2>(rows, alphas, y, start),
-            3 => pass::<3>(rows, alphas, y, start),
-            _ => pass::<4>(rows, alphas, y, start),
-        }
-        return;
+    if !rows.is_empty() && rows.iter().all(|r| r.ty == RowType::Q8_0) {
+        let bytes: [&[u8]; 4] = std::array::from_fn(|i| rows.get(i).map_or(&[][..], |r| r.bytes));
+        // SAFETY: the table's CPU features were detected; every row holds y.len() q8_0
+        // elements (checked at construction and above), which the kernel checks again.
+        return unsafe {
+            (crate::arch::kernels().axpy_q8_0_folded)(&bytes[..rows.len()], alphas, y, start)
+        };
     }
     if start == Start::Zero {
         y.fill(0.0);
     }
     for (row, &alpha) in rows.iter().zip(alphas) {
-        if q8 {
-            quant::axpy_q8_0_folded_scalar(row.bytes, alpha, y);
-        } else {
-            axpy(*row, alpha, y);
-        }
+        axpy(*row, alpha, y);
     }
 }
 
@@ -558,7 +536,7 @@ pub fn to_f32(row: Row<'_>, out: &mut [f32]) {
         row.n,
         "to_f32: output length differs from row length"
     );
-    let k = simd::kernels();
+    let k = crate::arch::kernels();
     // SAFETY: as in `dot`; `out` has exactly `row.n` elements.
     unsafe {
         match row.ty {
@@ -580,7 +558,7 @@ pub fn axpy_f32(x: &[f32], alpha: f32, y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "axpy_f32: lengths differ");
     let bytes: &[u8] = f32_bytes(x);
     // SAFETY: `bytes` views exactly `x.len()` f32 values; features checked by `kernels()`.
-    unsafe { (simd::kernels().axpy_f32)(bytes, alpha, y) }
+    unsafe { (crate::arch::kernels().axpy_f32)(bytes, alpha, y) }
 }
 
 /// The bytes of an f32 slice.

@@ -141,23 +141,39 @@ pub(crate) unsafe fn vec_dot(ty: RowType, n: usize, row: &[u8], act: &[u8]) -> f
 /// with larger blocks would be refused by [`load_traits`]).
 const CHUNK: usize = 256;
 
-/// `y += alpha * row` for a quantized row of `y.len()` elements: fused AVX2 kernels for q8_0,
-/// q4_0 and q6_K; every other type (the generic path) is dequantized by ggml's `to_float` in
-/// chunks of 256 into a stack buffer of this call, then a SIMD f32 axpy.
+/// `y += alpha * row` for a quantized row of `y.len()` elements: q8_0, q4_0 and q6_K through
+/// the process's kernel table ([`crate::arch::kernels`]); every other type is dequantized by
+/// ggml's `to_float` ([`axpy_via_ggml`]).
 ///
 /// # Safety
 /// `row` must hold `y.len()` elements of `ty` (checked by length).
 pub(crate) unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa::current() == crate::isa::Isa::Avx2 {
-        // SAFETY: AVX2, FMA and F16C were detected; the kernels check lengths.
+    let k = crate::arch::kernels();
+    // SAFETY: the table's CPU features were detected; the kernels check lengths.
+    unsafe {
         match ty {
-            RowType::Q8_0 => return unsafe { super::quant_x86::axpy_q8_0(row, alpha, y) },
-            RowType::Q4_0 => return unsafe { super::quant_x86::axpy_q4_0(row, alpha, y) },
-            RowType::Q6K => return unsafe { super::quant_x86::axpy_q6_k(row, alpha, y) },
-            _ => {}
+            RowType::Q8_0 => (k.axpy_q8_0)(row, alpha, y),
+            RowType::Q4_0 => (k.axpy_q4_0)(row, alpha, y),
+            RowType::Q6K => (k.axpy_q6_k)(row, alpha, y),
+            _ => axpy_via_ggml(ty, row, alpha, y, k.axpy_f32),
         }
     }
+}
+
+/// `y += alpha * row` for a quantized row of `y.len()` elements, dequantized by ggml's
+/// `to_float` in chunks of 256 into a stack buffer of this call, then `axpy_f32` per chunk
+/// (the generic kernels' way, and every table's for the types without a kernel of its own).
+///
+/// # Safety
+/// `row` must hold `y.len()` elements of `ty` (checked by length); `axpy_f32`'s CPU features
+/// must be present.
+pub(crate) unsafe fn axpy_via_ggml(
+    ty: RowType,
+    row: &[u8],
+    alpha: f32,
+    y: &mut [f32],
+    axpy_f32: crate::arch::AxpyFn,
+) {
     let t = traits(ty).expect("quantized RowType with ggml traits");
     let per = ty.block_bytes();
     let be = ty.block_elems();
@@ -170,54 +186,31 @@ pub(crate) unsafe fn axpy(ty: RowType, row: &[u8], alpha: f32, y: &mut [f32]) {
         let src = &row[i * CHUNK / be * per..];
         let n = yc.len();
         // SAFETY: `src` holds at least n / be whole blocks (row length checked above and n is a
-        // multiple of be because y.len() is); `buf` holds n <= CHUNK floats.
-        unsafe { (t.to_float)(src.as_ptr().cast(), buf.as_mut_ptr(), n as i64) };
-        super::axpy_f32(&buf[..n], alpha, yc);
-    }
-}
-
-/// `y += alpha * row` for a q8_0 row of `y.len()` elements (a multiple of 32) in the folded
-/// arithmetic of [`super::axpy_folded`]: per block `c = alpha * d` rounded to f32, then
-/// `y = fma(q, c, y)` per weight. The portable version (and the reference the AVX2 kernel is
-/// tested against, bit for bit).
-pub fn axpy_q8_0_folded_scalar(row: &[u8], alpha: f32, y: &mut [f32]) {
-    let per = RowType::Q8_0.block_bytes();
-    let be = RowType::Q8_0.block_elems();
-    assert!(
-        y.len().is_multiple_of(be) && row.len() >= y.len() / be * per,
-        "short quantized row"
-    );
-    for (block, yb) in row.chunks_exact(per).zip(y.chunks_exact_mut(be)) {
-        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
-        let c = alpha * d;
-        for (yi, &q) in yb.iter_mut().zip(&block[2..]) {
-            *yi = f32::from(q as i8).mul_add(c, *yi);
+        // multiple of be because y.len() is); `buf` holds n <= CHUNK floats; `axpy_f32`'s
+        // features are the caller's promise.
+        unsafe {
+            (t.to_float)(src.as_ptr().cast(), buf.as_mut_ptr(), n as i64);
+            axpy_f32(super::f32_bytes(&buf[..n]), alpha, yc);
         }
     }
 }
 
-/// `out = row` for a quantized row of `out.len()` elements.
+/// `out = row` for a quantized row of `out.len()` elements: q8_0, q4_0 and q6_K through the
+/// process's kernel table, every other type through ggml's `to_float`.
 ///
 /// # Safety
 /// `row` must hold `out.len()` elements of `ty` (checked by length).
 pub(crate) unsafe fn dequantize(ty: RowType, row: &[u8], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa::current() == crate::isa::Isa::Avx2 {
-        // SAFETY: AVX2, FMA and F16C were detected; the kernels check lengths.
+    let k = crate::arch::kernels();
+    // SAFETY: the table's CPU features were detected; the kernels check lengths.
+    unsafe {
         match ty {
-            RowType::Q8_0 => return unsafe { super::quant_x86::to_f32_q8_0(row, out) },
-            RowType::Q4_0 => return unsafe { super::quant_x86::to_f32_q4_0(row, out) },
-            RowType::Q6K => return unsafe { super::quant_x86::to_f32_q6_k(row, out) },
-            _ => {}
+            RowType::Q8_0 => (k.to_f32_q8_0)(row, out),
+            RowType::Q4_0 => (k.to_f32_q4_0)(row, out),
+            RowType::Q6K => (k.to_f32_q6_k)(row, out),
+            _ => dequantize_ggml(ty, row, out),
         }
     }
-    let t = traits(ty).expect("quantized RowType with ggml traits");
-    assert!(
-        row.len() >= ty.row_bytes(out.len()).unwrap_or(usize::MAX),
-        "short quantized row"
-    );
-    // SAFETY: length checked above.
-    unsafe { (t.to_float)(row.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
 }
 
 /// `out = row` through ggml's own `to_float` (the reference the fused kernels are tested

@@ -1,9 +1,12 @@
-//! AVX2 dequantization of q8_0, q4_0 and q6_K rows, fused with axpy or writing f32.
+//! Quantized rows (q8_0, q4_0, q6_K) with AVX2, FMA and F16C: dequantization fused with axpy
+//! or writing f32, and the four-row and folded q8_0 axpys.
 //!
 //! ggml's CPU `vec_dot` is SIMD but its `to_float` is portable scalar code; these kernels do the
 //! same arithmetic (each weight is `d * q`, exact in f32, then one fused multiply-add with
-//! alpha), so results equal ggml's `to_float` followed by [`super::axpy_f32`] bit for bit.
+//! alpha), so results equal the generic version (ggml's `to_float`, then an f32 axpy) bit for
+//! bit.
 
+use crate::rows::Start;
 use std::arch::x86_64::*;
 
 /// Bytes per q8_0 block as these kernels decode it: f16 scale + 32 int8 (ggml's `block_q8_0`;
@@ -204,12 +207,12 @@ pub(crate) unsafe fn axpy4_q8_0(rows: [&[u8]; 4], alphas: [f32; 4], y: &mut [f32
 /// per 32 weights of [`axpy4_q8_0`] (whose `d * q` is exact, so its one rounding is the FMA's);
 /// the results differ from it by the rounding of `c`. With `from_zero` the pass starts from
 /// zero instead of `y`'s values (which are not read): as if `y` had been zero-filled first.
-/// Equals `rows::quant::axpy_q8_0_folded_scalar` row by row, bit for bit.
+/// Equals the generic `axpy_q8_0_folded` bit for bit.
 ///
 /// # Safety
 /// As for [`axpy_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn axpy_q8_0_folded<const R: usize>(
+unsafe fn axpy_q8_0_folded_r<const R: usize>(
     rows: [&[u8]; R],
     alphas: [f32; R],
     y: &mut [f32],
@@ -246,6 +249,35 @@ pub(crate) unsafe fn axpy_q8_0_folded<const R: usize>(
             for (k, acc_k) in acc.into_iter().enumerate() {
                 _mm256_storeu_ps(p.add(8 * k), acc_k);
             }
+        }
+    }
+}
+
+/// The table's entry for [`axpy_q8_0_folded_r`]: one to four rows, `alphas` as long as `rows`.
+///
+/// # Safety
+/// As for [`axpy_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn axpy_q8_0_folded(rows: &[&[u8]], alphas: &[f32], y: &mut [f32], start: Start) {
+    assert!(rows.len() == alphas.len() && (1..=4).contains(&rows.len()));
+    let zero = start == Start::Zero;
+    // SAFETY: the features are enabled on this function; lengths are checked inside.
+    unsafe {
+        match rows.len() {
+            1 => axpy_q8_0_folded_r::<1>([rows[0]], [alphas[0]], y, zero),
+            2 => axpy_q8_0_folded_r::<2>([rows[0], rows[1]], [alphas[0], alphas[1]], y, zero),
+            3 => axpy_q8_0_folded_r::<3>(
+                [rows[0], rows[1], rows[2]],
+                [alphas[0], alphas[1], alphas[2]],
+                y,
+                zero,
+            ),
+            _ => axpy_q8_0_folded_r::<4>(
+                [rows[0], rows[1], rows[2], rows[3]],
+                [alphas[0], alphas[1], alphas[2], alphas[3]],
+                y,
+                zero,
+            ),
         }
     }
 }
@@ -400,7 +432,7 @@ pub(crate) unsafe fn to_f32_q6_k(row: &[u8], out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::RowType;
+    use crate::rows::RowType;
 
     /// The block layouts these kernels decode are the linked ggml's.
     #[test]
