@@ -10,10 +10,12 @@
 //! ```text
 //! arch/generic/{rows,quant,topk,attention}.rs   portable Rust: the references
 //! arch/x86/{rows,quant,topk,attention}.rs       AVX2 + FMA + F16C          (x86-64)
+//! arch/x86/avx512_*.rs                           AVX-512                    (x86-64)
 //! arch/arm/{rows,quant,topk,attention}.rs       NEON                       (aarch64)
 //! ```
 //!
-//! Each instruction set has one [`Kernels`] table (`generic::KERNELS`, `x86::AVX2`, ...): a
+//! Each instruction set has one [`Kernels`] table (`generic::KERNELS`, `x86::AVX2`,
+//! `x86::AVX512`, `arm::NEON`): a
 //! struct literal, so adding an operation makes the compiler ask every table for it, and
 //! [`table`] picks the table by an exhaustive `match` on [`Isa`], whose variants exist only on
 //! their architecture, so adding an instruction set makes the compiler name every place it must
@@ -27,7 +29,7 @@
 //! CPU has ([`Isa::available`]) with the generic one.
 //!
 //! The callers ask [`kernels`] at the entry of a row or a block, never inside an inner loop.
-//! `SPARK_ISA=generic|avx2|neon` makes the process use a lower instruction set than the best
+//! `SPARK_ISA=generic|avx2|avx512|neon` makes the process use a lower instruction set than the best
 //! its CPU has (for tests and comparisons); a name the CPU lacks is refused with one line on
 //! stderr and the best is used.
 
@@ -36,6 +38,8 @@ use crate::rows::Start;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "aarch64")]
+mod arm;
 pub(crate) mod generic;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -49,6 +53,13 @@ pub enum Isa {
     /// x86-64 with AVX2, FMA and F16C (every kernel of the table may use all three).
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// x86-64 with AVX-512 on top of [`Isa::Avx2`] (the features `x86::avx512_supported`
+    /// checks).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// AArch64 with Advanced SIMD (NEON), which every AArch64 CPU has.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
 
 impl Isa {
@@ -57,6 +68,10 @@ impl Isa {
         Isa::Generic,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon,
     ];
 
     /// The name `SPARK_ISA` takes and the reports print.
@@ -65,6 +80,10 @@ impl Isa {
             Isa::Generic => "generic",
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => "avx512",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => "neon",
         }
     }
 
@@ -73,11 +92,11 @@ impl Isa {
         match self {
             Isa::Generic => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("f16c")
-            }
+            Isa::Avx2 => x86::avx2_supported(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::avx2_supported() && x86::avx512_supported(),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::neon_supported(),
         }
     }
 
@@ -156,6 +175,10 @@ pub fn table(isa: Isa) -> Option<&'static Kernels> {
         Isa::Generic => &generic::KERNELS,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => &x86::AVX2,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => &x86::AVX512,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => &arm::NEON,
     })
 }
 

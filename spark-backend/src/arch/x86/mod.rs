@@ -1,4 +1,5 @@
-//! The x86-64 kernels: AVX2 with FMA and F16C, a version of every family.
+//! The x86-64 kernels: AVX2 with FMA and F16C, a version of every family; AVX-512 where it
+//! gains over AVX2 (the AVX-512 table borrows the AVX2 entries elsewhere).
 
 mod attention;
 mod quant;
@@ -29,4 +30,26 @@ pub(super) const AVX2: Kernels = Kernels {
     shifted_sums: topk::shifted_sums,
     attn_dots: attention::dots,
     attn_accumulate: attention::accumulate,
+};
+
+/// Whether the CPU has AVX2, FMA and F16C (the [`AVX2`] table's features).
+pub(super) fn avx2_supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// Whether the CPU has the AVX-512 features the [`AVX512`] table's own kernels use (on top of
+/// [`avx2_supported`]).
+pub(super) fn avx512_supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+/// The AVX-512 table. Handed out by `arch::table` only where the CPU has AVX2, FMA, F16C and
+/// [`avx512_supported`]'s features.
+pub(super) const AVX512: Kernels = Kernels {
+    isa: Isa::Avx512,
+    ..AVX2
 };
