@@ -125,11 +125,19 @@ impl Isa {
     }
 }
 
+/// The process's choice, made by [`current`] on first use.
+static CHOSEN_ISA: OnceLock<Isa> = OnceLock::new();
+
 /// The instruction set every kernel of this process uses, chosen on first use: [`Isa::detect`],
 /// or the one `SPARK_ISA` names when the CPU supports it.
 pub fn current() -> Isa {
-    static CHOSEN: OnceLock<Isa> = OnceLock::new();
-    *CHOSEN.get_or_init(|| choose(std::env::var("SPARK_ISA").ok().as_deref()))
+    *CHOSEN_ISA.get_or_init(|| choose(std::env::var("SPARK_ISA").ok().as_deref()))
+}
+
+/// The instruction set the CPU kernels of this process run, if one ran yet (no choice is made
+/// here: safe to call from a signal handler, as the `SPARK_STATS` report is).
+pub fn in_use() -> Option<Isa> {
+    CHOSEN_ISA.get().copied()
 }
 
 /// The choice [`current`] makes for a `SPARK_ISA` value (`None`: unset).
@@ -287,6 +295,9 @@ mod tests {
             assert_eq!(Isa::from_name(isa.name()), Some(isa));
         }
         assert_eq!(Isa::available()[0], Isa::Generic);
+        // every AArch64 CPU has NEON: its table must be among those tested
+        #[cfg(target_arch = "aarch64")]
+        assert!(Isa::available().contains(&Isa::Neon));
         assert_eq!(Isa::detect(), *Isa::available().last().unwrap());
     }
 
