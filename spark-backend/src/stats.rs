@@ -111,6 +111,20 @@ pub fn snapshot(layer: i32) -> Option<LayerStats> {
 pub const TABLE_HEADER: &str =
     "spark-stats: layer  ffn_keep_rate  ffn_tokens  attn_mean_positions  attn_queries";
 
+/// The start of the report's line naming the CPU kernels' instruction set
+/// (`spark-stats: cpu kernels avx2`; `none` when no Spark kernel ran on the CPU, as when every
+/// layer ran on a GPU).
+const CPU_KERNELS: &str = "spark-stats: cpu kernels";
+
+fn isa_name(isa: Option<crate::arch::Isa>) -> &'static str {
+    isa.map_or("none", |i| i.name())
+}
+
+/// The report's line naming the CPU kernels' instruction set (`CPU_KERNELS`).
+pub fn cpu_kernels_line(isa: Option<crate::arch::Isa>) -> String {
+    format!("{CPU_KERNELS} {}", isa_name(isa))
+}
+
 /// One row of the table: layer, then FFN keep rate, FFN tokens, mean attended positions and
 /// (query, head) pairs.
 pub fn table_row(layer: u32, s: &LayerStats) -> String {
@@ -152,6 +166,7 @@ pub(crate) fn write_process_table(w: &mut impl fmt::Write) -> fmt::Result {
             "spark-stats: no Spark kernel ran in this process (no spark-gemma2 model, or its dense graph)"
         );
     };
+    writeln!(w, "{CPU_KERNELS} {}", isa_name(crate::arch::in_use()))?;
     writeln!(w, "{TABLE_HEADER}")?;
     for layer in 0..=last {
         write_row(w, layer as u32, &snapshot(layer).unwrap_or_default())?;

@@ -91,6 +91,10 @@ pub fn print_stats(source: &KernelSource, n_layer: u32, targets: Targets) {
     };
     let attn_k = targets.attn_k.map_or("?".to_string(), |k| k.to_string());
     eprintln!("spark-stats: target ffn keep rate k_f/F = {target_rate}, attention k_a = {attn_k}");
+    eprintln!(
+        "{}",
+        spark_backend::stats::cpu_kernels_line(spark_backend::arch::in_use())
+    );
     eprintln!("{}", spark_backend::stats::TABLE_HEADER);
     for layer in 0..n_layer {
         eprintln!(

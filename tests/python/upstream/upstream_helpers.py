@@ -203,6 +203,7 @@ class Stats:
     lines: list = field(default_factory=list)  # every line starting "spark-stats:"
     header: bool = False
     none_ran: bool = False  # "spark-stats: no Spark kernel ran in this process ..."
+    cpu_kernels: str = ""  # "spark-stats: cpu kernels avx2": the instruction set of the CPU kernels
     rows: dict = field(default_factory=dict)  # layer -> StatsRow
 
 
@@ -221,6 +222,8 @@ def parse_stats(stderr: str) -> Stats:
             s.header = True
         elif "no Spark kernel ran" in line:
             s.none_ran = True
+        elif f[1:3] == ["cpu", "kernels"] and len(f) == 4:
+            s.cpu_kernels = f[3]
         elif len(f) == 6 and f[1].isdigit():
             s.rows[int(f[1])] = StatsRow(float(f[2]), int(f[3]), float(f[4]), int(f[5]))
     return s
