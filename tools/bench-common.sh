@@ -32,6 +32,18 @@ bench_python() {
     [ -x "$python" ] || python=python3
 }
 
+# "<CPU model> (<machine>), <n> CPUs" on x86 and ARM Linux (lscpu, else /proc/cpuinfo, whose
+# ARM form has no model name) and macOS (sysctl).
 bench_cpu() {
-    echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs"
+    local name=""
+    if command -v lscpu >/dev/null 2>&1; then
+        name=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
+    fi
+    if [ -z "$name" ] && [ -r /proc/cpuinfo ]; then
+        name=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n 1)
+    fi
+    if [ -z "$name" ] && command -v sysctl >/dev/null 2>&1; then
+        name=$(sysctl -n machdep.cpu.brand_string 2>/dev/null || true)
+    fi
+    echo "${name:-unknown CPU} ($(uname -m)), $(getconf _NPROCESSORS_ONLN) CPUs"
 }
