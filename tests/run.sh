@@ -12,7 +12,9 @@
 #                clippy and tests with --features cuda) and the Python tests that run
 #                llama.cpp's tools: tests/python/upstream, tests/python/integration/
 #                test_iq_types.py (llama-quantize) and the llama-gguf-hash tests of
-#                tests/python/convert/test_manifest.py. Run the whole suite before pushing.
+#                tests/python/convert/test_manifest.py; and the aarch64 steps: the cross build
+#                (tools/arm-build.sh), spark-backend's tests under qemu (tools/arm-check.sh)
+#                and tests/python/arm. Run the whole suite before pushing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage() {
@@ -43,16 +45,24 @@ if [ "$quick" = 0 ]; then
     echo "== llama-cpp-python on that build (tools/python.sh: pinned sdist, headers checked)"
     bash tools/python.sh --quiet --no-build
 fi
+# The aarch64 steps cross-build on x86-64 hosts; on an ARM host the native build is the ARM build.
+arm=0
+[ "$quick" = 0 ] && [ "$(uname -m)" = x86_64 ] && arm=1
+if [ "$arm" = 1 ]; then
+    echo "== aarch64 cross build (tools/arm-build.sh: the workspace, llama.cpp, llama-completion, the plugin)"
+    bash tools/arm-build.sh --quiet
+fi
 echo "== cargo test"
 cargo test --workspace --quiet
 if [ "$quick" = 1 ]; then
     echo "== pytest (--quick: without the tests of llama.cpp's tools)"
     "$SPARK_PYTHON" -m pytest -q tests \
         --ignore=tests/python/upstream \
+        --ignore=tests/python/arm \
         --ignore=tests/python/integration/test_iq_types.py \
         --deselect=tests/python/convert/test_manifest.py::test_manifest_is_what_llama_gguf_hash_prints_and_checks \
         --deselect=tests/python/convert/test_manifest.py::test_a_corrupted_copy_fails_the_check_naming_the_tensor
-    echo "== --quick: left out the upstream tools, the CUDA steps and their tests"
+    echo "== --quick: left out the upstream tools, the CUDA steps, the aarch64 steps and their tests"
     exit 0
 fi
 echo "== CUDA without a GPU (tools/cuda-tools.sh: NVRTC and nvcc 13.0 from PyPI)"
@@ -65,5 +75,9 @@ echo "== cargo clippy + test -p spark-backend --features cuda (kernels compile t
 cargo clippy -p spark-backend --all-targets --features cuda --quiet -- -D warnings
 LD_LIBRARY_PATH="$SPARK_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test -p spark-backend --features cuda --quiet --lib --test "cuda_*"
-echo "== pytest"
+if [ "$arm" = 1 ]; then
+    echo "== aarch64 under qemu (tools/arm-check.sh: spark-backend's tests at QEMU_CPU cortex-a57, neoverse-n1, max)"
+    bash tools/arm-check.sh --cpus --kernels --quiet
+fi
+echo "== pytest (tests/python/arm: the aarch64 build end to end under qemu, where it was built)"
 "$SPARK_PYTHON" -m pytest -q tests

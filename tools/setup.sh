@@ -8,7 +8,14 @@
 #   - chromium and chromium-driver (the browser test drives llama-server's web UI in a real
 #     headless Chromium through WebDriver; without recommended packages),
 #   - a Python venv at .venv with tests/requirements.txt (NumPy reference, gguf-py, pytest,
-#     selenium, openai).
+#     selenium, openai),
+#   - the aarch64 cross build and its emulation (tools/arm-build.sh, tools/arm-check.sh): the
+#     arm64 dpkg architecture, Debian's Rust toolchain rustc-web and cargo-web (an aarch64
+#     standard library exists for it: libstd-rust-web-dev:arm64), the GNU cross compilers
+#     gcc/g++-aarch64-linux-gnu with libc6-dev-arm64-cross, qemu-user (qemu-aarch64), and
+#     libstdc++6:arm64 (with libc6:arm64: the loader and libraries the cross-built programs
+#     load under qemu); without recommended packages (rust-web-llvm would add LLVM 22, unused);
+#     on x86-64 hosts only.
 # Not from here: Node.js >= 20.19 with npm, which tools/upstream.sh needs to build llama-server's
 # web UI (Debian 12's nodejs is 18; upstream.sh says so and has --no-ui).
 # Each dependency is detected the way its user finds it, not by a loose file-name match.
@@ -52,10 +59,47 @@ command -v git >/dev/null 2>&1 || need_apt+=(git)
 need_browser=()
 command -v chromium >/dev/null 2>&1 || need_browser+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_browser+=(chromium-driver)
-installing=("${need_apt[@]}" "${need_browser[@]}")
+# The aarch64 cross build's (tools/arm-env.sh says how each is used). Debian's rustc must be
+# new enough for the workspace (Cargo.toml's rust-version) and must compile for aarch64 with its
+# arm64 standard library: checked by compiling an empty crate, as the build will.
+rust_version=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+debian_rustc_ok() {
+    local v
+    v=$(/usr/bin/rustc --version 2>/dev/null | awk '{print $2}') || return 1
+    [ -n "$v" ] && [ "$(printf '%s\n%s\n' "$rust_version" "${v%%-*}" | sort -V | head -n 1)" = "$rust_version" ]
+}
+aarch64_std_ok() {
+    # (never `-o /dev/null`: rustc renames its output over the path, replacing the device)
+    local dir ok=0
+    dir=$(mktemp -d)
+    printf '' | /usr/bin/rustc --target aarch64-unknown-linux-gnu --crate-type lib \
+        --crate-name probe --emit metadata --out-dir "$dir" - >/dev/null 2>&1 || ok=1
+    rm -rf "$dir"
+    return "$ok"
+}
+need_arm=()
+# Only on x86-64 hosts: on an ARM machine the ordinary build is the ARM build (README, "ARM CPUs").
+cross_host=0
+[ "$(uname -m)" = x86_64 ] && cross_host=1
+if [ "$cross_host" = 1 ]; then
+    debian_rustc_ok || need_arm+=(rustc-web)
+    [ -x /usr/bin/cargo ] || need_arm+=(cargo-web)
+    { debian_rustc_ok && aarch64_std_ok; } || need_arm+=(libstd-rust-web-dev:arm64)
+    command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need_arm+=(gcc-aarch64-linux-gnu)
+    command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || need_arm+=(g++-aarch64-linux-gnu)
+    [ -f /usr/aarch64-linux-gnu/include/stdio.h ] || need_arm+=(libc6-dev-arm64-cross)
+    command -v qemu-aarch64 >/dev/null 2>&1 || need_arm+=(qemu-user)
+    { [ -e /lib/ld-linux-aarch64.so.1 ] && [ -e /usr/lib/aarch64-linux-gnu/libstdc++.so.6 ]; } \
+        || need_arm+=(libstdc++6:arm64)
+fi
+installing=("${need_apt[@]}" "${need_browser[@]}" "${need_arm[@]}")
 if [ ${#installing[@]} -gt 0 ]; then
     echo "setup: installing ${installing[*]} with apt-get"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    if [ ${#need_arm[@]} -gt 0 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+        echo "setup: adding the arm64 architecture to dpkg (for libstd-rust-web-dev:arm64, libstdc++6:arm64)"
+        $SUDO dpkg --add-architecture arm64
+    fi
     $SUDO apt-get update -qq
     if [ ${#need_apt[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -64,6 +108,10 @@ if [ ${#installing[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
             "${need_browser[@]}" >/dev/null
     fi
+    if [ ${#need_arm[@]} -gt 0 ]; then
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+            "${need_arm[@]}" >/dev/null
+    fi
     # Check the result the same way, so a package that no longer provides what we need fails
     # here with a clear line instead of minutes later inside bindgen or cmake.
     command -v cmake >/dev/null 2>&1 || { echo "setup: cmake still missing" >&2; exit 1; }
@@ -71,7 +119,18 @@ if [ ${#installing[@]} -gt 0 ]; then
     have_clang_headers || { echo "setup: clang's stddef.h still missing" >&2; exit 1; }
     command -v chromium >/dev/null 2>&1 || { echo "setup: chromium still missing" >&2; exit 1; }
     command -v chromedriver >/dev/null 2>&1 || { echo "setup: chromedriver still missing" >&2; exit 1; }
+    if [ "$cross_host" = 1 ]; then
+        debian_rustc_ok || { echo "setup: /usr/bin/rustc (rustc-web) missing or older than $rust_version" >&2; exit 1; }
+        [ -x /usr/bin/cargo ] || { echo "setup: /usr/bin/cargo (cargo-web) still missing" >&2; exit 1; }
+        aarch64_std_ok || { echo "setup: /usr/bin/rustc cannot compile for aarch64-unknown-linux-gnu (libstd-rust-web-dev:arm64 of its version?)" >&2; exit 1; }
+        for c in aarch64-linux-gnu-gcc aarch64-linux-gnu-g++ qemu-aarch64; do
+            command -v "$c" >/dev/null 2>&1 || { echo "setup: $c still missing" >&2; exit 1; }
+        done
+        [ -e /usr/lib/aarch64-linux-gnu/libstdc++.so.6 ] || { echo "setup: libstdc++6:arm64 still missing" >&2; exit 1; }
+    fi
     echo "setup: installed ${installing[*]}"
+elif [ "$cross_host" = 1 ]; then
+    echo "setup: cmake, libclang, git, chromium, chromedriver and the aarch64 cross toolchain with qemu present, nothing to install with apt-get"
 else
     echo "setup: cmake, libclang, git, chromium and chromedriver present, nothing to install with apt-get"
 fi
