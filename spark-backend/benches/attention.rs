@@ -22,7 +22,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use llama_cpp_sys_2 as sys;
 use spark_backend::attention::op::spark_attn;
-use spark_backend::params::AttnParams;
+use spark_backend::params::{AttnParams, OpParams};
 use std::ffi::c_void;
 use std::time::Duration;
 
@@ -99,6 +99,12 @@ impl Setup {
             softcap: SOFTCAP,
         });
         let ud: *mut c_void = (&mut *params as *mut AttnParams).cast();
+        let block = OpParams {
+            layer: 0,
+            k: K_KEEP,
+            r: R,
+            softcap: SOFTCAP,
+        };
         let mut graphs = vec![Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         // SAFETY: all tensors come from `ctx` (host memory) and are filled before use.
         unsafe {
@@ -157,6 +163,9 @@ impl Setup {
                         -1,
                         ud,
                     );
+                    // The op reads its parameters from the node, as the graph stores them
+                    // (`spark_op_set_params`), not from `userdata`.
+                    spark_backend::params::store(out, &block);
                     graph(ctx, out)
                 };
                 // spark

@@ -2,6 +2,9 @@
 //! gains over AVX2 (the AVX-512 table borrows the AVX2 entries elsewhere).
 
 mod attention;
+mod avx512_attention;
+mod avx512_quant;
+mod avx512_rows;
 mod quant;
 mod rows;
 mod topk;
@@ -48,8 +51,27 @@ pub(super) fn avx512_supported() -> bool {
 }
 
 /// The AVX-512 table. Handed out by `arch::table` only where the CPU has AVX2, FMA, F16C and
-/// [`avx512_supported`]'s features.
+/// [`avx512_supported`]'s features. Entries marked AVX2 are the AVX2 table's (no gain measured,
+/// or not on a path measured: the float rows and q4_0 / q6_K).
 pub(super) const AVX512: Kernels = Kernels {
     isa: Isa::Avx512,
-    ..AVX2
+    dot_f32: rows::dot_f32,   // AVX2
+    dot_f16: rows::dot_f16,   // AVX2
+    dot_bf16: rows::dot_bf16, // AVX2
+    axpy_f32: avx512_rows::axpy_f32,
+    axpy_f16: avx512_rows::axpy_f16,
+    axpy_bf16: avx512_rows::axpy_bf16,
+    f16_to_f32: avx512_rows::f16_to_f32,
+    bf16_to_f32: avx512_rows::bf16_to_f32,
+    axpy_q8_0: avx512_quant::axpy_q8_0,
+    axpy_q4_0: quant::axpy_q4_0, // AVX2
+    axpy_q6_k: quant::axpy_q6_k, // AVX2
+    to_f32_q8_0: avx512_quant::to_f32_q8_0,
+    to_f32_q4_0: quant::to_f32_q4_0, // AVX2
+    to_f32_q6_k: quant::to_f32_q6_k, // AVX2
+    axpy4_q8_0: avx512_quant::axpy4_q8_0,
+    axpy_q8_0_folded: avx512_quant::axpy_q8_0_folded,
+    shifted_sums: topk::shifted_sums, // AVX2
+    attn_dots: avx512_attention::dots,
+    attn_accumulate: avx512_attention::accumulate,
 };
