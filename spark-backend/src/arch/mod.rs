@@ -10,13 +10,11 @@
 //! ```text
 //! arch/generic/{rows,quant,topk,attention}.rs   portable Rust: the references
 //! arch/x86/{rows,quant,topk,attention}.rs       AVX2 + FMA + F16C          (x86-64)
-//! arch/x86/avx512_*.rs                           AVX-512                    (x86-64)
 //! arch/arm/{rows,quant,topk,attention}.rs       NEON                       (aarch64)
 //! ```
 //!
 //! Each instruction set has one [`Kernels`] table (`generic::KERNELS`, `x86::AVX2`,
-//! `x86::AVX512`, `arm::NEON`): a
-//! struct literal, so adding an operation makes the compiler ask every table for it, and
+//! `arm::NEON`): a struct literal, so adding an operation makes the compiler ask every table for it, and
 //! [`table`] picks the table by an exhaustive `match` on [`Isa`], whose variants exist only on
 //! their architecture, so adding an instruction set makes the compiler name every place it must
 //! fill. A table may borrow another one's entry (the generic version where a SIMD one would not
@@ -29,7 +27,7 @@
 //! CPU has ([`Isa::available`]) with the generic one.
 //!
 //! The callers ask [`kernels`] at the entry of a row or a block, never inside an inner loop.
-//! `SPARK_ISA=generic|avx2|avx512|neon` makes the process use a lower instruction set than the best
+//! `SPARK_ISA=generic|avx2|neon` makes the process use a lower instruction set than the best
 //! its CPU has (for tests and comparisons); a name the CPU lacks is refused with one line on
 //! stderr and the best is used.
 
@@ -53,10 +51,6 @@ pub enum Isa {
     /// x86-64 with AVX2, FMA and F16C (every kernel of the table may use all three).
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// x86-64 with AVX-512 on top of [`Isa::Avx2`] (the features `x86::avx512_supported`
-    /// checks).
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
     /// AArch64 with Advanced SIMD (NEON), which every AArch64 CPU has.
     #[cfg(target_arch = "aarch64")]
     Neon,
@@ -68,8 +62,6 @@ impl Isa {
         Isa::Generic,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2,
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512,
         #[cfg(target_arch = "aarch64")]
         Isa::Neon,
     ];
@@ -80,8 +72,6 @@ impl Isa {
             Isa::Generic => "generic",
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => "avx2",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => "avx512",
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => "neon",
         }
@@ -93,8 +83,6 @@ impl Isa {
             Isa::Generic => true,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::avx2_supported(),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::avx2_supported() && x86::avx512_supported(),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => arm::neon_supported(),
         }
@@ -183,8 +171,6 @@ pub fn table(isa: Isa) -> Option<&'static Kernels> {
         Isa::Generic => &generic::KERNELS,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => &x86::AVX2,
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => &x86::AVX512,
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => &arm::NEON,
     })

@@ -1,10 +1,8 @@
-//! The x86-64 kernels: AVX2 with FMA and F16C, a version of every family; AVX-512 where it
-//! gains over AVX2 (the AVX-512 table borrows the AVX2 entries elsewhere).
+//! The x86-64 kernels: AVX2 with FMA and F16C, a version of every family. There is no AVX-512
+//! table: AVX-512 versions of the float axpy, q8_0 and attention kernels were written, tested
+//! and measured end to end without a gain (docs/PERF.md, "Instruction sets"), and removed.
 
 mod attention;
-mod avx512_attention;
-mod avx512_quant;
-mod avx512_rows;
 mod quant;
 mod rows;
 mod topk;
@@ -41,37 +39,3 @@ pub(super) fn avx2_supported() -> bool {
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
 }
-
-/// Whether the CPU has the AVX-512 features the [`AVX512`] table's own kernels use (on top of
-/// [`avx2_supported`]).
-pub(super) fn avx512_supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-}
-
-/// The AVX-512 table. Handed out by `arch::table` only where the CPU has AVX2, FMA, F16C and
-/// [`avx512_supported`]'s features. Entries marked AVX2 are the AVX2 table's (no gain measured,
-/// or not on a path measured: the float rows and q4_0 / q6_K).
-pub(super) const AVX512: Kernels = Kernels {
-    isa: Isa::Avx512,
-    dot_f32: rows::dot_f32,   // AVX2
-    dot_f16: rows::dot_f16,   // AVX2
-    dot_bf16: rows::dot_bf16, // AVX2
-    axpy_f32: avx512_rows::axpy_f32,
-    axpy_f16: avx512_rows::axpy_f16,
-    axpy_bf16: avx512_rows::axpy_bf16,
-    f16_to_f32: avx512_rows::f16_to_f32,
-    bf16_to_f32: avx512_rows::bf16_to_f32,
-    axpy_q8_0: avx512_quant::axpy_q8_0,
-    axpy_q4_0: quant::axpy_q4_0, // AVX2
-    axpy_q6_k: quant::axpy_q6_k, // AVX2
-    to_f32_q8_0: avx512_quant::to_f32_q8_0,
-    to_f32_q4_0: quant::to_f32_q4_0, // AVX2
-    to_f32_q6_k: quant::to_f32_q6_k, // AVX2
-    axpy4_q8_0: avx512_quant::axpy4_q8_0,
-    axpy_q8_0_folded: avx512_quant::axpy_q8_0_folded,
-    shifted_sums: topk::shifted_sums, // AVX2
-    attn_dots: avx512_attention::dots,
-    attn_accumulate: avx512_attention::accumulate,
-};
