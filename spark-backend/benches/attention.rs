@@ -104,6 +104,7 @@ impl Setup {
             k: K_KEEP,
             r: R,
             softcap: SOFTCAP,
+            ..OpParams::default()
         };
         let mut graphs = vec![Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         // SAFETY: all tensors come from `ctx` (host memory) and are filled before use.

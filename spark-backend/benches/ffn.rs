@@ -17,7 +17,7 @@ mod ffn_helpers;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ffn_helpers::{Ggml, Rng, Runner};
 use llama_cpp_sys_2 as sys;
-use spark_backend::params::FfnParams;
+use spark_backend::params::OpParams;
 use spark_backend::rows::{quant, RowType};
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,7 @@ fn weights(rng: &mut Rng, ty: RowType, n_cols: usize, n_rows: usize, scale: f64)
 
 struct Setup {
     ggml: Ggml,
-    _params: Box<FfnParams>,
+    _params: Box<OpParams>,
     sparse: *mut sys::ggml_cgraph,
     /// The fused path: mul_mat + spark_ffn_fused + spark_ffn_sum.
     fused: *mut sys::ggml_cgraph,
@@ -105,7 +105,11 @@ impl Setup {
             .collect();
         let kv = ggml.tensor(ty, 2 * D - R, F, &packed);
         let [k2_packed, v_packed] = ggml.row_views(kv, [D - R, D]);
-        let params = Box::new(FfnParams { layer: 0, k: K });
+        let params = Box::new(OpParams {
+            layer: 0,
+            k: K,
+            ..Default::default()
+        });
         let [scores, u, out] = ggml.spark_ffn(h, k1, k2, v, &*params);
         let sparse = ggml.graph(out);
         let p = spark_backend::ffn::tiling::default_chunks(F);

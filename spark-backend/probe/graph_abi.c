@@ -24,8 +24,8 @@ const size_t spark_probe_ffn_tiling_layout[] = {
     SPARK_FFN_PATH_TWO_STAGE,
 };
 
-/* The parameter block a Spark node carries (src/params.rs): struct spark_op_params of the header,
- * the Rust signature of spark_op_set_params, and the facts of ggml's op_params that the block's
+/* The parameter block a Spark node carries (src/params.rs): struct spark_op_params and enum
+ * spark_ffn_cutoff of the header, the Rust signature of spark_op_set_params, and the facts of ggml's op_params that the block's
  * placement rests on (ggml-impl.h's struct ggml_custom_op_params comes first, GGML_MAX_OP_PARAMS
  * bytes in all). */
 #include "ggml.h"
@@ -44,6 +44,10 @@ const size_t spark_probe_op_params_layout[] = {
     offsetof(struct spark_op_params, k),
     offsetof(struct spark_op_params, r),
     offsetof(struct spark_op_params, softcap),
+    offsetof(struct spark_op_params, ffn_cutoff),
+    offsetof(struct spark_op_params, ffn_z),
+    SPARK_FFN_CUTOFF_TOP_K,
+    SPARK_FFN_CUTOFF_STD_MUL,
     sizeof(struct ggml_custom_op_params),
     GGML_MAX_OP_PARAMS,
     sizeof(((struct ggml_tensor *) 0)->op_params),

@@ -13,26 +13,26 @@
 //! | 0..24 | `struct ggml_custom_op_params { fun, n_tasks, userdata }` | ggml |
 //! | 24..32 | the call's shared state `{next chunk, threads done}` (two `u32`, zero at rest) | [`crate::op`] |
 //! | 32..36 | [`MAGIC`]: the block below is present | [`spark_op_set_params`] |
-//! | 36..52 | `struct spark_op_params { layer, k, r, softcap }` ([`OpParams`]) | [`spark_op_set_params`] |
+//! | 36..60 | `struct spark_op_params { layer, k, r, softcap, ffn_cutoff, ffn_z }` ([`OpParams`]) | [`spark_op_set_params`] |
+//! | 60..64 | unused | |
 //!
 //! The sizes that this rests on (ggml's struct and `GGML_MAX_OP_PARAMS`) are checked against
-//! ggml's headers by `probe/graph_abi.c` (`tests/registry.rs`). The FFN ops read the block as
-//! [`FfnParams`] (its first two fields), `spark_attn` as [`AttnParams`] (all four).
+//! ggml's headers by `probe/graph_abi.c` (`tests/registry.rs`). The FFN ops read the whole
+//! block through [`read_ffn`] (the layer and a [`Cutoff`]: `k`, `ffn_cutoff`, `ffn_z`),
+//! `spark_attn` its first four fields as [`AttnParams`].
 
+use crate::topk::Cutoff;
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_int, c_void};
 
-/// The FFN ops' view of the block: its first two fields (`layer`, `k`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FfnParams {
-    /// Layer index (for statistics).
-    pub layer: i32,
-    /// k_f: neurons kept per token (k >= F keeps all, unshifted).
-    pub k: i32,
-}
+/// `SPARK_FFN_CUTOFF_TOP_K` of the C header's `enum spark_ffn_cutoff` ([`OpParams::ffn_cutoff`]):
+/// z = Q(1 - k/F) from `k` ([`Cutoff::TopK`]).
+pub const FFN_CUTOFF_TOP_K: i32 = 0;
+/// `SPARK_FFN_CUTOFF_STD_MUL` of `enum spark_ffn_cutoff`: z = `ffn_z` as given
+/// ([`Cutoff::StdMul`]; `k` unused).
+pub const FFN_CUTOFF_STD_MUL: i32 = 1;
 
-/// `spark_attn`'s view of the block: all of [`OpParams`].
+/// `spark_attn`'s view of the block: the first four fields of [`OpParams`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnParams {
@@ -50,31 +50,53 @@ pub struct AttnParams {
 /// below), so every op reads it the same way for its messages. `None` for null.
 ///
 /// # Safety
-/// `userdata` is null or points to a [`FfnParams`] or an [`AttnParams`].
+/// `userdata` is null or points to an [`OpParams`] or an [`AttnParams`].
 pub(crate) unsafe fn layer_of(userdata: *const c_void) -> Option<i32> {
     // SAFETY: per the contract, a non-null pointer starts with an i32; read unaligned.
     (!userdata.is_null()).then(|| unsafe { userdata.cast::<i32>().read_unaligned() })
 }
 
-/// The FFN op's parameters and its k_f (>= 1) from `userdata` (the block of [`block`]): one
-/// check for the CPU ops and the CUDA launchers.
+/// An FFN op's layer and threshold cutoff from `userdata` (the whole block of [`block`]): one
+/// check for the CPU ops and the CUDA launchers. Errors ([`crate::KernelError::Param`], naming
+/// the field): no block, an `ffn_cutoff` other than [`FFN_CUTOFF_TOP_K`] and
+/// [`FFN_CUTOFF_STD_MUL`], `k < 1` with `TOP_K`, a non-finite `ffn_z` with `STD_MUL`.
 ///
 /// # Safety
-/// `userdata` is null or points to a [`FfnParams`].
+/// `userdata` is null or points to an [`OpParams`].
 pub(crate) unsafe fn read_ffn(
     userdata: *const c_void,
-) -> Result<(FfnParams, usize), crate::KernelError> {
+) -> Result<(i32, Cutoff), crate::KernelError> {
     use crate::KernelError;
     if userdata.is_null() {
         return Err(KernelError::Param(MISSING.into()));
     }
-    // SAFETY: userdata points to a live spark_ffn_params (contract); read unaligned to be safe.
-    let params = unsafe { userdata.cast::<FfnParams>().read_unaligned() };
-    let k = usize::try_from(params.k)
-        .ok()
-        .filter(|&k| k >= 1)
-        .ok_or_else(|| KernelError::Param(format!("k = {} (must be >= 1)", params.k)))?;
-    Ok((params, k))
+    // SAFETY: userdata points to a live spark_op_params (contract); read unaligned to be safe.
+    let params = unsafe { userdata.cast::<OpParams>().read_unaligned() };
+    let cutoff = match params.ffn_cutoff {
+        FFN_CUTOFF_TOP_K => {
+            let k = usize::try_from(params.k)
+                .ok()
+                .filter(|&k| k >= 1)
+                .ok_or_else(|| KernelError::Param(format!("k = {} (must be >= 1)", params.k)))?;
+            Cutoff::TopK(k)
+        }
+        FFN_CUTOFF_STD_MUL => {
+            if !params.ffn_z.is_finite() {
+                return Err(KernelError::Param(format!(
+                    "ffn_z = {} (must be finite with SPARK_FFN_CUTOFF_STD_MUL)",
+                    params.ffn_z
+                )));
+            }
+            Cutoff::StdMul(f64::from(params.ffn_z))
+        }
+        other => {
+            return Err(KernelError::Param(format!(
+                "ffn_cutoff = {other} (must be {FFN_CUTOFF_TOP_K} = SPARK_FFN_CUTOFF_TOP_K or \
+                 {FFN_CUTOFF_STD_MUL} = SPARK_FFN_CUTOFF_STD_MUL)"
+            )))
+        }
+    };
+    Ok((params.layer, cutoff))
 }
 
 /// Why an op has no parameters: its node carries no block.
@@ -89,12 +111,17 @@ pub const MISSING: &str =
 pub struct OpParams {
     /// Layer index (for statistics and messages).
     pub layer: i32,
-    /// k_f (the FFN ops) or k_a (`spark_attn`).
+    /// k_f (the FFN ops with [`FFN_CUTOFF_TOP_K`]) or k_a (`spark_attn`).
     pub k: i32,
     /// r_a (`spark_attn`); 0 for the FFN ops.
     pub r: i32,
     /// `spark_attn`'s logit soft-cap (0 = off); 0 for the FFN ops.
     pub softcap: f32,
+    /// `enum spark_ffn_cutoff` (the FFN ops: [`FFN_CUTOFF_TOP_K`] or [`FFN_CUTOFF_STD_MUL`]);
+    /// 0 for `spark_attn`.
+    pub ffn_cutoff: i32,
+    /// The std multiplier z of [`FFN_CUTOFF_STD_MUL`] (finite); 0 otherwise.
+    pub ffn_z: f32,
 }
 
 /// `sizeof(struct ggml_custom_op_params)` (ggml-impl.h: a function pointer, an int and a
@@ -110,21 +137,25 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPK1");
 const OP_PARAMS_BYTES: usize = std::mem::size_of::<[i32; 16]>();
 
 const _: () = {
-    assert!(std::mem::offset_of!(FfnParams, layer) == 0);
+    assert!(std::mem::offset_of!(OpParams, layer) == 0);
     assert!(std::mem::offset_of!(AttnParams, layer) == 0);
-    // The views are prefixes of the stored block.
-    assert!(std::mem::offset_of!(FfnParams, k) == std::mem::offset_of!(OpParams, k));
+    // spark_attn's view is a prefix of the stored block.
     assert!(std::mem::offset_of!(AttnParams, k) == std::mem::offset_of!(OpParams, k));
     assert!(std::mem::offset_of!(AttnParams, r) == std::mem::offset_of!(OpParams, r));
     assert!(std::mem::offset_of!(AttnParams, softcap) == std::mem::offset_of!(OpParams, softcap));
-    assert!(std::mem::size_of::<AttnParams>() == std::mem::size_of::<OpParams>());
+    assert!(std::mem::size_of::<AttnParams>() <= std::mem::size_of::<OpParams>());
+    // The layout of the module doc's table (six 4-byte fields; pinned against the C header by
+    // probe/graph_abi.c).
+    assert!(std::mem::offset_of!(OpParams, ffn_cutoff) == 16);
+    assert!(std::mem::offset_of!(OpParams, ffn_z) == 20);
+    assert!(std::mem::size_of::<OpParams>() == 24);
     // The block fits `op_params` and leaves ggml's part alone; u32 fields stay aligned.
     assert!(BLOCK_OFFSET + 4 + std::mem::size_of::<OpParams>() <= OP_PARAMS_BYTES);
     assert!(CALL_STATE_OFFSET.is_multiple_of(4) && BLOCK_OFFSET.is_multiple_of(4));
 };
 
 /// Where `dst`'s stored parameters are, as the `userdata` the ops and their checks read
-/// ([`FfnParams`] / [`AttnParams`] views); null when `dst` is null or carries no block.
+/// ([`OpParams`] / [`AttnParams`]); null when `dst` is null or carries no block.
 ///
 /// # Safety
 /// `dst` is null or a live ggml tensor.
@@ -200,4 +231,94 @@ pub unsafe extern "C" fn spark_op_set_params(
         unsafe { store(node, &p.read_unaligned()) };
         0
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::KernelError;
+
+    fn read(p: &OpParams) -> Result<(i32, Cutoff), KernelError> {
+        // SAFETY: a live OpParams.
+        unsafe { read_ffn((p as *const OpParams).cast()) }
+    }
+
+    fn param_error(p: &OpParams) -> String {
+        match read(p) {
+            Err(KernelError::Param(m)) => m,
+            other => panic!("{p:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn read_ffn_gives_the_cutoff_of_the_block() {
+        let top = OpParams {
+            layer: 4,
+            k: 41,
+            ..OpParams::default()
+        };
+        assert_eq!(read(&top).unwrap(), (4, Cutoff::TopK(41)));
+        let z = 1.644_853_4_f32;
+        let std_mul = OpParams {
+            layer: 2,
+            k: 0, // unused
+            ffn_cutoff: FFN_CUTOFF_STD_MUL,
+            ffn_z: z,
+            ..OpParams::default()
+        };
+        assert_eq!(read(&std_mul).unwrap(), (2, Cutoff::StdMul(f64::from(z))));
+        assert_eq!(f64::from(z), 1.644_853_353_500_366_2);
+        // SAFETY: null is allowed.
+        let missing = unsafe { read_ffn(std::ptr::null()) };
+        assert_eq!(missing, Err(KernelError::Param(MISSING.into())));
+    }
+
+    #[test]
+    fn read_ffn_names_the_bad_field() {
+        let base = OpParams {
+            layer: 1,
+            k: 10,
+            ..OpParams::default()
+        };
+        assert_eq!(
+            param_error(&OpParams { k: 0, ..base }),
+            "k = 0 (must be >= 1)"
+        );
+        assert_eq!(
+            param_error(&OpParams { k: -3, ..base }),
+            "k = -3 (must be >= 1)"
+        );
+        for cutoff in [2, -1, 7] {
+            assert_eq!(
+                param_error(&OpParams {
+                    ffn_cutoff: cutoff,
+                    ..base
+                }),
+                format!(
+                    "ffn_cutoff = {cutoff} (must be 0 = SPARK_FFN_CUTOFF_TOP_K or \
+                     1 = SPARK_FFN_CUTOFF_STD_MUL)"
+                )
+            );
+        }
+        for (z, shown) in [
+            (f32::NAN, "NaN"),
+            (f32::INFINITY, "inf"),
+            (f32::NEG_INFINITY, "-inf"),
+        ] {
+            assert_eq!(
+                param_error(&OpParams {
+                    ffn_cutoff: FFN_CUTOFF_STD_MUL,
+                    ffn_z: z,
+                    ..base
+                }),
+                format!("ffn_z = {shown} (must be finite with SPARK_FFN_CUTOFF_STD_MUL)")
+            );
+        }
+        // ffn_z is not read with TOP_K, nor k with STD_MUL
+        let nan_z = OpParams {
+            ffn_z: f32::NAN,
+            ..base
+        };
+        assert_eq!(read(&nan_z).unwrap(), (1, Cutoff::TopK(10)));
+    }
 }

@@ -195,6 +195,60 @@ pub fn threshold(x: &[f32], k: usize) -> Option<f32> {
     threshold_f64(x, k).map(round_down_f32)
 }
 
+/// How a threshold `theta = mean + std * z` over a vector of `d` entries is set: the
+/// multiplier `z` from a kept count or given directly (the FFN ops' `ffn_cutoff`,
+/// `crate::params`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cutoff {
+    /// About `k` of the `d` entries kept: `z = Q(1 - k/d)` (SPEC 1; spark-gemma2). `k >= d` is
+    /// dense (no threshold: every entry kept, unshifted), `k = 0` keeps nothing.
+    TopK(usize),
+    /// `z` as given (Gemma 3n's `f_sparsity_std_mul`, 1.6448533535003662 = Q(0.95)): always a
+    /// threshold, never dense. The ops accept finite values only (`crate::params::read_ffn`);
+    /// a NaN `z` here gives a NaN threshold, which no entry exceeds.
+    StdMul(f64),
+}
+
+impl Cutoff {
+    /// The multiplier `z` for a vector of `d` entries, as the CUDA threshold kernel takes it
+    /// from the host: `None` when dense ([`Cutoff::TopK`] with `k >= d`). `TopK(0)` gives
+    /// `+inf`.
+    pub fn z(self, d: usize) -> Option<f64> {
+        match self {
+            Cutoff::TopK(k) if k >= d => None,
+            Cutoff::TopK(k) => Some(norm_ppf(1.0 - k as f64 / d as f64)),
+            Cutoff::StdMul(z) => Some(z),
+        }
+    }
+
+    /// True when this cutoff keeps every one of `d` entries unshifted (`TopK(k)`, `k >= d`).
+    pub fn dense(self, d: usize) -> bool {
+        self.z(d).is_none()
+    }
+}
+
+/// The threshold of `x` under `cutoff`, in f64: [`threshold_f64`] for [`Cutoff::TopK`]; for
+/// [`Cutoff::StdMul`]`(z)`, `mean + std * z` with the same mean and unbiased standard deviation
+/// ([`mean_std`]), `mean` when the deviation is 0 and `+inf` when no entry is finite. `None`
+/// only when dense.
+pub fn threshold_f64_for(x: &[f32], cutoff: Cutoff) -> Option<f64> {
+    match cutoff {
+        Cutoff::TopK(k) => threshold_f64(x, k),
+        Cutoff::StdMul(z) => {
+            let Some((mean, std)) = mean_std(x) else {
+                return Some(f64::INFINITY);
+            };
+            Some(if std == 0.0 { mean } else { mean + std * z })
+        }
+    }
+}
+
+/// [`threshold_f64_for`] rounded down to f32, so that for every f32 `v`,
+/// `v > threshold_for(x, c)` exactly when `v > threshold_f64_for(x, c)`.
+pub fn threshold_for(x: &[f32], cutoff: Cutoff) -> Option<f32> {
+    threshold_f64_for(x, cutoff).map(round_down_f32)
+}
+
 /// The largest f32 not above `t` (`+-inf` stay infinite, NaN stays NaN).
 pub(crate) fn round_down_f32(t: f64) -> f32 {
     let r = t as f32;
@@ -414,6 +468,56 @@ mod tests {
         let (m, s) = mean_std(&x).unwrap();
         assert!((m - mean).abs() < 1e-9);
         assert!((s - var.sqrt()).abs() < 1e-9 * var.sqrt());
+    }
+
+    #[test]
+    fn a_std_multiplier_cutoff_is_mean_plus_std_times_z() {
+        let x: Vec<f32> = (0..2048)
+            .map(|i| ((i * 7919) % 1013) as f32 * 0.013 - 6.0)
+            .collect();
+        let (mean, std) = mean_std(&x).unwrap();
+        for z in [1.644_853_353_500_366_2, 0.0, -0.5, 3.25] {
+            let c = Cutoff::StdMul(z);
+            assert_eq!(c.z(x.len()), Some(z));
+            assert!(!c.dense(x.len()));
+            let t = threshold_f64_for(&x, c).unwrap();
+            assert_eq!(t.to_bits(), (mean + std * z).to_bits(), "z {z}");
+            let t32 = threshold_for(&x, c).unwrap();
+            assert_eq!(t32, round_down_f32(t));
+            for &v in &x {
+                assert_eq!(v > t32, f64::from(v) > t, "z {z} v {v}");
+            }
+        }
+        // never dense, whatever the length; std 0 gives the mean, no finite entry +inf
+        let c = Cutoff::StdMul(1.5);
+        assert_eq!(threshold_for(&[2.5; 4], c), Some(2.5));
+        assert_eq!(threshold_for(&[7.0], c), Some(7.0));
+        assert_eq!(
+            threshold_for(&[f32::NAN, f32::INFINITY], c),
+            Some(f32::INFINITY)
+        );
+        // non-finite entries are left out of the statistics, as for top-k
+        let (m, s) = mean_std(&[1.0, 3.0]).unwrap();
+        let t = threshold_f64_for(&[1.0, f32::NEG_INFINITY, 3.0, f32::NAN], c).unwrap();
+        assert_eq!(t, m + s * 1.5);
+        // a NaN multiplier: a NaN threshold, which no entry exceeds
+        assert!(threshold_for(&x, Cutoff::StdMul(f64::NAN))
+            .unwrap()
+            .is_nan());
+    }
+
+    #[test]
+    fn a_top_k_cutoff_is_threshold_of_k() {
+        let x: Vec<f32> = (0..300).map(|i| ((i * 31) % 97) as f32 * 0.1).collect();
+        for k in [0usize, 1, 15, 150, 299, 300, 1000] {
+            let c = Cutoff::TopK(k);
+            assert_eq!(threshold_f64_for(&x, c), threshold_f64(&x, k), "k {k}");
+            assert_eq!(threshold_for(&x, c), threshold(&x, k), "k {k}");
+            assert_eq!(c.dense(x.len()), k >= x.len());
+        }
+        assert_eq!(Cutoff::TopK(15).z(300), Some(norm_ppf(1.0 - 15.0 / 300.0)));
+        assert_eq!(Cutoff::TopK(0).z(300), Some(f64::INFINITY));
+        assert_eq!(Cutoff::TopK(300).z(300), None);
     }
 
     #[test]

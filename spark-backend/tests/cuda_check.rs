@@ -10,8 +10,9 @@ use ffn_helpers::{op_case, OpCase, Rng, Weights};
 use llama_cpp_sys_2 as sys;
 use spark_backend::ffn::cuda_plan as check;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
-use spark_backend::params::FfnParams;
+use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
+use spark_backend::topk::{norm_ppf, Cutoff};
 use spark_backend::KernelError;
 use std::ffi::c_void;
 
@@ -29,7 +30,7 @@ fn scores(c: &OpCase) -> *mut sys::ggml_tensor {
 }
 
 fn params(c: &OpCase) -> *const c_void {
-    (&*c.params as *const FfnParams).cast()
+    (&*c.params as *const OpParams).cast()
 }
 
 fn fused_dst(c: &OpCase, v: *mut sys::ggml_tensor, p: usize) -> *mut sys::ggml_tensor {
@@ -61,8 +62,8 @@ fn good_ffn_calls_give_plans_with_the_tensors_addresses_and_shapes() {
             (F, D, T, 16)
         );
         assert_eq!(
-            (plan.stage.k, plan.stage.layer, plan.stage.r_f()),
-            (10, 3, R)
+            (plan.stage.cutoff, plan.stage.layer, plan.stage.r_f()),
+            (Cutoff::TopK(10), 3, R)
         );
         // SAFETY: live tensors.
         unsafe {
@@ -97,6 +98,96 @@ fn good_ffn_calls_give_plans_with_the_tensors_addresses_and_shapes() {
     }
 }
 
+/// The threshold kernel gets z from the host: Q(1 - k/F) for the top-k cutoff, the std
+/// multiplier as given for Gemma 3n's (never dense, k unused); and K2 may span all of h
+/// (r_f = 0), which the up kernel gets as its offset into h.
+#[test]
+fn the_plans_pass_the_cutoffs_z_and_accept_k2_over_all_of_h() {
+    use check::Arg;
+    let c = case(RowType::Q8_0);
+    let threshold_args = |plan: &check::StagePlan| -> (Vec<Arg>, Vec<Arg>) {
+        let up = check::UpPlan {
+            stage: *plan,
+            out: 1 << 30,
+        };
+        let l = up.launches(1 << 20).unwrap();
+        assert_eq!(
+            l.iter().map(|l| l.kernel).collect::<Vec<_>>(),
+            [check::FfnKernel::Threshold, check::FfnKernel::Up]
+        );
+        (l[0].args.clone(), l[1].args.clone())
+    };
+    // top-k (the case's k = 10 of F = 96)
+    let dst = fused_dst(&c, c.v, 16);
+    // SAFETY: live tensors of c's context; params is a spark_op_params.
+    let plan = unsafe { check::fused(dst, params(&c)) }.unwrap();
+    let q = norm_ppf(1.0 - 10.0 / F as f64);
+    assert_eq!(plan.stage.z(), q);
+    let (th, up) = threshold_args(&plan.stage);
+    assert_eq!(&th[1..4], &[Arg::I32(F as i32), Arg::I32(0), Arg::F64(q)]);
+    assert_eq!(up[7], Arg::I32(R as i32), "r_f");
+    assert_eq!(up[11], Arg::I32((D - R) as i32), "K2 columns");
+    // dense top-k: z unused (0), the dense flag set
+    let dense = ffn_helpers::op_params(3, Cutoff::TopK(F));
+    // SAFETY: as above.
+    let plan = unsafe { check::fused(dst, (&dense as *const OpParams).cast()) }.unwrap();
+    assert!(plan.stage.dense());
+    let (th, _) = threshold_args(&plan.stage);
+    assert_eq!(&th[2..4], &[Arg::I32(1), Arg::F64(0.0)]);
+    // Gemma 3n: the std multiplier, K2 [D, F] over all of h
+    let z = f64::from(ffn_helpers::GEMMA3N_STD_MUL);
+    let gemma = ffn_helpers::op_params(4, Cutoff::StdMul(z));
+    let mut rng = Rng::new(11);
+    let k2w = Weights::random(&mut rng, RowType::Q8_0, D, F, 0.3);
+    let k2 = c.ggml.tensor(RowType::Q8_0, D, F, &k2w.bytes);
+    let s = scores(&c);
+    let fused = c
+        .ggml
+        .custom(&[D, T, 16], &mut [s, c.h, k2, c.v], spark_ffn_fused, &gemma);
+    let u = c
+        .ggml
+        .custom(&[T, F], &mut [s, c.h, k2], spark_ffn_up, &gemma);
+    let ud = (&gemma as *const OpParams).cast();
+    // SAFETY: live tensors of c's context; ud is a spark_op_params.
+    let (fp, up_plan) = unsafe { (check::fused(fused, ud), check::up(u, ud)) };
+    let (fp, up_plan) = (fp.unwrap(), up_plan.unwrap());
+    assert_eq!(up_plan.stage, fp.stage);
+    let st = fp.stage;
+    assert_eq!(
+        (
+            st.cutoff,
+            st.layer,
+            st.r_f(),
+            st.k2.cols,
+            st.dense(),
+            st.z()
+        ),
+        (Cutoff::StdMul(z), 4, 0, D, false, z)
+    );
+    let (th, up) = threshold_args(&st);
+    assert_eq!(&th[1..4], &[Arg::I32(F as i32), Arg::I32(0), Arg::F64(z)]);
+    assert_eq!(
+        (up[4], up[7], up[11]),
+        (Arg::I32(0), Arg::I32(0), Arg::I32(D as i32))
+    );
+    // K2 wider than h is still refused
+    let wide = c
+        .ggml
+        .tensor(RowType::Q8_0, D + 32, F, &vec![0u8; 34 * (D + 32) / 32 * F]);
+    let bad = c
+        .ggml
+        .custom(&[T, F], &mut [s, c.h, wide], spark_ffn_up, &gemma);
+    // SAFETY: as above.
+    let e = unsafe { check::up(bad, ud) }.expect_err("K2 wider than h");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "shape mismatch: ffn_up width {} not in (0, D = {D}]",
+            D + 32
+        )
+    );
+}
+
 /// StagePlan equality modulo the scores tensor (each call above makes its own).
 trait WithScores {
     fn clone_with_scores(&self, s: *mut sys::ggml_tensor) -> Self;
@@ -124,9 +215,30 @@ fn bad_ffn_calls_are_rejected_from_metadata() {
         fused_err(good, std::ptr::null()),
         KernelError::Param(_)
     ));
-    let zero_k = FfnParams { layer: 3, k: 0 };
-    let e = fused_err(good, (&zero_k as *const FfnParams).cast());
+    let zero_k = OpParams {
+        layer: 3,
+        k: 0,
+        ..Default::default()
+    };
+    let e = fused_err(good, (&zero_k as *const OpParams).cast());
     assert_eq!(e.to_string(), "invalid parameter: k = 0 (must be >= 1)");
+    // an unknown cutoff, a non-finite std multiplier: the CPU ops' lines
+    let unknown = OpParams {
+        ffn_cutoff: 9,
+        ..zero_k
+    };
+    let e = fused_err(good, (&unknown as *const OpParams).cast());
+    assert_eq!(
+        e.to_string(),
+        "invalid parameter: ffn_cutoff = 9 (must be 0 = SPARK_FFN_CUTOFF_TOP_K or \
+         1 = SPARK_FFN_CUTOFF_STD_MUL)"
+    );
+    let nan_z = ffn_helpers::op_params(3, Cutoff::StdMul(f64::NAN));
+    let e = fused_err(good, (&nan_z as *const OpParams).cast());
+    assert_eq!(
+        e.to_string(),
+        "invalid parameter: ffn_z = NaN (must be finite with SPARK_FFN_CUTOFF_STD_MUL)"
+    );
     // a weight type the kernels do not read (q2_K: the CPU op reads it, the GPU does not)
     let mut rng = Rng::new(3);
     let q2 = Weights::random(&mut rng, RowType::Q2K, D, F, 0.3);
@@ -239,7 +351,11 @@ fn a_launcher_given_bad_inputs_reports_the_ops_line_and_fails_without_cuda() {
         std::slice::from_raw_parts_mut((*dst).data.cast::<f32>(), n)
     };
     host(dst).fill(1234.5);
-    let zero_k = FfnParams { layer: 5, k: 0 };
+    let zero_k = OpParams {
+        layer: 5,
+        k: 0,
+        ..Default::default()
+    };
     let fused = LAUNCHERS
         .iter()
         .find(|l| l.name == "spark_ffn_fused")

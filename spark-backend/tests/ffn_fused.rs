@@ -8,9 +8,10 @@ mod ffn_helpers;
 use ffn_helpers::{assert_close, batch, op_case, ref_up, up_scale, OpCase, Rng, Weights};
 use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_sum};
 use spark_backend::ffn::{self, fused, tiling, two_stage, FfnWeights};
-use spark_backend::params::FfnParams;
+use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
 use spark_backend::stats;
+use spark_backend::topk::Cutoff;
 
 /// (D, r_f, F) per weight type: quantized rows need whole blocks.
 fn shapes(ty: RowType) -> Vec<(usize, usize, usize)> {
@@ -82,7 +83,7 @@ fn fused_path_matches_float64_for_every_type_shape_and_chunk_count() {
                             k1: &k1.matrix(),
                             k2: &k2.matrix(),
                             v: &v.matrix(),
-                            k,
+                            cutoff: Cutoff::TopK(k),
                         },
                         p,
                         &mut out,
@@ -113,7 +114,7 @@ fn fused_and_two_stage_paths_agree_and_dense_when_k_at_least_f() {
                     k1: &k1.matrix(),
                     k2: &k2.matrix(),
                     v: &v.matrix(),
-                    k,
+                    cutoff: Cutoff::TopK(k),
                 },
                 &mut two,
             )
@@ -125,7 +126,7 @@ fn fused_and_two_stage_paths_agree_and_dense_when_k_at_least_f() {
                     k1: &k1.matrix(),
                     k2: &k2.matrix(),
                     v: &v.matrix(),
-                    k,
+                    cutoff: Cutoff::TopK(k),
                 },
                 16,
                 &mut one,
@@ -169,7 +170,7 @@ fn batch_tokens_get_exactly_what_they_get_alone() {
                     k1: &k1.matrix(),
                     k2: &k2.matrix(),
                     v: &v.matrix(),
-                    k: (f / 8).max(1),
+                    cutoff: Cutoff::TopK((f / 8).max(1)),
                 },
                 p,
                 &mut out,
@@ -198,7 +199,7 @@ fn run_simulated(c: &OpCase, s: &[f32], p: usize, nth: i32) -> Vec<f32> {
     let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
     let f = s.len() / n;
     let st = c.ggml.f32_tensor(f, n, s);
-    let params = &*c.params as *const FfnParams;
+    let params = &*c.params as *const OpParams;
     let partials = c.ggml.custom(
         &[d, n, p],
         &mut [st, c.h, c.k2, c.v],
@@ -246,7 +247,7 @@ fn ops_are_bit_identical_for_any_thread_count_and_equal_the_serial_path() {
                         k1: &k1.matrix(),
                         k2: &k2.matrix(),
                         v: &v.matrix(),
-                        k,
+                        cutoff: Cutoff::TopK(k),
                     },
                     p,
                     &mut serial,
@@ -308,15 +309,94 @@ fn ggml_graph_with_real_threads_matches_the_two_stage_graph_and_records_stats() 
     }
 }
 
+/// Gemma 3n's cutoff (std multiplier Q(0.95)) with r_f = 0 (K2 over all of h) on the fused
+/// path, the graph's path for its decode steps and prefill ubatches: `spark_ffn_fused` (P =
+/// 16) + `spark_ffn_sum` on 1, 2 and 3 threads, bit-identical, against the two-stage ops
+/// (`spark_ffn_up` + `spark_ffn_down`) to rounding and against f64 (SPEC 4's V sum of the f64
+/// reference u), f32 and q8_0, T = 1 and 7.
+#[test]
+fn std_mul_cutoff_over_all_of_h_on_the_fused_path() {
+    use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_up};
+    let mut rng = Rng::new(37);
+    let (d, f, p) = (256, 2048, 16);
+    for ty in [RowType::F32, RowType::Q8_0] {
+        for n in [1usize, 7] {
+            let c = ffn_helpers::std_mul_case(&mut rng, ty, d, f, n, 213);
+            let what = format!("{ty:?} T={n}");
+            let partials = c.ggml.custom(
+                &[d, n, p],
+                &mut [c.s, c.h, c.k2, c.v],
+                spark_ffn_fused,
+                &*c.params,
+            );
+            let out = c
+                .ggml
+                .custom(&[d, n], &mut [partials], spark_ffn_sum, &*c.params);
+            let u = c
+                .ggml
+                .custom(&[n, f], &mut [c.s, c.h, c.k2], spark_ffn_up, &*c.params);
+            let two = c
+                .ggml
+                .custom(&[d, n], &mut [u, c.v], spark_ffn_down, &*c.params);
+            let g2 = c.ggml.graph(two);
+            c.ggml.compute(g2, 2);
+            let (want, uv) = (c.ggml.read(two), c.ggml.read(u));
+            let g = c.ggml.graph(out);
+            let mut first: Option<Vec<f32>> = None;
+            for n_threads in [1, 2, 3] {
+                c.ggml.compute(g, n_threads);
+                let o = c.ggml.read(out);
+                match &first {
+                    None => first = Some(o),
+                    Some(o0) => assert!(
+                        o.iter().zip(o0).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: depends on the thread count"
+                    ),
+                }
+            }
+            let o = first.unwrap();
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert!(scale > 0.0, "{what}: nothing kept");
+            for (i, (a, b)) in o.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale,
+                    "{what} [{i}]: fused {a} vs two-stage {b}"
+                );
+            }
+            // Against f64: the V sum of the reference u, within the up stage's tolerance
+            // (rel * its scale) carried through |V| plus the f32 sum's rounding (rel * |u V|).
+            let ur = ffn_helpers::ref_up_for(&c.sv, &c.hv, d, n, &c.k2w, c.cutoff);
+            let umag = ffn_helpers::up_scale_for(&c.sv, &c.hv, d, n, &c.k2w, c.cutoff);
+            let rel = if ty.is_quantized() { 2e-2 } else { 1e-5 };
+            assert_close(&uv, &ur, &umag, rel, &format!("{what} u"));
+            let mut oref = vec![0f64; n * d];
+            let mut omag = vec![0f64; n * d];
+            for j in 0..f {
+                for t in 0..n {
+                    let (a, m) = (ur[j * n + t], umag[j * n + t]);
+                    if a == 0.0 && m == 0.0 {
+                        continue;
+                    }
+                    for (i, w) in c.vw.row_f64(j).enumerate() {
+                        oref[t * d + i] += a * w;
+                        omag[t * d + i] += (a.abs() + m) * w.abs();
+                    }
+                }
+            }
+            assert_close(&o, &oref, &omag, rel, &format!("{what} out"));
+        }
+    }
+}
+
 #[test]
 fn invalid_arguments_fill_dst_with_nan() {
     let mut rng = Rng::new(36);
     let (d, r, f, n) = (16, 4, 9, 2);
     let (c, _, _) = op_case(&mut rng, RowType::F32, d, r, f, n, 3, 212);
-    let params = &*c.params as *const FfnParams;
+    let params = &*c.params as *const OpParams;
     let s = c.ggml.f32_tensor(f, n, &[0.5; 18]);
     let fused_op =
-        |p: usize, args: &mut [*mut llama_cpp_sys_2::ggml_tensor], userdata: *const FfnParams| {
+        |p: usize, args: &mut [*mut llama_cpp_sys_2::ggml_tensor], userdata: *const OpParams| {
             let t = c.ggml.custom(&[d, n, p], args, spark_ffn_fused, userdata);
             for ith in 0..2 {
                 // SAFETY: t is a live custom-op tensor; the op validates its sources and the

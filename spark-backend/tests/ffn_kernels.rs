@@ -9,9 +9,10 @@ use ffn_helpers::{
 };
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_up};
 use spark_backend::ffn::{self, two_stage, FfnWeights, Scratch, UpInputs};
-use spark_backend::params::FfnParams;
+use spark_backend::params::OpParams;
 use spark_backend::rows::{quant, RowType};
 use spark_backend::stats;
+use spark_backend::topk::Cutoff;
 
 /// (D, r_f, F) shapes per weight type: quantized rows need whole blocks.
 fn shapes(ty: RowType) -> Vec<(usize, usize, usize)> {
@@ -90,7 +91,7 @@ fn stages_match_float64_for_every_type_and_shape() {
                         scores: &scores,
                         batch: batch(&h, d, n_tokens),
                         k2: &k2.matrix(),
-                        k,
+                        cutoff: Cutoff::TopK(k),
                     },
                     0..f,
                     &mut u,
@@ -145,7 +146,7 @@ fn serial_ffn_matches_float64_end_to_end_for_f32() {
                 k1: &k1.matrix(),
                 k2: &k2.matrix(),
                 v: &v.matrix(),
-                k,
+                cutoff: Cutoff::TopK(k),
             },
             &mut out,
         )
@@ -198,7 +199,7 @@ fn dense_when_k_at_least_f_and_inactive_rows_are_skipped() {
             scores: &scores,
             batch: batch(&h, d, 1),
             k2: &k2.matrix(),
-            k: f,
+            cutoff: Cutoff::TopK(f),
         },
         0..f,
         &mut u,
@@ -233,7 +234,7 @@ fn run_ops_simulated(c: &OpCase, s: &[f32], nth: i32) -> (Vec<f32>, Vec<f32>) {
     let (d, n_tokens) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
     let f = s.len() / n_tokens;
     let st = c.ggml.f32_tensor(f, n_tokens, s);
-    let params = &*c.params as *const FfnParams;
+    let params = &*c.params as *const OpParams;
     let u = c
         .ggml
         .custom(&[n_tokens, f], &mut [st, c.h, c.k2], spark_ffn_up, params);
@@ -280,7 +281,7 @@ fn ops_are_bit_identical_for_any_thread_count() {
                     scores: &s,
                     batch: batch(&h, d, n_tokens),
                     k2: &k1_k2(&c, ty, d, r, f),
-                    k: (f / 8).max(1),
+                    cutoff: Cutoff::TopK((f / 8).max(1)),
                 },
                 0..f,
                 &mut u,
@@ -360,11 +361,105 @@ fn ggml_graph_with_real_threads_matches_reference_and_records_stats() {
     }
 }
 
+/// Gemma 3n's sparse FFN layers on `spark_ffn_up`: the std-multiplier cutoff (z =
+/// 1.6448533535003662 = Q(0.95): ~5 % of the neurons kept) with r_f = 0 (K2 of D columns, over
+/// all of h), f32 and q8_0 weights, T = 1 and 7, computed by ggml on 1, 2 and 3 threads. Against
+/// an f64 reference from the formula (theta = mean + unbiased std * z of each token's scores,
+/// u = gelu_tanh(s - theta) * K2_j . h): the same kept set, ~5 % per token, values to rounding
+/// (q8_0: ggml's q8_0 quantization of h, as the other quantized cases); bit-identical for every
+/// thread count and to the library's serial stage.
+#[test]
+fn std_mul_cutoff_over_all_of_h_matches_float64() {
+    let mut rng = Rng::new(27);
+    let z = f64::from(ffn_helpers::GEMMA3N_STD_MUL);
+    assert_eq!(z, 1.644_853_353_500_366_2);
+    let (d, f) = (256, 2048);
+    for ty in [RowType::F32, RowType::Q8_0] {
+        for n_tokens in [1usize, 7] {
+            let c = ffn_helpers::std_mul_case(&mut rng, ty, d, f, n_tokens, 203);
+            assert_eq!(c.k2w.n_cols, d, "r_f = 0");
+            let u = c.ggml.custom(
+                &[n_tokens, f],
+                &mut [c.s, c.h, c.k2],
+                spark_ffn_up,
+                &*c.params,
+            );
+            let g = c.ggml.graph(u);
+            let mut runs = Vec::new();
+            for n_threads in [1, 2, 3] {
+                c.ggml.compute(g, n_threads);
+                runs.push(c.ggml.read(u));
+            }
+            let what = format!("{ty:?} T={n_tokens}");
+            for other in &runs[1..] {
+                assert!(
+                    other
+                        .iter()
+                        .zip(&runs[0])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: u depends on the thread count"
+                );
+            }
+            let got = &runs[0];
+            // The kept set: s_tj > theta_t of the f64 reference, about 5 % of F per token.
+            for t in 0..n_tokens {
+                let sc = &c.sv[t * f..(t + 1) * f];
+                let (mean, std) = ffn_helpers::ref_mean_std(sc);
+                let theta = mean + std * z;
+                let want: Vec<usize> = (0..f).filter(|&j| f64::from(sc[j]) > theta).collect();
+                let have: Vec<usize> = (0..f).filter(|&j| got[j * n_tokens + t] != 0.0).collect();
+                assert_eq!(have, want, "{what} token {t}: kept neurons");
+                let frac = want.len() as f64 / f as f64;
+                assert!(
+                    (0.03..=0.07).contains(&frac),
+                    "{what} token {t}: kept {frac}"
+                );
+            }
+            let want = ffn_helpers::ref_up_for(&c.sv, &c.hv, d, n_tokens, &c.k2w, c.cutoff);
+            let mag = ffn_helpers::up_scale_for(&c.sv, &c.hv, d, n_tokens, &c.k2w, c.cutoff);
+            let rel = if ty.is_quantized() { 2e-2 } else { 1e-5 };
+            assert_close(got, &want, &mag, rel, &format!("{what} u"));
+            // The library's serial stage gives the op's values bit for bit.
+            let mut serial = vec![0f32; n_tokens * f];
+            let k2m = c.k2w.matrix();
+            let kept = two_stage::up_range(
+                &UpInputs {
+                    scores: &c.sv,
+                    batch: batch(&c.hv, d, n_tokens),
+                    k2: &k2m,
+                    cutoff: c.cutoff,
+                },
+                0..f,
+                &mut serial,
+                &mut Scratch::new(),
+            )
+            .unwrap();
+            assert!(
+                serial
+                    .iter()
+                    .zip(got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: op differs from the serial stage"
+            );
+            let nonzero = got.iter().filter(|&&x| x != 0.0).count() as u64;
+            assert!(
+                kept >= nonzero && kept <= nonzero + 2,
+                "{what}: kept {kept}"
+            );
+            eprintln!(
+                "std-mul r_f=0 {what}: kept {nonzero}/{} ({:.2} %)",
+                f * n_tokens,
+                100.0 * nonzero as f64 / (f * n_tokens) as f64
+            );
+        }
+    }
+}
+
 #[test]
 fn invalid_arguments_fill_dst_with_nan() {
     let mut rng = Rng::new(26);
     let (c, _, _) = op_case(&mut rng, RowType::F32, 16, 4, 9, 2, 3, 202);
-    let params = &*c.params as *const FfnParams;
+    let params = &*c.params as *const OpParams;
     // Scores of the wrong length (F + 1).
     let st = c.ggml.f32_tensor(10, 2, &[0.5; 20]);
     let u = c
@@ -376,13 +471,17 @@ fn invalid_arguments_fill_dst_with_nan() {
     }
     assert!(c.ggml.read(u).iter().all(|x| x.is_nan()));
     // k = 0 is invalid.
-    let bad = Box::new(FfnParams { layer: 0, k: 0 });
+    let bad = Box::new(OpParams {
+        layer: 0,
+        k: 0,
+        ..Default::default()
+    });
     let st = c.ggml.f32_tensor(9, 2, &[0.5; 18]);
     let u = c
         .ggml
         .custom(&[2, 9], &mut [st, c.h, c.k2], spark_ffn_up, &*bad);
     // SAFETY: as above.
-    unsafe { spark_ffn_up(u, 0, 1, &*bad as *const FfnParams as *mut _) };
+    unsafe { spark_ffn_up(u, 0, 1, &*bad as *const OpParams as *mut _) };
     assert!(c.ggml.read(u).iter().all(|x| x.is_nan()));
     // V of the wrong width for dst.
     let out = c
@@ -422,7 +521,7 @@ fn batch_union_loads_each_row_once_and_matches_single_token_calls() {
                 k1: &k1.matrix(),
                 k2: &k2.matrix(),
                 v: &v.matrix(),
-                k: 20,
+                cutoff: Cutoff::TopK(20),
             },
             &mut batched,
         )
@@ -435,7 +534,7 @@ fn batch_union_loads_each_row_once_and_matches_single_token_calls() {
                     k1: &k1.matrix(),
                     k2: &k2.matrix(),
                     v: &v.matrix(),
-                    k: 20,
+                    cutoff: Cutoff::TopK(20),
                 },
                 &mut one,
             )

@@ -18,7 +18,7 @@ use spark_backend::attention::op::spark_attn;
 use spark_backend::ffn;
 use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_up};
 use spark_backend::op::fault;
-use spark_backend::params::FfnParams;
+use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -212,8 +212,9 @@ fn bad_claims_first(bad: usize) -> fault::ClaimHook {
     })
 }
 
-/// Bad parameters (null userdata, k < 1) fail the checks on every thread: the whole output is
-/// NaN for every thread count, with one line naming the op.
+/// Bad parameters (null userdata, k < 1 with the top-k cutoff, an unknown `ffn_cutoff`, a
+/// non-finite std multiplier) fail the checks on every thread: the whole output is NaN for every
+/// thread count, with one line naming the op and the field.
 #[test]
 fn bad_parameters_nan_the_whole_output() {
     let (nodes, scores) = ffn_case(RowType::Q8_0, 90, 9);
@@ -222,15 +223,55 @@ fn bad_parameters_nan_the_whole_output() {
     let (d, n) = unsafe { ((*c.h).ne[0] as usize, (*c.h).ne[1] as usize) };
     let f = scores.len() / n;
     let st = c.ggml.f32_tensor(f, n, &scores);
-    let bad_k = Box::new(FfnParams { layer: 5, k: 0 });
-    for (userdata, layer, reason) in [
-        (std::ptr::null_mut(), "?", spark_backend::params::MISSING),
+    use spark_backend::params::FFN_CUTOFF_STD_MUL;
+    let bad = [
         (
-            (&*bad_k as *const FfnParams).cast_mut().cast::<c_void>(),
-            "5",
+            OpParams {
+                layer: 5,
+                k: 0,
+                ..Default::default()
+            },
             "k = 0 (must be >= 1)",
         ),
-    ] {
+        (
+            OpParams {
+                layer: 6,
+                k: 10,
+                ffn_cutoff: 2,
+                ..Default::default()
+            },
+            "ffn_cutoff = 2 (must be 0 = SPARK_FFN_CUTOFF_TOP_K or 1 = SPARK_FFN_CUTOFF_STD_MUL)",
+        ),
+        (
+            OpParams {
+                layer: 7,
+                ffn_cutoff: FFN_CUTOFF_STD_MUL,
+                ffn_z: f32::NAN,
+                ..Default::default()
+            },
+            "ffn_z = NaN (must be finite with SPARK_FFN_CUTOFF_STD_MUL)",
+        ),
+        (
+            OpParams {
+                layer: 8,
+                ffn_cutoff: FFN_CUTOFF_STD_MUL,
+                ffn_z: f32::INFINITY,
+                ..Default::default()
+            },
+            "ffn_z = inf (must be finite with SPARK_FFN_CUTOFF_STD_MUL)",
+        ),
+    ]
+    .map(|(p, why)| (Box::new(p), why));
+    let mut cases = vec![(
+        std::ptr::null_mut(),
+        "?".to_string(),
+        spark_backend::params::MISSING,
+    )];
+    for (p, why) in &bad {
+        let ud = (&**p as *const OpParams).cast_mut().cast::<c_void>();
+        cases.push((ud, p.layer.to_string(), why));
+    }
+    for (userdata, layer, reason) in cases {
         for (name, op, ne) in [
             ("spark_ffn_up", spark_ffn_up as OpFn, vec![n, f]),
             ("spark_ffn_fused", spark_ffn_fused as OpFn, vec![d, n, 4]),

@@ -17,9 +17,9 @@ extern "C" {
     /// From probe/graph_abi.c: `struct spark_ffn_tiling` and `enum spark_ffn_path` of the
     /// patched `src/models/spark-gemma2-backend.h`.
     static spark_probe_ffn_tiling_layout: [usize; 8];
-    /// From probe/graph_abi.c: `struct spark_op_params` of the header, and ggml's op_params
-    /// facts the block's placement in a node rests on.
-    static spark_probe_op_params_layout: [usize; 10];
+    /// From probe/graph_abi.c: `struct spark_op_params` and `enum spark_ffn_cutoff` of the
+    /// header, and ggml's op_params facts the block's placement in a node rests on.
+    static spark_probe_op_params_layout: [usize; 14];
 }
 
 #[test]
@@ -34,6 +34,10 @@ fn the_op_params_block_matches_the_headers_and_fits_after_ggmls_part() {
         offset_of!(OpParams, k),
         offset_of!(OpParams, r),
         offset_of!(OpParams, softcap),
+        offset_of!(OpParams, ffn_cutoff),
+        offset_of!(OpParams, ffn_z),
+        params::FFN_CUTOFF_TOP_K as usize,
+        params::FFN_CUTOFF_STD_MUL as usize,
         params::GGML_CUSTOM_OP_PARAMS_SIZE,
         64,
         size_of::<[i32; 16]>(),
@@ -46,26 +50,30 @@ fn the_op_params_block_matches_the_headers_and_fits_after_ggmls_part() {
         "offsetof k",
         "offsetof r",
         "offsetof softcap",
+        "offsetof ffn_cutoff",
+        "offsetof ffn_z",
+        "SPARK_FFN_CUTOFF_TOP_K (params::FFN_CUTOFF_TOP_K)",
+        "SPARK_FFN_CUTOFF_STD_MUL (params::FFN_CUTOFF_STD_MUL)",
         "sizeof ggml_custom_op_params (params::GGML_CUSTOM_OP_PARAMS_SIZE)",
         "GGML_MAX_OP_PARAMS",
         "sizeof ggml_tensor.op_params",
         "alignof int32_t",
     ];
     let of =
-        |values: [usize; 10]| -> Vec<(&str, usize)> { names.into_iter().zip(values).collect() };
+        |values: [usize; 14]| -> Vec<(&str, usize)> { names.into_iter().zip(values).collect() };
     assert_eq!(
         of(rust),
         of(c),
         "Rust (src/params.rs) vs C (probe/graph_abi.c)"
     );
     // The block and the call state sit past ggml's struct and inside op_params.
-    assert!(params::CALL_STATE_OFFSET >= c[6]);
-    assert!(params::BLOCK_OFFSET + 4 + c[0] <= c[8]);
+    assert!(params::CALL_STATE_OFFSET >= c[10]);
+    assert!(params::BLOCK_OFFSET + 4 + c[0] <= c[12]);
 }
 
 #[test]
 fn the_graph_stores_a_nodes_params_through_the_registry() {
-    use spark_backend::params::OpParams;
+    use spark_backend::params::{self, OpParams};
     type SetParams = unsafe extern "C" fn(*mut sys::ggml_tensor, *const OpParams) -> i32;
     registry::register();
     // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
@@ -104,11 +112,19 @@ fn the_graph_stores_a_nodes_params_through_the_registry() {
             k: 41,
             r: 0,
             softcap: 0.0,
+            ffn_cutoff: params::FFN_CUTOFF_STD_MUL,
+            ffn_z: 1.644_853_4,
         };
         assert_eq!(set(node, &p), 0);
-        // ggml's part of op_params (fun, n_tasks, userdata) is untouched
+        // ggml's part of op_params (fun, n_tasks, userdata) is untouched, the whole block stored
         let after = (*node).op_params;
         assert_eq!(after[..6], before[..6]);
+        let stored = std::ptr::addr_of!((*node).op_params)
+            .cast::<u8>()
+            .add(params::BLOCK_OFFSET + 4)
+            .cast::<OpParams>()
+            .read_unaligned();
+        assert_eq!(stored, p);
         // a node that is not a custom op, a null node or null params: refused, nothing written
         let plain = sys::ggml_add(ctx, a, a);
         let plain_before = (*plain).op_params;

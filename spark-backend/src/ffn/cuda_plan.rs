@@ -29,7 +29,8 @@ use super::shapes::{self, StageDims};
 use crate::cuda::check::{expect_f32_rows, weight, GpuWeight};
 use crate::cuda::KernelSource;
 use crate::tensor::{views, TensorView};
-use crate::{topk, KernelError};
+use crate::topk::Cutoff;
+use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
@@ -51,12 +52,12 @@ pub(crate) const THREADS: u32 = 256;
 pub(crate) const THRESHOLD_THREADS: u32 = 1024;
 
 /// The inputs `spark_ffn_up` and `spark_ffn_fused` share, checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StagePlan {
     /// Layer (statistics, messages).
     pub layer: i32,
-    /// k_f (>= 1; >= F is dense).
-    pub k: usize,
+    /// How each token's threshold is set (`TopK(k)`: k >= 1, k >= F is dense).
+    pub cutoff: Cutoff,
     /// F.
     pub f: usize,
     /// D.
@@ -83,21 +84,27 @@ impl StagePlan {
         }
     }
 
-    /// r_f = D - (columns of K2).
+    /// r_f = D - (columns of K2), `0 <= r_f < D`.
     pub fn r_f(&self) -> usize {
         self.d - self.k2.cols
     }
 
-    /// True when k >= F (every neuron kept, unshifted).
+    /// True when every neuron is kept, unshifted (`TopK(k)` with k >= F).
     pub fn dense(&self) -> bool {
-        self.k >= self.f
+        self.cutoff.dense(self.f)
+    }
+
+    /// The multiplier z of `theta = mean + std * z` the threshold kernel gets from the host
+    /// ([`Cutoff::z`]: Q(1 - k/F), or the given std multiplier); 0 when dense (unused).
+    pub fn z(&self) -> f64 {
+        self.cutoff.z(self.f).unwrap_or(0.0)
     }
 }
 
 /// `spark_ffn_fused`, checked: writes partials [D, n_tokens, P] (contiguous) at `out`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FusedPlan {
-    /// Scores, h, K2, k.
+    /// Scores, h, K2, cutoff.
     pub stage: StagePlan,
     /// V: F rows of D.
     pub v: GpuWeight,
@@ -108,9 +115,9 @@ pub struct FusedPlan {
 }
 
 /// `spark_ffn_up`, checked: writes u [n_tokens, F] (contiguous, neuron-major) at `out`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UpPlan {
-    /// Scores, h, K2, k.
+    /// Scores, h, K2, cutoff.
     pub stage: StagePlan,
     /// Device address of dst.
     pub out: u64,
@@ -148,23 +155,23 @@ pub struct SumPlan {
     pub out_row: usize,
 }
 
-/// `k_f` and the layer from the userdata (a host-memory params struct; `params::read_ffn`).
+/// The layer and the threshold cutoff from the userdata (a host-memory params struct;
+/// `params::read_ffn`).
 ///
 /// # Safety
-/// `userdata` is null or points to a `spark_ffn_params`.
-pub(crate) unsafe fn ffn_params(userdata: *const c_void) -> Result<(i32, usize), KernelError> {
+/// `userdata` is null or points to a `spark_op_params`.
+pub(crate) unsafe fn ffn_params(userdata: *const c_void) -> Result<(i32, Cutoff), KernelError> {
     // SAFETY: forwarded contract.
-    let (params, k) = unsafe { crate::params::read_ffn(userdata)? };
-    Ok((params.layer, k))
+    unsafe { crate::params::read_ffn(userdata) }
 }
 
 fn stage(
     s: &TensorView,
     h: &TensorView,
     k2: &TensorView,
-    params: (i32, usize),
+    params: (i32, Cutoff),
 ) -> Result<StagePlan, KernelError> {
-    let (layer, k) = params;
+    let (layer, cutoff) = params;
     let StageDims { f, d, n_tokens } = shapes::stage(s, h, k2)?;
     // The kernels' own limits: 32-bit sizes and 4-byte aligned f32 data.
     expect_f32_rows(s, "scores")?;
@@ -177,7 +184,7 @@ fn stage(
     }
     Ok(StagePlan {
         layer,
-        k,
+        cutoff,
         f,
         d,
         n_tokens,
@@ -192,7 +199,7 @@ fn stage(
 ///
 /// # Safety
 /// As ggml calls a custom op: `dst` null or live with live sources, `userdata` null or a
-/// `spark_ffn_params`.
+/// `spark_op_params`.
 pub unsafe fn fused(
     dst: *const sys::ggml_tensor,
     userdata: *const c_void,
@@ -421,11 +428,7 @@ impl StagePlan {
     fn launches(&self, theta: u64, kept: u64, u: u64) -> Result<[Launch; 2], String> {
         let (f, t) = (int("F", self.f)?, int("n_tokens", self.n_tokens)?);
         let dense = Arg::I32(i32::from(self.dense()));
-        let q = if self.dense() {
-            0.0
-        } else {
-            topk::norm_ppf(1.0 - self.k as f64 / self.f as f64)
-        };
+        let q = self.z();
         let threshold = launch(
             FfnKernel::Threshold,
             (grid("tokens", self.n_tokens, MAX_GRID_X)?, 1, 1),

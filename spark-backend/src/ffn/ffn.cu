@@ -17,7 +17,8 @@ __device__ __forceinline__ u32 spark_kept(float v, int dense, float th) {
 // Per token t (one block each): the statistical top-k threshold of s[t*F .. t*F + F) (SPEC 1:
 // mean and unbiased std over the finite scores, in f64, shifted by the first finite score as
 // spark-backend's topk::mean_std), rounded down to f32 like topk::threshold, and the number of
-// kept neurons (nonzero activation, as ffn::activation). `q` = Q(1 - k/F) from the host.
+// kept neurons (nonzero activation, as ffn::activation). `q` = z of theta = mean + std * z from
+// the host (topk::Cutoff::z: Q(1 - k/F), or Gemma 3n's std multiplier as given).
 // dense != 0 (k >= F): theta is not used; kept counts gelu(s) != 0.
 // Thread i takes scores i, i + 1024, ... in that order; a row of up to 16K scores is loaded once
 // (all of a thread's loads in flight together) and kept in registers for every pass.

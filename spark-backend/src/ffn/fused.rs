@@ -47,7 +47,7 @@ pub fn chunk_neurons(f: usize, p: usize, c: usize) -> Range<usize> {
 /// The inputs every chunk of one FFN call shares: those of stage 2 and V.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FusedInputs<'a> {
-    /// Scores, activations, K2 and k_f.
+    /// Scores, activations, K2 and the cutoff.
     pub(crate) up: UpInputs<'a>,
     /// V: F rows of D (neuron-major).
     pub(crate) v: &'a RowMatrix<'a>,
@@ -57,9 +57,9 @@ impl FusedInputs<'_> {
     fn check(&self) -> Result<(usize, usize), KernelError> {
         let (d, f) = (self.v.n_cols(), self.v.n_rows());
         let k2 = self.up.k2;
-        if k2.n_rows() != f || k2.n_cols() == 0 || k2.n_cols() >= d {
+        if k2.n_rows() != f || k2.n_cols() == 0 || k2.n_cols() > d {
             return Err(KernelError::Shape(format!(
-                "K2 [{} x {}] does not fit V [{f} x {d}] (0 < D - r_f < D)",
+                "K2 [{} x {}] does not fit V [{f} x {d}] (0 < D - r_f <= D)",
                 k2.n_rows(),
                 k2.n_cols()
             )));
@@ -131,7 +131,8 @@ fn prepare_token(
     }
     let (k2, batch) = (inputs.up.k2, &inputs.up.batch);
     let (d, f) = (batch.width, k2.n_rows());
-    scratch.thetas[t] = topk::threshold(&inputs.up.scores[t * f..(t + 1) * f], inputs.up.k);
+    scratch.thetas[t] =
+        topk::threshold_for(&inputs.up.scores[t * f..(t + 1) * f], inputs.up.cutoff);
     scratch.acts[t].prepare(k2.ty(), batch.row(t, d - k2.n_cols()..d)?)?;
     scratch.unit.prepared[t] = true;
     Ok(())
@@ -421,7 +422,7 @@ pub fn sparse_ffn_fused(
             scores: &scores,
             batch: *batch,
             k2: w.k2,
-            k: w.k,
+            cutoff: w.cutoff,
         },
         v: w.v,
     };
@@ -483,7 +484,7 @@ mod tests {
                     n_tokens: h.len() / d,
                 },
                 k2,
-                k,
+                cutoff: topk::Cutoff::TopK(k),
             },
             v,
         }

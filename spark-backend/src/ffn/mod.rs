@@ -1,10 +1,12 @@
 //! The sparse Spark FFN (SPEC.md section 4): everything about it lives in this folder.
 //!
-//! For each token, with h its `ffn_norm` output (D values), F neurons and k_f kept per token:
+//! For each token, with h its `ffn_norm` output (D values), F neurons and a threshold cutoff
+//! ([`topk::Cutoff`]: k_f kept per token, or Gemma 3n's std multiplier):
 //! 1. predictor: `s = K1 h[:r_f]` over all F neurons ([`predictor_scores`]; in the ggml graph
-//!    this is a stock `ggml_mul_mat`);
-//! 2. per token the statistical top-k threshold theta of its scores, then for each active
-//!    neuron `u_j = gelu_tanh(s_j - theta) * (K2_j . h[r_f:])` (exactly 0 for the others);
+//!    this is a stock `ggml_mul_mat`, or for Gemma 3n the dense gate product over all of h);
+//! 2. per token the threshold `theta = mean(s) + std(s) * z` of its scores, then for each
+//!    active neuron `u_j = gelu_tanh(s_j - theta) * (K2_j . h[r_f:])` (exactly 0 for the
+//!    others); `0 <= r_f < D` (r_f = 0: K2 spans all of h, Gemma 3n's `ffn_up`);
 //! 3. `out = sum_j u_j V_j` over the active neurons (V neuron-major).
 //!
 //! The graph runs stages 2 and 3 on one of two paths per ubatch, the one [`tiling`] answers:
@@ -21,7 +23,7 @@
 //! kernels; `cuda_launch.rs` the launchers ggml-cuda calls (feature `cuda`).
 
 use crate::rows::{self, Activation, RowMatrix};
-use crate::topk;
+use crate::topk::{self, Cutoff};
 use crate::KernelError;
 use std::ops::Range;
 
@@ -71,15 +73,17 @@ impl<'a> Batch<'a> {
 pub struct UpInputs<'a> {
     /// Predictor scores, `n_tokens` rows of F (`scores[t * F + j]`).
     pub scores: &'a [f32],
-    /// The normed activations; `h[r_f..D]` of each row is read (r_f = D - `k2.n_cols()`).
+    /// The normed activations; `h[r_f..D]` of each row is read (r_f = D - `k2.n_cols()`,
+    /// `0 <= r_f < D`).
     pub batch: Batch<'a>,
     /// K2: F rows of D - r_f.
     pub k2: &'a RowMatrix<'a>,
-    /// k_f (k >= F is dense).
-    pub k: usize,
+    /// How each token's threshold is set (`TopK(k)` with k >= F is dense).
+    pub cutoff: Cutoff,
 }
 
-/// The three FFN weight matrices of one layer and its k_f, for the serial whole-FFN functions.
+/// The three FFN weight matrices of one layer and its cutoff, for the serial whole-FFN
+/// functions.
 #[derive(Clone, Copy, Debug)]
 pub struct FfnWeights<'a> {
     /// K1: F rows of r_f (the predictor).
@@ -88,8 +92,8 @@ pub struct FfnWeights<'a> {
     pub k2: &'a RowMatrix<'a>,
     /// V: F rows of D (neuron-major).
     pub v: &'a RowMatrix<'a>,
-    /// k_f (k >= F is dense).
-    pub k: usize,
+    /// How each token's threshold is set (`TopK(k)` with k >= F is dense).
+    pub cutoff: Cutoff,
 }
 
 /// `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with the limits
@@ -110,13 +114,17 @@ pub fn gelu_tanh(x: f32) -> f32 {
 }
 
 /// The threshold per token of a batch of scores (`scores[t * f .. (t + 1) * f]`): `None` means
-/// dense (k >= F). See [`topk::threshold`].
-pub fn token_thresholds(scores: &[f32], f: usize, k: usize, out: &mut Vec<Option<f32>>) {
+/// dense (`TopK(k)`, k >= F). See [`topk::threshold_for`].
+pub fn token_thresholds(scores: &[f32], f: usize, cutoff: Cutoff, out: &mut Vec<Option<f32>>) {
     out.clear();
     if f == 0 {
         return;
     }
-    out.extend(scores.chunks_exact(f).map(|s| topk::threshold(s, k)));
+    out.extend(
+        scores
+            .chunks_exact(f)
+            .map(|s| topk::threshold_for(s, cutoff)),
+    );
 }
 
 /// The activation value of a neuron with score `s` under threshold `theta` (None = dense), or
@@ -203,7 +211,12 @@ fn prepare_tokens(inputs: &UpInputs<'_>, scratch: &mut Scratch) -> Result<(), Ke
     let r = d.checked_sub(k2.n_cols()).ok_or_else(|| {
         KernelError::Shape(format!("K2 has {} columns, more than D = {d}", k2.n_cols()))
     })?;
-    token_thresholds(inputs.scores, k2.n_rows(), inputs.k, &mut scratch.thetas);
+    token_thresholds(
+        inputs.scores,
+        k2.n_rows(),
+        inputs.cutoff,
+        &mut scratch.thetas,
+    );
     scratch.acts.resize_with(batch.n_tokens, Activation::new);
     for t in 0..batch.n_tokens {
         scratch.acts[t].prepare(k2.ty(), batch.row(t, r..d)?)?;
@@ -281,7 +294,8 @@ impl<'a> PendingAxpy<'a> {
     }
 }
 
-/// Checks that K1 [F x r], K2 [F x (D - r)] and V [F x D] agree, with 0 < r < D.
+/// Checks that K1 [F x r], K2 [F x (D - r)] and V [F x D] agree, with 0 < r < D (the serial
+/// whole-FFN functions compute the predictor from K1; the ops take any `0 <= r_f < D`).
 pub(crate) fn check_shapes(
     d: usize,
     f: usize,

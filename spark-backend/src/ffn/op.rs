@@ -22,6 +22,7 @@ use crate::params;
 use crate::rows::{RowMatrix, RowType};
 use crate::stats;
 use crate::tensor::{views, TensorView};
+use crate::topk::Cutoff;
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::cell::RefCell;
@@ -50,7 +51,7 @@ crate::op::custom_op! {
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..3]` are the
-    /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params`
+    /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_op_params`
     /// (or null, which is reported as an error).
     spark_ffn_up => Up
 }
@@ -60,7 +61,7 @@ crate::op::custom_op! {
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..2]` are `u` and
-    /// `V` of `docs/INTERFACES.md`; `userdata` is null or a `struct spark_ffn_params` (only its
+    /// `V` of `docs/INTERFACES.md`; `userdata` is null or a `struct spark_op_params` (only its
     /// layer is read, for messages).
     spark_ffn_down => Down
 }
@@ -71,7 +72,7 @@ crate::op::custom_op! {
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..4]` are the
-    /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_ffn_params`
+    /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_op_params`
     /// (or null, which is reported as an error).
     spark_ffn_fused => Fused
 }
@@ -82,7 +83,7 @@ crate::op::custom_op! {
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0]` is the
-    /// `spark_ffn_fused` output; `userdata` is null or a `struct spark_ffn_params` (only its
+    /// `spark_ffn_fused` output; `userdata` is null or a `struct spark_op_params` (only its
     /// layer is read, for messages).
     spark_ffn_sum => Sum
 }
@@ -139,10 +140,10 @@ unsafe fn f32_rows<'a>(v: &TensorView) -> (&'a [f32], usize) {
 }
 
 /// The checked inputs `spark_ffn_up` and `spark_ffn_fused` share: scores [F, T] and h [D, T]
-/// as f32 rows, K2 [D - r_f, F], k_f and the layer.
+/// as f32 rows, K2 [D - r_f, F], the threshold cutoff and the layer.
 struct StageInputs<'a> {
     layer: i32,
-    k: usize,
+    cutoff: Cutoff,
     scores: &'a [f32],
     batch: Batch<'a>,
     k2: RowMatrix<'a>,
@@ -150,15 +151,15 @@ struct StageInputs<'a> {
 
 impl<'a> StageInputs<'a> {
     /// # Safety
-    /// `s`, `h` and `k2` describe live tensors; `userdata` is null or a `spark_ffn_params`.
+    /// `s`, `h` and `k2` describe live tensors; `userdata` is null or a `spark_op_params`.
     unsafe fn new(
         s: &TensorView,
         h: &TensorView,
         k2: &TensorView,
         userdata: *mut c_void,
     ) -> Result<Self, KernelError> {
-        // SAFETY: userdata is null or a spark_ffn_params (contract).
-        let (params, k) = unsafe { params::read_ffn(userdata)? };
+        // SAFETY: userdata is null or a spark_op_params (contract).
+        let (layer, cutoff) = unsafe { params::read_ffn(userdata)? };
         let StageDims { d, n_tokens, .. } = shapes::stage(s, h, k2)?;
         // SAFETY: k2 is a live tensor (contract).
         let k2m = unsafe { weight(k2, "ffn_up")? };
@@ -167,8 +168,8 @@ impl<'a> StageInputs<'a> {
         // SAFETY: as above.
         let (h_data, stride) = unsafe { f32_rows(h) };
         Ok(Self {
-            layer: params.layer,
-            k,
+            layer,
+            cutoff,
             scores,
             batch: Batch {
                 h: h_data,
@@ -197,7 +198,7 @@ impl<'a> StageInputs<'a> {
             scores: self.scores,
             batch: self.batch,
             k2: &self.k2,
-            k: self.k,
+            cutoff: self.cutoff,
         }
     }
 

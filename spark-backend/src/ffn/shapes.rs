@@ -17,7 +17,7 @@ pub(crate) struct StageDims {
 }
 
 /// Scores `s` [F, T] (contiguous f32 rows), `h` [D, T] (f32 rows) and K2 [D - r_f, F] with
-/// `0 < D - r_f < D`.
+/// `0 < D - r_f <= D` (r_f = 0: K2 spans all of h).
 pub(crate) fn stage(
     s: &TensorView,
     h: &TensorView,
@@ -29,9 +29,9 @@ pub(crate) fn stage(
     expect_2d(s, "scores", f, n_tokens)?;
     expect_2d(h, "h", d, n_tokens)?;
     expect_2d(k2, "ffn_up", k2.ne[0], f)?;
-    if k2.ne[0] == 0 || k2.ne[0] >= d {
+    if k2.ne[0] == 0 || k2.ne[0] > d {
         return Err(KernelError::Shape(format!(
-            "ffn_up width {} not in (0, D = {d})",
+            "ffn_up width {} not in (0, D = {d}]",
             k2.ne[0]
         )));
     }

@@ -2,7 +2,7 @@
 //! limit): stage 2 (`spark_ffn_up`) writes the gated values of every neuron,
 //! stage 3 (`spark_ffn_down`) adds the V rows of the active ones.
 //!
-//! 2. up ([`up_range`]): per token the statistical top-k threshold of its scores, then for each
+//! 2. up ([`up_range`]): per token the threshold of its scores (`super::topk::Cutoff`), then for each
 //!    active neuron `u_j = gelu_tanh(s_j - theta) * (K2_j . h[r_f:])`, stored neuron-major
 //!    (`u[j * n_tokens + t]`, exactly 0 for inactive neurons);
 //! 3. down ([`down_range`]): `out_t = sum_j u_j V_j` over the neurons active for any token.
@@ -277,7 +277,7 @@ pub fn sparse_ffn(
         scores: &scores,
         batch: *batch,
         k2: w.k2,
-        k: w.k,
+        cutoff: w.cutoff,
     };
     let kept = up_range(&inputs, 0..f, &mut u, &mut scratch)?;
     check_len("out", out.len(), n_tokens * d)?;

@@ -655,6 +655,7 @@ pub fn build_op(
                 k: p.k,
                 r: p.r,
                 softcap: p.softcap,
+                ..OpParams::default()
             };
             spark_backend::params::store(node, &block);
         }

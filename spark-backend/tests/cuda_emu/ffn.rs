@@ -12,14 +12,15 @@
 //! lists and the threshold kernel's kept counts) equals the CPU op's exactly; u, the chunk
 //! partials and the outputs agree to f32 rounding (see [`TOL`]).
 
-use super::ffn_helpers::{Ggml, Rng, Weights};
+use super::ffn_helpers::{op_params, Ggml, Rng, Weights, GEMMA3N_STD_MUL};
 use llama_cpp_sys_2 as sys;
 use spark_backend::cuda::options;
 use spark_backend::ffn;
 use spark_backend::ffn::cuda_plan::{self as check, Arg, FfnKernel, Launch, SPARSE_MAX_TOKENS};
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
-use spark_backend::params::FfnParams;
+use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
+use spark_backend::topk::Cutoff;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -154,7 +155,7 @@ fn u32s(mem: &[u8], off: u64, n: usize) -> Vec<u32> {
 /// A random case: scores [F, T], h [D, T], K2 [D - r_f, F] and V^T [D, F] of type `ty`.
 struct Case {
     ggml: Ggml,
-    params: Box<FfnParams>,
+    params: Box<OpParams>,
     s: *mut sys::ggml_tensor,
     h: *mut sys::ggml_tensor,
     k2: *mut sys::ggml_tensor,
@@ -163,7 +164,7 @@ struct Case {
     vw: Weights,
     sv: Vec<f32>,
     hv: Vec<f32>,
-    k: usize,
+    cutoff: Cutoff,
     d: usize,
     r: usize,
     f: usize,
@@ -171,7 +172,7 @@ struct Case {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, k: usize) -> Case {
+fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, cutoff: Cutoff) -> Case {
     let mut rng = Rng::new(seed);
     let mut sv = rng.normals(f * t, 1.0);
     if t >= 3 {
@@ -188,10 +189,7 @@ fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, k: usize
     let v = ggml.tensor(ty, d, f, &vw.bytes);
     Case {
         ggml,
-        params: Box::new(FfnParams {
-            layer: 0,
-            k: k as i32,
-        }),
+        params: Box::new(op_params(0, cutoff)),
         s,
         h,
         k2,
@@ -200,7 +198,7 @@ fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, k: usize
         vw,
         sv,
         hv,
-        k,
+        cutoff,
         d,
         r,
         f,
@@ -210,7 +208,7 @@ fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, k: usize
 
 impl Case {
     fn params(&self) -> *const std::ffi::c_void {
-        (&*self.params as *const FfnParams).cast()
+        (&*self.params as *const OpParams).cast()
     }
     fn run_cpu(&self, out: *mut sys::ggml_tensor) {
         let g = self.ggml.graph(out);
@@ -220,7 +218,7 @@ impl Case {
     /// a_jt (`ffn::activation`, 0 when dropped) of u [F, T].
     fn acts(&self) -> (Vec<Option<f32>>, Vec<f64>) {
         let mut th = Vec::new();
-        ffn::token_thresholds(&self.sv, self.f, self.k, &mut th);
+        ffn::token_thresholds(&self.sv, self.f, self.cutoff, &mut th);
         let mut a = vec![0f64; self.f * self.t];
         for (tt, &theta) in th.iter().enumerate() {
             for j in 0..self.f {
@@ -590,18 +588,35 @@ fn shape(ty: RowType) -> (usize, usize) {
 }
 
 /// All runs of one weight type: fused T = 1 (P = 16), 3 (P = 7), 9 (P = 7, tiled) and up +
-/// down T = 5, at k = 16 of F = 200 (8 %); fused T = 3 and up + down T = 5 dense (k >= F).
+/// down T = 5, at k = 16 of F = 200 (8 %); fused T = 3 and up + down T = 5 dense (k >= F);
+/// Gemma 3n's cutoff (std multiplier Q(0.95), ~5 % kept) with r_f = 0 (K2 spans all of h):
+/// fused T = 1 and 9, up + down T = 5.
 fn all_paths(ty: RowType) {
     let (d, r) = shape(ty);
     let f = 200;
     let tag = format!("{ty:?}");
+    let top = Cutoff::TopK(16);
     for (t, p, seed) in [(1, 16, 1), (3, 7, 2), (9, 7, 3)] {
-        let c = case(seed, ty, d, r, f, t, 16);
+        let c = case(seed, ty, d, r, f, t, top);
         check_fused(&format!("{tag} k=16"), &c, p);
     }
-    check_up_down(&format!("{tag} k=16"), &case(4, ty, d, r, f, 5, 16));
-    check_fused(&format!("{tag} dense"), &case(5, ty, d, r, f, 3, 500), 7);
-    check_up_down(&format!("{tag} dense"), &case(6, ty, d, r, f, 5, 200));
+    check_up_down(&format!("{tag} k=16"), &case(4, ty, d, r, f, 5, top));
+    let dense = |k| Cutoff::TopK(k);
+    check_fused(
+        &format!("{tag} dense"),
+        &case(5, ty, d, r, f, 3, dense(500)),
+        7,
+    );
+    check_up_down(
+        &format!("{tag} dense"),
+        &case(6, ty, d, r, f, 5, dense(200)),
+    );
+    let std_mul = Cutoff::StdMul(f64::from(GEMMA3N_STD_MUL));
+    let name = format!("{tag} std-mul r_f=0");
+    for (t, p, seed) in [(1, 16, 7), (9, 7, 8)] {
+        check_fused(&name, &case(seed, ty, d, 0, f, t, std_mul), p);
+    }
+    check_up_down(&name, &case(9, ty, d, 0, f, 5, std_mul));
 }
 
 #[test]

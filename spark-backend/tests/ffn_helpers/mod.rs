@@ -6,9 +6,33 @@
 use llama_cpp_sys_2 as sys;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::Batch;
-use spark_backend::params::{FfnParams, OpParams};
+use spark_backend::params::OpParams;
 use spark_backend::rows::{quant, RowMatrix, RowType};
+use spark_backend::topk::Cutoff;
 use std::ffi::c_void;
+
+/// Gemma 3n's `f_sparsity_std_mul` (upstream llama.cpp src/models/gemma3n.cpp): the f32 nearest
+/// Q(0.95), the std multiplier of its sparse FFN layers' threshold.
+pub const GEMMA3N_STD_MUL: f32 = 1.644_853_4;
+
+/// The block the graph stores for an FFN op of layer `layer` with `cutoff` (`spark_op_params`:
+/// `SPARK_FFN_CUTOFF_TOP_K` with k, or `SPARK_FFN_CUTOFF_STD_MUL` with ffn_z).
+pub fn op_params(layer: i32, cutoff: Cutoff) -> OpParams {
+    match cutoff {
+        Cutoff::TopK(k) => OpParams {
+            layer,
+            k: i32::try_from(k).expect("k fits an int32_t"),
+            ffn_cutoff: spark_backend::params::FFN_CUTOFF_TOP_K,
+            ..OpParams::default()
+        },
+        Cutoff::StdMul(z) => OpParams {
+            layer,
+            ffn_cutoff: spark_backend::params::FFN_CUTOFF_STD_MUL,
+            ffn_z: z as f32,
+            ..OpParams::default()
+        },
+    }
+}
 
 /// `n` rows of `d` values back to back, as the FFN kernels' input batch.
 pub fn batch(h: &[f32], d: usize, n: usize) -> Batch<'_> {
@@ -84,20 +108,34 @@ impl Weights {
     }
 }
 
-/// f64 reference of SPEC 1: theta (None when k >= d), two-pass mean and unbiased std.
-pub fn ref_threshold(x: &[f32], k: usize) -> Option<f64> {
-    let d = x.len();
-    if k >= d {
-        return None;
-    }
-    let n = d as f64;
+/// Two-pass f64 mean and unbiased standard deviation of `x` (all entries).
+pub fn ref_mean_std(x: &[f32]) -> (f64, f64) {
+    let n = x.len() as f64;
     let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
     let var = x
         .iter()
         .map(|&v| (f64::from(v) - mean).powi(2))
         .sum::<f64>()
         / (n - 1.0);
-    Some(mean + var.sqrt() * spark_backend::topk::norm_ppf(1.0 - k as f64 / n))
+    (mean, var.sqrt())
+}
+
+/// f64 reference of SPEC 1: theta (None when k >= d), two-pass mean and unbiased std.
+pub fn ref_threshold(x: &[f32], k: usize) -> Option<f64> {
+    ref_threshold_for(x, Cutoff::TopK(k))
+}
+
+/// f64 reference threshold under `cutoff`: `mean + std * z` (two-pass mean, unbiased std) with
+/// z = Q(1 - k/d) for `TopK(k)` (None when k >= d) or z as given for `StdMul(z)` (Gemma 3n).
+pub fn ref_threshold_for(x: &[f32], cutoff: Cutoff) -> Option<f64> {
+    let d = x.len();
+    let z = match cutoff {
+        Cutoff::TopK(k) if k >= d => return None,
+        Cutoff::TopK(k) => spark_backend::topk::norm_ppf(1.0 - k as f64 / d as f64),
+        Cutoff::StdMul(z) => z,
+    };
+    let (mean, std) = ref_mean_std(x);
+    Some(mean + std * z)
 }
 
 pub fn ref_gelu(x: f64) -> f64 {
@@ -113,12 +151,25 @@ pub fn ref_up(
     k2: &Weights,
     k: usize,
 ) -> Vec<f64> {
+    ref_up_for(scores, h, d, n_tokens, k2, Cutoff::TopK(k))
+}
+
+/// [`ref_up`] under any cutoff: `u_j = gelu_tanh(s_j - theta) * (K2_j . h[r_f:])` for
+/// `s_j > theta` ([`ref_threshold_for`]), else 0; r_f = D - K2's columns (0: all of h).
+pub fn ref_up_for(
+    scores: &[f32],
+    h: &[f32],
+    d: usize,
+    n_tokens: usize,
+    k2: &Weights,
+    cutoff: Cutoff,
+) -> Vec<f64> {
     let f = k2.n_rows;
     let r = d - k2.n_cols;
     let mut u = vec![0f64; f * n_tokens];
     for t in 0..n_tokens {
         let s = &scores[t * f..(t + 1) * f];
-        let theta = ref_threshold(s, k);
+        let theta = ref_threshold_for(s, cutoff);
         for j in 0..f {
             let a = match theta {
                 Some(th) if f64::from(s[j]) > th => ref_gelu(f64::from(s[j]) - th),
@@ -248,7 +299,7 @@ impl Ggml {
         ne: &[usize],
         args: &mut [*mut sys::ggml_tensor],
         op: unsafe extern "C" fn(*mut sys::ggml_tensor, i32, i32, *mut c_void),
-        params: *const FfnParams,
+        params: *const OpParams,
     ) -> *mut sys::ggml_tensor {
         let size = |i: usize| ne.get(i).copied().unwrap_or(1) as i64;
         // SAFETY: args are live tensors of this context; params is null or valid for a read
@@ -268,13 +319,7 @@ impl Ggml {
                 std::ptr::null_mut(),
             );
             if !params.is_null() {
-                let p = params.read_unaligned();
-                let block = OpParams {
-                    layer: p.layer,
-                    k: p.k,
-                    ..OpParams::default()
-                };
-                spark_backend::params::store(node, &block);
+                spark_backend::params::store(node, &params.read_unaligned());
             }
             node
         }
@@ -301,7 +346,7 @@ impl Ggml {
         k1: *mut sys::ggml_tensor,
         k2: *mut sys::ggml_tensor,
         v: *mut sys::ggml_tensor,
-        params: *const FfnParams,
+        params: *const OpParams,
     ) -> [*mut sys::ggml_tensor; 3] {
         // SAFETY: live tensors of this context with INTERFACES.md shapes.
         unsafe {
@@ -323,7 +368,7 @@ impl Ggml {
         k2: *mut sys::ggml_tensor,
         v: *mut sys::ggml_tensor,
         n_chunks: usize,
-        params: *const FfnParams,
+        params: *const OpParams,
     ) -> [*mut sys::ggml_tensor; 3] {
         // SAFETY: live tensors of this context with INTERFACES.md shapes.
         unsafe {
@@ -428,12 +473,24 @@ impl Drop for Runner {
 /// Magnitude scale of the up stage per element: (|a| + |s_j| + |theta|) * sum |K2_j h2|, the
 /// middle terms covering the rounding of `s_j - theta` near the threshold.
 pub fn up_scale(scores: &[f32], h: &[f32], d: usize, n: usize, k2: &Weights, k: usize) -> Vec<f64> {
+    up_scale_for(scores, h, d, n, k2, Cutoff::TopK(k))
+}
+
+/// [`up_scale`] under any cutoff.
+pub fn up_scale_for(
+    scores: &[f32],
+    h: &[f32],
+    d: usize,
+    n: usize,
+    k2: &Weights,
+    cutoff: Cutoff,
+) -> Vec<f64> {
     let f = k2.n_rows;
     let r = d - k2.n_cols;
     let mut out = vec![0f64; f * n];
     for t in 0..n {
         let s = &scores[t * f..(t + 1) * f];
-        let theta = ref_threshold(s, k);
+        let theta = ref_threshold_for(s, cutoff);
         for j in 0..f {
             let sj = f64::from(s[j]);
             let a = match theta {
@@ -466,7 +523,7 @@ pub fn assert_close(got: &[f32], want: &[f64], mag: &[f64], rel: f64, what: &str
 /// One FFN layer's tensors in a ggml context, with the op parameters.
 pub struct OpCase {
     pub ggml: Ggml,
-    pub params: Box<FfnParams>,
+    pub params: Box<OpParams>,
     pub h: *mut sys::ggml_tensor,
     pub k1: *mut sys::ggml_tensor,
     pub k2: *mut sys::ggml_tensor,
@@ -497,11 +554,71 @@ pub fn op_case(
     let vt = ggml.tensor(ty, d, f, &v.bytes);
     let case = OpCase {
         ggml,
-        params: Box::new(FfnParams { layer, k }),
+        params: Box::new(OpParams {
+            layer,
+            k,
+            ..Default::default()
+        }),
         h: ht,
         k1: k1t,
         k2: k2t,
         v: vt,
     };
     (case, [k1, k2, v], h)
+}
+
+/// A Gemma 3n sparse FFN layer's Spark nodes' inputs as ggml tensors: gate scores `s` [F, T]
+/// (given, as Gemma 3n's dense `W_gate x` would give them: Gaussian-like, any mean), `h`
+/// [D, T], K2 [D, F] over ALL of h (r_f = 0) and V [D, F] of type `ty`, with the parameters
+/// `op_params(layer, StdMul(GEMMA3N_STD_MUL))`.
+pub struct StdMulCase {
+    pub ggml: Ggml,
+    pub params: Box<OpParams>,
+    pub s: *mut sys::ggml_tensor,
+    pub h: *mut sys::ggml_tensor,
+    pub k2: *mut sys::ggml_tensor,
+    pub v: *mut sys::ggml_tensor,
+    pub sv: Vec<f32>,
+    pub hv: Vec<f32>,
+    pub k2w: Weights,
+    pub vw: Weights,
+    pub cutoff: Cutoff,
+}
+
+/// A random [`StdMulCase`] of D = `d`, F = `f`, T = `n_tokens`.
+pub fn std_mul_case(
+    rng: &mut Rng,
+    ty: RowType,
+    d: usize,
+    f: usize,
+    n_tokens: usize,
+    layer: i32,
+) -> StdMulCase {
+    let sv: Vec<f32> = rng
+        .normals(n_tokens * f, 1.3)
+        .into_iter()
+        .map(|x| x - 0.4)
+        .collect();
+    let hv = rng.normals(n_tokens * d, 1.0);
+    let k2w = Weights::random(rng, ty, d, f, 0.3);
+    let vw = Weights::random(rng, ty, d, f, 0.3);
+    let ggml = Ggml::new(64 << 20);
+    let s = ggml.f32_tensor(f, n_tokens, &sv);
+    let h = ggml.f32_tensor(d, n_tokens, &hv);
+    let k2 = ggml.tensor(ty, d, f, &k2w.bytes);
+    let v = ggml.tensor(ty, d, f, &vw.bytes);
+    let cutoff = Cutoff::StdMul(f64::from(GEMMA3N_STD_MUL));
+    StdMulCase {
+        ggml,
+        params: Box::new(op_params(layer, cutoff)),
+        s,
+        h,
+        k2,
+        v,
+        sv,
+        hv,
+        k2w,
+        vw,
+        cutoff,
+    }
 }

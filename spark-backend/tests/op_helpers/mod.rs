@@ -8,7 +8,7 @@ use crate::ffn_helpers::{op_case, OpCase, Rng};
 use llama_cpp_sys_2 as sys;
 use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::{self, Batch};
-use spark_backend::params::FfnParams;
+use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
 use std::ffi::c_void;
 
@@ -122,7 +122,7 @@ pub fn ffn_nodes_of(shape: FfnShape, seed: u64, layer: i32) -> (FfnNodes, Vec<f3
         n_tokens: n,
     };
     ffn::predictor_scores(&k1.matrix(), &batch, &mut scores).unwrap();
-    let params = &*c.params as *const FfnParams;
+    let params = &*c.params as *const OpParams;
     let userdata = params.cast_mut().cast::<c_void>();
     let st = c.ggml.f32_tensor(f, n, &scores);
     let p = ffn::tiling::default_chunks(f);

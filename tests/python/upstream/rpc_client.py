@@ -167,13 +167,14 @@ def custom_op_params(op_id: int, spark: tuple | None = None, n_tasks: int = N_TA
                      magic: bytes = b"SPK1", call_state: bytes = bytes(8)) -> bytes:
     """The op_params of a GGML_OP_CUSTOM node as ggml-rpc sends it: the op's id in place of the
     function pointer, n_tasks, userdata 0; then, for a Spark node, the call state (bytes 24-31,
-    zero at rest), `magic` and (layer, k, r, softcap) (docs/INTERFACES.md, "Parameters in the
-    node")."""
+    zero at rest), `magic` and struct spark_op_params (layer, k, r, softcap[, ffn_cutoff, ffn_z];
+    the last two 0 when left out: docs/INTERFACES.md, "Parameters in the node")."""
     head = struct.pack("<QiiQ", op_id, n_tasks, 0, 0)
     if spark is None:
         return head
-    layer, k, r, softcap = spark
-    return head + call_state + magic + struct.pack("<iiif", layer, k, r, softcap)
+    layer, k, r, softcap, ffn_cutoff, ffn_z = (tuple(spark) + (0, 0.0))[:6]
+    return head + call_state + magic + struct.pack("<iiifif", layer, k, r, softcap, ffn_cutoff,
+                                                   ffn_z)
 
 
 class Client:

@@ -157,7 +157,8 @@ class TS:
 @dataclass
 class Node:
     """A custom node: its op's name, sources (TS, Node or None), dst, Spark parameters (layer,
-    k, r, softcap; None: no parameter block) and the fields a hostile client may change."""
+    k, r, softcap[, ffn_cutoff, ffn_z]; None: no parameter block) and the fields a hostile
+    client may change."""
     op: str
     srcs: list
     dst: TS
@@ -458,8 +459,8 @@ def cases() -> list[Case]:
         nan_case("up: s and h disagree on tokens", "spark_ffn_up", r"h: ne", src=0,
                  ne=(F, T + 1)),
         nan_case("up: K2 rows != F", "spark_ffn_up", r"ffn_up: ne", src=2, ne=(W, F - 1)),
-        nan_case("up: K2 as wide as h (r = 0)", "spark_ffn_up", r"ffn_up width 64 not in",
-                 src=2, ne=(D, F)),
+        op_case("up: K2 as wide as h (r = 0: legal, Gemma 3n)", "spark_ffn_up",
+                frozenset({RAN}), src=2, ne=(D, F)),
         nan_case("up: K2 wider than h (r < 0)", "spark_ffn_up", r"ffn_up width 80 not in",
                  src=2, ne=(D + 16, F)),
         nan_case("up: K2 of width 0 (r = D)", "spark_ffn_up", r"ffn_up width 0 not in",
@@ -487,6 +488,15 @@ def cases() -> list[Case]:
                  params=(0, -7, 0, 0.0)),
         op_case("up: k = 2^31 - 1 (dense: legal)", "spark_ffn_up", frozenset({RAN}),
                 params=(0, 2**31 - 1, 0, 0.0)),
+        # params (layer, k, r, softcap, ffn_cutoff, ffn_z): SPARK_FFN_CUTOFF_STD_MUL = 1
+        op_case("up: std multiplier (Gemma 3n's cutoff; k unused)", "spark_ffn_up",
+                frozenset({RAN}), params=(0, 0, 0, 0.0, 1, 1.6448533535003662)),
+        nan_case("up: unknown ffn_cutoff", "spark_ffn_up", r"ffn_cutoff = 7 \(must be",
+                 params=(0, F, 0, 0.0, 7, 0.0)),
+        nan_case("up: ffn_z NaN", "spark_ffn_up", r"ffn_z = NaN \(must be finite",
+                 params=(0, F, 0, 0.0, 1, float("nan"))),
+        nan_case("up: ffn_z -inf", "spark_ffn_up", r"ffn_z = -inf \(must be finite",
+                 params=(0, F, 0, 0.0, 1, float("-inf"))),
         nan_case("up: no parameter block", "spark_ffn_up", r"carries no Spark parameters",
                  params=None),
         nan_case("up: another tag than SPK1", "spark_ffn_up", r"carries no Spark parameters",

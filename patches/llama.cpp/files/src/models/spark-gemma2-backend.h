@@ -28,14 +28,22 @@ struct spark_ffn_tiling {
 // (a size below 1, out NULL)
 typedef int (*spark_ffn_tiling_t)(int64_t n_tokens, int64_t n_ff, int64_t n_embd, struct spark_ffn_tiling * out);
 
+// how an FFN op sets a token's threshold theta = mean + std * z over its n_ff scores (SPEC 1)
+enum spark_ffn_cutoff {
+    SPARK_FFN_CUTOFF_TOP_K   = 0, // z = Q(1 - k/n_ff) from k (spark-gemma2; k >= n_ff keeps every neuron, unshifted)
+    SPARK_FFN_CUTOFF_STD_MUL = 1, // z = ffn_z as given (Gemma 3n's f_sparsity_std_mul = Q(0.95)); k unused
+};
+
 // the parameters of a Spark custom op, which its node carries in its own op_params (stored by
 // spark_op_set_params), so that the node holds no pointer of the process that built the graph
 // and can run in another one (ggml-rpc's named custom ops); ggml's userdata is not used
 struct spark_op_params {
-    int32_t layer;   // for statistics and messages
-    int32_t k;       // k_f (the FFN ops) or k_a (spark_attn)
-    int32_t r;       // r_a (spark_attn), 0 for the FFN ops
-    float   softcap; // spark_attn's logit soft-cap (0 = off), 0 for the FFN ops
+    int32_t layer;      // for statistics and messages
+    int32_t k;          // k_f (the FFN ops with SPARK_FFN_CUTOFF_TOP_K) or k_a (spark_attn)
+    int32_t r;          // r_a (spark_attn), 0 for the FFN ops
+    float   softcap;    // spark_attn's logit soft-cap (0 = off), 0 for the FFN ops
+    int32_t ffn_cutoff; // enum spark_ffn_cutoff (the FFN ops), 0 for spark_attn
+    float   ffn_z;      // the std multiplier of SPARK_FFN_CUTOFF_STD_MUL (finite), 0 otherwise
 };
 
 // "spark_op_set_params": stores *p in node, a GGML_OP_CUSTOM node made with one of the entry's
