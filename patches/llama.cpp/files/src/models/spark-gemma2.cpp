@@ -21,6 +21,7 @@
 
 #include "models.h"
 #include "spark-gemma2-backend.h"
+#include "spark-ops.h"
 
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
@@ -198,46 +199,12 @@ std::unique_ptr<llm_graph_context> llama_model_spark_gemma2::build_arch_graph(co
 // graph helpers
 //
 
-// a proc of the "Spark" registry entry, or nullptr (no such entry, or no such proc)
-static void * spark_proc(const char * name) {
-    ggml_backend_reg_t reg = ggml_backend_reg_by_name("Spark");
-    if (reg == nullptr) {
-        return nullptr;
-    }
-    return ggml_backend_reg_get_proc_address(reg, name);
-}
-
 // the first reason the sparse FFN is not built, said once per process
 static void spark_ffn_warn_dense(const char * why) {
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
         LLAMA_LOG_WARN("%s: %s: the FFN runs on the dense graph\n", __func__, why);
     }
-}
-
-// a custom op exported by the "Spark" registry entry, or nullptr (also when the entry cannot
-// store the parameters in the node: a backend built for another llama.cpp, said once)
-static ggml_custom_op_t spark_kernel(const char * name) {
-    if (spark_proc("spark_op_set_params") == nullptr) {
-        if (ggml_backend_reg_by_name("Spark") != nullptr) {
-            static std::atomic<bool> warned{false};
-            if (!warned.exchange(true)) {
-                LLAMA_LOG_WARN("%s: the Spark backend does not export spark_op_set_params (built for another "
-                               "llama.cpp?): the dense graph runs\n", __func__);
-            }
-        }
-        return nullptr;
-    }
-    return (ggml_custom_op_t) spark_proc(name);
-}
-
-// a Spark custom-op node: fun (from spark_kernel) over args, its parameters stored in the node
-static ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor ** args, int n_args,
-                                int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, const spark_op_params & p) {
-    ggml_tensor * node = ggml_custom_4d(ctx, GGML_TYPE_F32, ne0, ne1, ne2, ne3, args, n_args, fun, GGML_N_TASKS_MAX, nullptr);
-    spark_op_set_params_t set_params = (spark_op_set_params_t) spark_proc("spark_op_set_params");
-    GGML_ASSERT(set_params != nullptr && set_params(node, &p) == 0);
-    return node;
 }
 
 // How the sparse FFN of a ubatch runs (path and chunk count) is the Spark backend's decision:
@@ -357,7 +324,7 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     cb(s, "spark_ffn_score", il);
 
     const llama_spark_ffn_params & ffn = model.spark_ffn_params[il];
-    const spark_op_params params = { ffn.layer, ffn.k, 0, 0.0f };
+    const spark_op_params params = { ffn.layer, ffn.k, 0, 0.0f, SPARK_FFN_CUTOFF_TOP_K, 0.0f };
 
     // llama.cpp also builds graphs of no tokens (reserve probes): they get a one-token ubatch's
     // nodes, so that they hold the same ops as the graphs that run (the dense fallback has ops,
@@ -602,7 +569,7 @@ llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm
                 ggml_tensor * args[4] = { q, k, v, kq_mask };
                 const llama_spark_attn_params & ap = model.spark_attn_params[il];
                 cur = spark_node(ctx0, attn_kernel, args, 4, n_embd_head, n_head, n_tokens_s, n_stream,
-                        spark_op_params{ ap.layer, ap.k, ap.r, ap.softcap });
+                        spark_op_params{ ap.layer, ap.k, ap.r, ap.softcap, 0, 0.0f });
                 cb(cur, "spark_attn_sparse", il);
                 cur = ggml_reshape_2d(ctx0, cur, n_embd_head*n_head, n_tokens_s*n_stream);
             } else {
