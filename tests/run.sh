@@ -59,6 +59,7 @@ if [ "$quick" = 1 ]; then
     "$SPARK_PYTHON" -m pytest -q tests \
         --ignore=tests/python/upstream \
         --ignore=tests/python/arm \
+        --ignore=tests/python/gemma3n \
         --ignore=tests/python/integration/test_iq_types.py \
         --deselect=tests/python/convert/test_manifest.py::test_manifest_is_what_llama_gguf_hash_prints_and_checks \
         --deselect=tests/python/convert/test_manifest.py::test_a_corrupted_copy_fails_the_check_naming_the_tensor
