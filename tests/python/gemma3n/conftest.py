@@ -37,5 +37,6 @@ def tiny_meta(tiny) -> dict:
     """The tiny model's shapes, read back from its file."""
     import gguf
     r = gguf.GGUFReader(tiny["f32"])
+    gate = next(t for t in r.tensors if t.name == "blk.0.ffn_gate.weight")  # ggml [n_embd, n_ff]
     return {"n_layer": int(r.get_field("gemma3n.block_count").contents()),
-            "n_ff": int(r.tensors[[t.name for t in r.tensors].index("blk.0.ffn_gate.weight")].shape[1])}
+            "n_embd": int(gate.shape[0]), "n_ff": int(gate.shape[1])}

@@ -111,3 +111,31 @@ def test_q8_0_stays_within_upstreams_quantization_error(tiny, tiny_meta, kld_bas
     assert spark_err[2] >= stock_err[2] - 5.0, res.stdout
     assert direct[0] <= 0.5 * stock_err[0], (direct, stock_err)
     assert_sparse_layer_stats(res, tiny_meta["n_layer"])
+
+
+@pytest.mark.parametrize("v_type, stored", [(None, "f16"), ("f16", "f16"), ("bf16", "bf16"),
+                                            ("f32", "f32"), ("q8_0", "q8_0"), ("file", "f32"),
+                                            ("q4_k", "f16")])
+def test_neuron_major_down_type(tiny, tiny_meta, v_type, stored):
+    """The neuron-major copy of the sparse layers' ffn_down made at load, in the type
+    SPARK_GEMMA3N_V_TYPE names (default f16; "file": the file's type, f32 here; an unknown name:
+    one warning naming it, then f16): the load log names the type and the size, and the text is
+    upstream's (f32 file; the tiny model's text holds for every storage type)."""
+    env = uh.tool_env(with_plugin=True)
+    env.pop("SPARK_GEMMA3N_V_TYPE", None)
+    if v_type is not None:
+        env["SPARK_GEMMA3N_V_TYPE"] = v_type
+    cmd = [uh.tool("llama-completion"), "-m", tiny["f32"], "-p", PROMPTS[0], "-n", N_TOKENS,
+           "--temp", "0", "--seed", uh.SEED, "-t", uh.THREADS, "-no-cnv", "--no-display-prompt",
+           "--no-warmup", "-v"]
+    res = uh.run_until_complete(cmd, lambda r: r.stdout.endswith(uh.COMPLETION_END), env=env)
+    n_ff, n_embd = tiny_meta["n_ff"], tiny_meta["n_embd"]
+    bytes_per = {"f16": 2, "bf16": 2, "f32": 4, "q8_0": 34 / 32}[stored]
+    mib = N_LAYER_SPARSE * n_ff * n_embd * bytes_per / 2**20
+    want = f"neuron-major ffn_down of layers 0-9 ({stored}), {mib:.2f} MiB in CPU"
+    assert want in res.stderr, res.explain(f"no '{want}' in the load log")
+    warned = "SPARK_GEMMA3N_V_TYPE=q4_k is not one of" in res.stderr
+    assert warned == (v_type == "q4_k"), res.explain("the warning for an unknown type")
+    stock, _ = uh.llama_completion(tiny["f32"], PROMPTS[0], N_TOKENS, with_plugin=False)
+    assert uh.completion_text(res.stdout) == stock, res.explain("text differs from upstream's")
+    assert_sparse_layer_stats(res, tiny_meta["n_layer"])

@@ -199,40 +199,6 @@ std::unique_ptr<llm_graph_context> llama_model_spark_gemma2::build_arch_graph(co
 // graph helpers
 //
 
-// the first reason the sparse FFN is not built, said once per process
-static void spark_ffn_warn_dense(const char * why) {
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true)) {
-        LLAMA_LOG_WARN("%s: %s: the FFN runs on the dense graph\n", __func__, why);
-    }
-}
-
-// How the sparse FFN of a ubatch runs (path and chunk count) is the Spark backend's decision:
-// the graph asks spark_ffn_tiling and builds the nodes of the answer, so none of the kernels'
-// tiling constants is written here. False for the dense graph: no "Spark" entry (silently), or
-// one that does not answer (a backend without spark_ffn_tiling) or answers something invalid
-// (with one warning).
-static bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out) {
-    if (ggml_backend_reg_by_name("Spark") == nullptr) {
-        return false;
-    }
-    spark_ffn_tiling_t tiling = (spark_ffn_tiling_t) spark_proc("spark_ffn_tiling");
-    if (tiling == nullptr) {
-        spark_ffn_warn_dense("the Spark backend does not export spark_ffn_tiling (built for another llama.cpp?)");
-        return false;
-    }
-    if (tiling(n_tokens, n_ff, n_embd, &out) != 0) {
-        spark_ffn_warn_dense("spark_ffn_tiling refused the ubatch");
-        return false;
-    }
-    const bool fused_ok = out.path == SPARK_FFN_PATH_FUSED && out.n_chunk >= 1 && out.n_chunk <= n_ff;
-    if (!fused_ok && out.path != SPARK_FFN_PATH_TWO_STAGE) {
-        spark_ffn_warn_dense("spark_ffn_tiling answered no valid path");
-        return false;
-    }
-    return true;
-}
-
 // c[0] x^(n-1) + ... + c[n-1] by Horner's rule
 static ggml_tensor * spark_poly(ggml_context * ctx, ggml_tensor * x, const double * c, int n) {
     ggml_tensor * acc = ggml_scale_bias(ctx, x, (float) c[0], (float) c[1]);

@@ -5,28 +5,161 @@
 // (unbiased std; the multiplier is Q(0.95), so ~5 % of the neurons pass), then
 // out = W_down (gelu(relu(gate - theta)) * (W_up x)). Upstream computes all of it densely.
 // When a ggml backend registry entry named "Spark" exports spark_ffn_up (the plugin loaded with
-// GGML_BACKEND_PATH), those layers run as:
-//   gate = W_gate x                                   stock ggml_mul_mat (every neuron's score)
-//   u    = spark_ffn_up(gate, x, W_up)                 threshold, gelu_tanh and the up dot
-//                                                      products of the kept neurons only
-//   out  = W_down u                                    stock ggml_mul_mat
-// W_up's rows are read one neuron at a time, so gemma3n.cpp loads them as row gathers (out of
-// repacked CPU buffers) when the entry is there. W_down stays in the file's layout (quantization
-// blocks along n_ff, so one neuron's weights are a strided column): its product is dense.
-// Without the entry, or with LoRA adapters on the model (the op reads W_up itself), nothing
-// here runs and the graph is upstream's.
+// GGML_BACKEND_PATH), those layers run as Spark-Gemma2's FFN does (spark-gemma2.cpp), with the
+// whole of x as K2's input (r_f = 0) and the given multiplier as the cutoff:
+//   gate = W_gate x                            stock ggml_mul_mat (every neuron's score)
+//   out  = sum over the kept neurons j of gelu_tanh(gate_j - theta) (W_up_j . x) V_j
+//          on spark_ffn_fused + spark_ffn_sum, or spark_ffn_up + spark_ffn_down, as the
+//          backend's spark_ffn_tiling answers for the ubatch
+// V is W_down neuron-major ([n_embd, n_ff]: row j is neuron j's output vector). The file stores
+// W_down [n_ff, n_embd] with its quantization blocks along n_ff, so one neuron's weights are a
+// strided column and a block of 32 neurons holds a kept one 81 % of the time: skipping neurons
+// there saves almost nothing. load_tensors therefore makes V from the file's W_down once, when
+// the model loads (users keep the file they downloaded), in the type spark_down_type picks.
+// W_up's and W_down's rows of those layers load as row gathers (gemma3n.cpp), which keeps them
+// out of repacked CPU buffers: the ops read W_up's rows, and load_tensors reads W_down back.
+// Without the entry, or with LoRA adapters on the model (the ops read W_up and V themselves),
+// nothing here runs and the graph is upstream's.
 
 #include "models.h"
 #include "spark-ops.h"
 
+#include "ggml-backend.h"
+
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 bool llama_model_gemma3n::spark_sparse_ffn_available() {
     return spark_kernel("spark_ffn_up") != nullptr;
 }
 
+//
+// the neuron-major down weights
+//
+
+// The storage type of V for a file's W_down of type `file_type`. Default: bf16 for a bf16
+// file, f16 otherwise: every weight of the file's q8_0 / q4_K / q6_K / f16 / bf16 blocks within
+// f16 rounding (2^-11 relative), where re-quantizing along the other axis would add a second
+// quantization error of the file's own size; V is read 5 % at a time in decode, so its width
+// costs little there (docs/PERF.md, "Gemma 3n": the KL divergence, memory and speed of each).
+// SPARK_GEMMA3N_V_TYPE = f16, bf16, f32, q8_0 (half the memory of f16, an error 1/8 of q4_K's
+// step) or file (W_down's own type where n_embd fills its blocks, else f16) overrides it.
+static ggml_type spark_down_type(ggml_type file_type, int64_t n_embd) {
+    const ggml_type fallback = file_type == GGML_TYPE_BF16 ? GGML_TYPE_BF16 : GGML_TYPE_F16;
+    const char * want = std::getenv("SPARK_GEMMA3N_V_TYPE");
+    if (want == nullptr || *want == '\0') {
+        return fallback;
+    }
+    static const struct { const char * name; ggml_type type; } types[] = {
+        { "f16", GGML_TYPE_F16 }, { "bf16", GGML_TYPE_BF16 }, { "f32", GGML_TYPE_F32 }, { "q8_0", GGML_TYPE_Q8_0 },
+    };
+    for (const auto & t : types) {
+        if (std::strcmp(want, t.name) == 0) {
+            return n_embd % ggml_blck_size(t.type) == 0 ? t.type : fallback;
+        }
+    }
+    if (std::strcmp(want, "file") == 0) {
+        return n_embd % ggml_blck_size(file_type) == 0 ? file_type : fallback;
+    }
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+        LLAMA_LOG_WARN("%s: SPARK_GEMMA3N_V_TYPE=%s is not one of f16, bf16, f32, q8_0, file: using %s\n", __func__, want,
+                       ggml_type_name(fallback));
+    }
+    return fallback;
+}
+
+// w [n_ff, n_embd] (ggml order) as f32 rows, transposed: out[j*n_embd + e] = w[e][j]
+static void spark_transpose_to_f32(const ggml_tensor * w, std::vector<float> & out) {
+    const int64_t n_ff = w->ne[0], n_embd = w->ne[1];
+    std::vector<uint8_t> raw(ggml_nbytes(w));
+    ggml_backend_tensor_get(w, raw.data(), 0, raw.size());
+    const ggml_to_float_t to_float = w->type == GGML_TYPE_F32 ? nullptr : ggml_get_type_traits(w->type)->to_float;
+    out.resize(n_ff * n_embd);
+    // a block of rows of w at a time, dequantized, then written column-wise: each neuron's
+    // output vector gets kBlock consecutive values per pass
+    const int64_t kBlock = 64;
+    std::vector<float> rows(kBlock * n_ff);
+    for (int64_t e0 = 0; e0 < n_embd; e0 += kBlock) {
+        const int64_t ne = std::min(kBlock, n_embd - e0);
+        for (int64_t e = 0; e < ne; ++e) {
+            const uint8_t * src = raw.data() + (e0 + e) * w->nb[1];
+            if (to_float) {
+                to_float(src, rows.data() + e * n_ff, n_ff);
+            } else {
+                std::memcpy(rows.data() + e * n_ff, src, n_ff * sizeof(float));
+            }
+        }
+        for (int64_t j = 0; j < n_ff; ++j) {
+            float * dst = out.data() + j * n_embd + e0;
+            for (int64_t e = 0; e < ne; ++e) {
+                dst[e] = rows[e * n_ff + j];
+            }
+        }
+    }
+}
+
+bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
+    if (!llama_model_base::load_tensors(ml)) {
+        return false;
+    }
+    if (ml.no_alloc || !spark_sparse_ffn_available()) {
+        return true;
+    }
+    const int n_sparse = std::min<int>(n_layer_sparsity, (int) hparams.n_layer());
+    // one tensor per sparse layer, each in its own buffer of the type that holds its ffn_down
+    // (the CPU's or a GPU's): V sits where the layer's other weights are
+    ggml_init_params params = { (size_t) n_sparse * ggml_tensor_overhead(), nullptr, true };
+    spark_ctx.reset(ggml_init(params));
+    spark_ffn_down_nm.assign(n_sparse, nullptr);
+    std::vector<float> nm;
+    std::vector<uint8_t> stored;
+    size_t total = 0;
+    for (int il = 0; il < n_sparse; ++il) {
+        const ggml_tensor * down = layers[il].ffn_down;
+        const int64_t n_ff = down->ne[0], n_embd = down->ne[1];
+        const ggml_type type = spark_down_type(down->type, n_embd);
+        ggml_tensor * v = ggml_new_tensor_2d(spark_ctx.get(), type, n_embd, n_ff);
+        ggml_format_name(v, "blk.%d.spark_ffn_down_nm", il);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(down->buffer);
+        if (ggml_backend_buft_is_host(buft)) {
+            buft = ggml_backend_cpu_buffer_type();  // also for a memory-mapped file's buffer
+        }
+        ggml_backend_buffer_ptr buf(ggml_backend_buft_alloc_buffer(buft, ggml_backend_buft_get_alloc_size(buft, v)));
+        if (!buf) {
+            throw std::runtime_error(format("%s: cannot allocate %zu bytes of %s for the neuron-major ffn_down of layer %d",
+                                            __func__, ggml_nbytes(v), ggml_backend_buft_name(buft), il));
+        }
+        ggml_backend_buffer_set_usage(buf.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        if (ggml_backend_tensor_alloc(buf.get(), v, ggml_backend_buffer_get_base(buf.get())) != GGML_STATUS_SUCCESS) {
+            throw std::runtime_error(format("%s: cannot place the neuron-major ffn_down of layer %d", __func__, il));
+        }
+        spark_transpose_to_f32(down, nm);
+        stored.resize(ggml_nbytes(v));
+        ggml_quantize_chunk(type, nm.data(), stored.data(), 0, n_ff, n_embd, nullptr);
+        ggml_backend_tensor_set(v, stored.data(), 0, stored.size());
+        spark_ffn_down_nm[il] = v;
+        spark_bufs.emplace_back(std::move(buf));
+        total += ggml_nbytes(v);
+    }
+    if (n_sparse > 0) {
+        LLAMA_LOG_INFO("%s: Spark: neuron-major ffn_down of layers 0-%d (%s), %.2f MiB in %s\n", __func__, n_sparse - 1,
+                       ggml_type_name(spark_ffn_down_nm[0]->type), total / 1024.0 / 1024.0,
+                       ggml_backend_buffer_name(spark_bufs[0].get()));
+    }
+    return true;
+}
+
+//
+// the graph
+//
+
 ggml_tensor * llama_model_gemma3n::graph::build_spark_ffn(ggml_tensor * cur, int il) {
-    if (!spark_sparse_ffn_available()) {
+    const auto & g3n = static_cast<const llama_model_gemma3n &>(model);
+    if (il >= (int) g3n.spark_ffn_down_nm.size() || !spark_sparse_ffn_available()) {
         return nullptr;
     }
     if (loras != nullptr && !loras->empty()) {
@@ -37,18 +170,42 @@ ggml_tensor * llama_model_gemma3n::graph::build_spark_ffn(ggml_tensor * cur, int
         return nullptr;
     }
     const auto & layer = model.layers[il];
+    ggml_tensor * v = g3n.spark_ffn_down_nm[il];
     const int64_t n_ff         = layer.ffn_gate->ne[1];
     const int64_t n_tokens_cur = cur->ne[1];
 
     ggml_tensor * gate = build_lora_mm(layer.ffn_gate, cur);  // [n_ff, n_tokens]
     cb(gate, "ffn_gate", il);
 
-    // u [n_tokens, n_ff]: neuron j's values for every token, 0 for the neurons a token dropped
     const spark_op_params params = { il, 0, 0, 0.0f, SPARK_FFN_CUTOFF_STD_MUL, f_sparsity_std_mul };
-    ggml_tensor * args[3] = { gate, cur, layer.ffn_up };
-    ggml_tensor * u = spark_node(ctx0, spark_kernel("spark_ffn_up"), args, 3, n_tokens_cur, n_ff, 1, 1, params);
-    cb(u, "spark_ffn_u_sparse", il);
 
-    u = n_tokens_cur == 1 ? ggml_reshape_2d(ctx0, u, n_ff, 1) : ggml_cont(ctx0, ggml_transpose(ctx0, u));  // [n_ff, n_tokens]
-    return build_lora_mm(layer.ffn_down, u);
+    // graphs of no tokens (reserve probes) get a one-token ubatch's nodes, as in spark-gemma2.cpp
+    spark_ffn_tiling tiling = {};
+    if (!spark_ffn_ask_tiling(std::max<int64_t>(n_tokens_cur, 1), n_ff, n_embd, tiling)) {
+        return nullptr;
+    }
+    if (tiling.path == SPARK_FFN_PATH_FUSED) {
+        ggml_custom_op_t fused_kernel = spark_kernel("spark_ffn_fused");
+        ggml_custom_op_t sum_kernel   = spark_kernel("spark_ffn_sum");
+        if (fused_kernel && sum_kernel) {
+            ggml_tensor * fused_args[4] = { gate, cur, layer.ffn_up, v };
+            ggml_tensor * partial = spark_node(ctx0, fused_kernel, fused_args, 4, n_embd, n_tokens_cur, tiling.n_chunk, 1, params);
+            cb(partial, "spark_ffn_partial", il);
+            return spark_node(ctx0, sum_kernel, &partial, 1, n_embd, n_tokens_cur, 1, 1, params);
+        }
+        spark_ffn_warn_dense("the Spark backend chose the fused path but does not export spark_ffn_fused and spark_ffn_sum");
+        return nullptr;
+    }
+    ggml_custom_op_t up_kernel   = spark_kernel("spark_ffn_up");
+    ggml_custom_op_t down_kernel = spark_kernel("spark_ffn_down");
+    if (up_kernel && down_kernel) {
+        // u [n_tokens, n_ff]: neuron j's values for every token, 0 for the neurons a token dropped
+        ggml_tensor * up_args[3] = { gate, cur, layer.ffn_up };
+        ggml_tensor * u = spark_node(ctx0, up_kernel, up_args, 3, n_tokens_cur, n_ff, 1, 1, params);
+        cb(u, "spark_ffn_u_sparse", il);
+        ggml_tensor * down_args[2] = { u, v };
+        return spark_node(ctx0, down_kernel, down_args, 2, n_embd, n_tokens_cur, 1, 1, params);
+    }
+    spark_ffn_warn_dense("the Spark backend chose the two-stage path but does not export spark_ffn_up and spark_ffn_down");
+    return nullptr;
 }

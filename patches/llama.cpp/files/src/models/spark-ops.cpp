@@ -37,3 +37,31 @@ ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor *
     GGML_ASSERT(set_params != nullptr && set_params(node, &p) == 0);
     return node;
 }
+
+void spark_ffn_warn_dense(const char * why) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+        LLAMA_LOG_WARN("%s: %s: the FFN runs on the dense graph\n", __func__, why);
+    }
+}
+
+bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out) {
+    if (ggml_backend_reg_by_name("Spark") == nullptr) {
+        return false;
+    }
+    spark_ffn_tiling_t tiling = (spark_ffn_tiling_t) spark_proc("spark_ffn_tiling");
+    if (tiling == nullptr) {
+        spark_ffn_warn_dense("the Spark backend does not export spark_ffn_tiling (built for another llama.cpp?)");
+        return false;
+    }
+    if (tiling(n_tokens, n_ff, n_embd, &out) != 0) {
+        spark_ffn_warn_dense("spark_ffn_tiling refused the ubatch");
+        return false;
+    }
+    const bool fused_ok = out.path == SPARK_FFN_PATH_FUSED && out.n_chunk >= 1 && out.n_chunk <= n_ff;
+    if (!fused_ok && out.path != SPARK_FFN_PATH_TWO_STAGE) {
+        spark_ffn_warn_dense("spark_ffn_tiling answered no valid path");
+        return false;
+    }
+    return true;
+}

@@ -21,3 +21,13 @@ ggml_custom_op_t spark_kernel(const char * name);
 // parameters p stored in the node's op_params (no pointer of this process in it)
 ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor ** args, int n_args,
                          int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, const spark_op_params & p);
+
+// says once per process why a sparse FFN is not built ("<why>: the FFN runs on the dense graph")
+void spark_ffn_warn_dense(const char * why);
+
+// How the sparse FFN of a ubatch runs (path and chunk count) is the Spark backend's decision:
+// the graph asks spark_ffn_tiling and builds the nodes of the answer, so none of the kernels'
+// tiling constants is written in a graph. False for the dense graph: no "Spark" entry
+// (silently), or one that does not answer (a backend without spark_ffn_tiling) or answers
+// something invalid (with one warning).
+bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out);
