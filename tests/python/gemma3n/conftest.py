@@ -18,7 +18,7 @@ _spec.loader.exec_module(gemma3n_helpers)
 
 from gemma3n_helpers import synth  # noqa: E402
 
-TINY_OUTTYPES = ("f32", "q8_0")
+TINY_OUTTYPES = ("f32", "q8_0", "bf16")
 
 
 @pytest.fixture(scope="session")

@@ -92,24 +92,25 @@ def test_f32_kl_divergence_from_upstreams_graph(tiny, tiny_meta, kld_base):
     assert_sparse_layer_stats(res, tiny_meta["n_layer"])
 
 
-def test_q8_0_stays_within_upstreams_quantization_error(tiny, tiny_meta, kld_base):
-    """q8_0 weights: ggml quantizes each matrix product's input to q8_0 (the up rows' dot
-    products on the op as in upstream's graph), so the gelu's rounding difference above can
-    move the down product's input by a quantization step: the plugin's distribution is compared
-    with upstream's on the same q8_0 file, and both with upstream's f32 model (the quantization
-    error itself): the plugin must be no farther from f32 than upstream's q8_0 graph is, and its
-    distance from upstream's q8_0 well inside that error."""
-    q8, base_f32 = tiny["q8_0"], kld_base["f32"]
-    stock_err = figures(kld_run(q8, base_f32, with_plugin=False))
-    res = kld_run(q8, base_f32, with_plugin=True)
+@pytest.mark.parametrize("outtype", ["q8_0", "bf16"])
+def test_stays_within_upstreams_rounding_error(tiny, tiny_meta, kld_base, outtype):
+    """q8_0 and bf16 weights: ggml rounds each matrix product's input to the weights' dot type
+    (q8_0 blocks, bf16), upstream's up and down products included, where the op multiplies f32
+    activations (and its gelu differs by rounding, above). So the plugin's distribution is
+    compared with upstream's on the same file, and both with upstream's f32 model of the same
+    seed (the rounding error itself): the plugin must be no farther from f32 than upstream's
+    graph on the file is, and its distance from upstream's on the file well inside that error."""
+    model, base_f32 = tiny[outtype], kld_base["f32"]
+    stock_err = figures(kld_run(model, base_f32, with_plugin=False))
+    res = kld_run(model, base_f32, with_plugin=True)
     spark_err = figures(res)
-    direct = figures(kld_run(q8, kld_base["q8_0"], with_plugin=True))
-    print(f"\nq8_0 vs upstream f32: upstream mean KLD {stock_err[0]:.2e} (same top {stock_err[2]} %), "
-          f"plugin {spark_err[0]:.2e} ({spark_err[2]} %); plugin vs upstream q8_0: {direct[0]:.2e} "
+    direct = figures(kld_run(model, kld_base[outtype], with_plugin=True))
+    print(f"\n{outtype} vs upstream f32: upstream mean KLD {stock_err[0]:.2e} (same top {stock_err[2]} %), "
+          f"plugin {spark_err[0]:.2e} ({spark_err[2]} %); plugin vs upstream {outtype}: {direct[0]:.2e} "
           f"(99% {direct[1]:.2e}, same top {direct[2]} %)")
     assert spark_err[0] <= 1.15 * stock_err[0], res.stdout
     assert spark_err[2] >= stock_err[2] - 5.0, res.stdout
-    assert direct[0] <= 0.5 * stock_err[0], (direct, stock_err)
+    assert direct[0] <= 0.75 * stock_err[0], (direct, stock_err)
     assert_sparse_layer_stats(res, tiny_meta["n_layer"])
 
 
