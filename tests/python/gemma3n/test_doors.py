@@ -5,7 +5,8 @@ plugin (GGML_BACKEND_PATH) and, where a comparison makes sense, the same tool wi
 test_sparse_ffn.py for why the q8_0 text is no fair test), and the plugin's SPARK_STATS table,
 where the process prints one, must have rows for the 10 sparse FFN layers 0..9 only.
 
-- llama-server: /completion and /v1/completions, the table at graceful shutdown (SIGINT).
+- llama-server: /completion and /v1/completions, the table at graceful shutdown (SIGINT); its
+  web page in headless Chromium: a chat message typed, the reply shown = the API's.
 - llama-cli: a one-turn chat from the shell (`-st -p`), the same reply with and without the plugin.
 - llama-bench: a pp32/tg8 run with the plugin, its JSON records and the table.
 - llama-cpp-python: `Llama(...)(prompt, temperature=0)` in its own Python process.
@@ -128,6 +129,40 @@ def test_llama_server_completion_equals_upstreams_and_prints_the_table(model, lo
     first = next(i for i, line in enumerate(lines) if "spark-stats:" in line)
     assert all("spark-stats:" in line for line in lines[first:]), srv.explain(
         "the spark-stats table is not the end of the server's log")
+
+
+def printable(text: str) -> str:
+    """Letters and digits only: what any rendering of a reply keeps (the page renders Markdown
+    and drops the control characters of the random model's text)."""
+    return re.sub(r"[^A-Za-z0-9]", "", text)
+
+
+def test_llama_servers_page_in_chromium(model, tmp_path_factory):
+    """llama-server's web page in a real browser (tests/python/upstream/test_browser.py's
+    chat_in_page: headless Chromium, type a message, Enter, read the reply), the server with the
+    plugin: the reply shown is the server's greedy /v1/chat/completions reply (letters and
+    digits compared), and the plugin's table at SIGINT has rows 0..9 only. The tiny model has no
+    chat template: --chat-template chatml."""
+    page = load_upstream_test("test_browser")
+    srv = uh.Server(model, tmp_path_factory.mktemp("doors-page"), "--chat-template", "chatml",
+                    "--temp", "0", "-n", str(N_PREDICT), "--seed", "1", with_plugin=True,
+                    stats=True, webui=True)
+    try:
+        shot = uh.OUT_DIR / "gemma3n-browser-chat.png"
+        uh.OUT_DIR.mkdir(parents=True, exist_ok=True)
+        shown, steps = page.chat_in_page(srv, page.MESSAGE, shot)
+        want = srv.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": page.MESSAGE}], "max_tokens": N_PREDICT,
+            **GREEDY})["choices"][0]["message"]["content"]
+        assert printable(want), srv.explain(f"/v1/chat/completions gave no letters: {want!r}")
+        assert printable(shown) == printable(want), srv.explain(
+            f"the page shows {shown!r}, /v1/chat/completions gives {want!r}")
+        rc, log = srv.stop()
+    finally:
+        srv.kill()
+    assert rc == 0, srv.explain(f"exit status {rc} after SIGINT")
+    assert_sparse_rows(log, srv.explain, "llama-server (web page) at SIGINT")
+    print("\n" + "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1)) + f"\nreply shown: {shown!r}")
 
 
 # ---------------------------------------------------------------------------------------------

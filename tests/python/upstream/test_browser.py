@@ -101,18 +101,16 @@ def browser():
     return driver, profile
 
 
-def test_chat_in_chromium(ui_server, out_dir):
-    """Opens the page, types MESSAGE, presses Enter, waits for the reply to finish streaming (the
-    Stop button comes and goes), and reads it: it is the greedy reply llama-server's
-    /v1/chat/completions gives for the same message, rendered. Saves the screenshot."""
+def chat_in_page(srv: Server, message: str, shot) -> tuple[str, list[str]]:
+    """A user's chat in Chromium: opens srv's page, types `message`, presses Enter, waits for
+    the reply to finish streaming (the Stop button comes and goes), reads it and saves the
+    page's screenshot to `shot`. Returns the reply shown and the steps taken (for the log)."""
     from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    srv = ui_server
     driver, profile = browser()
-    shot = out_dir / "browser-chat.png"
     steps = []
     try:
         t0 = time.monotonic()
@@ -121,9 +119,9 @@ def test_chat_in_chromium(ui_server, out_dir):
             lambda d: d.find_element(By.CSS_SELECTOR, "textarea[placeholder='Type a message...']"))
         steps.append(f"open {srv.url}/: the chat page with its message box "
                      f"({time.monotonic() - t0:.1f} s)")
-        box.send_keys(MESSAGE)
+        box.send_keys(message)
         box.send_keys(Keys.ENTER)
-        steps.append(f"type {MESSAGE!r}, Enter")
+        steps.append(f"type {message!r}, Enter")
 
         # The page re-renders while the reply streams: an element found a moment ago may be
         # gone (stale); the waits then look again.
@@ -149,13 +147,23 @@ def test_chat_in_chromium(ui_server, out_dir):
                                     f"{shot}"), pytrace=False)
         steps.append(f"the reply appears and finishes streaming ({time.monotonic() - t1:.1f} s)")
         user = driver.find_elements(By.CSS_SELECTOR, "[aria-label='User message with actions']")
-        assert user and MESSAGE in user[-1].text, [u.text for u in user]
+        assert user and message in user[-1].text, [u.text for u in user]
         time.sleep(0.5)  # the message statistics settle
         driver.save_screenshot(str(shot))
         steps.append(f"screenshot {shot}")
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+    return shown, steps
+
+
+def test_chat_in_chromium(ui_server, out_dir):
+    """Opens the page, types MESSAGE, presses Enter, waits for the reply to finish streaming, and
+    reads it (chat_in_page): it is the greedy reply llama-server's /v1/chat/completions gives
+    for the same message, rendered. Saves the screenshot."""
+    srv = ui_server
+    shot = out_dir / "browser-chat.png"
+    shown, steps = chat_in_page(srv, MESSAGE, shot)
 
     want = srv.post("/v1/chat/completions", {
         "messages": [{"role": "user", "content": MESSAGE}], "max_tokens": N_PREDICT,
