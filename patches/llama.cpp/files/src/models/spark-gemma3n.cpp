@@ -46,7 +46,8 @@ bool llama_model_gemma3n::spark_sparse_ffn_available() {
 // quantization error of the file's own size; V is read 5 % at a time in decode, so its width
 // costs little there (docs/PERF.md, "Gemma 3n": the KL divergence, memory and speed of each).
 // SPARK_GEMMA3N_V_TYPE = f16, bf16, f32, q8_0 (half the memory of f16, an error 1/8 of q4_K's
-// step) or file (W_down's own type where n_embd fills its blocks, else f16) overrides it.
+// step) or file (W_down's own type where n_embd fills its blocks and no importance matrix is
+// needed to make it, else the default) overrides it.
 static ggml_type spark_down_type(ggml_type file_type, int64_t n_embd) {
     const ggml_type fallback = file_type == GGML_TYPE_BF16 ? GGML_TYPE_BF16 : GGML_TYPE_F16;
     const char * want = std::getenv("SPARK_GEMMA3N_V_TYPE");
@@ -62,7 +63,11 @@ static ggml_type spark_down_type(ggml_type file_type, int64_t n_embd) {
         }
     }
     if (std::strcmp(want, "file") == 0) {
-        return n_embd % ggml_blck_size(file_type) == 0 ? file_type : fallback;
+        // types that need an importance matrix (the IQ1/IQ2 families) cannot be re-made here
+        if (n_embd % ggml_blck_size(file_type) == 0 && !ggml_quantize_requires_imatrix(file_type)) {
+            return file_type;
+        }
+        return fallback;
     }
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
