@@ -181,12 +181,17 @@ pub fn threshold_f64(x: &[f32], k: usize) -> Option<f64> {
     if k == 0 {
         return Some(f64::INFINITY);
     }
-    let Some((mean, std)) = mean_std(x) else {
-        return Some(f64::INFINITY);
-    };
-    let q = norm_ppf(1.0 - k as f64 / d as f64);
-    let theta = if std == 0.0 { mean } else { mean + std * q };
-    Some(theta)
+    Some(mean_plus_std_times(x, norm_ppf(1.0 - k as f64 / d as f64)))
+}
+
+/// `mean(x) + std(x) * z` (unbiased std, [`mean_std`]): `mean` when the deviation is 0, `+inf`
+/// when no entry is finite (nothing kept).
+fn mean_plus_std_times(x: &[f32], z: f64) -> f64 {
+    match mean_std(x) {
+        None => f64::INFINITY,
+        Some((mean, 0.0)) => mean,
+        Some((mean, std)) => mean + std * z,
+    }
 }
 
 /// [`threshold_f64`] rounded down to f32, so that for every f32 `v`,
@@ -234,12 +239,7 @@ impl Cutoff {
 pub fn threshold_f64_for(x: &[f32], cutoff: Cutoff) -> Option<f64> {
     match cutoff {
         Cutoff::TopK(k) => threshold_f64(x, k),
-        Cutoff::StdMul(z) => {
-            let Some((mean, std)) = mean_std(x) else {
-                return Some(f64::INFINITY);
-            };
-            Some(if std == 0.0 { mean } else { mean + std * z })
-        }
+        Cutoff::StdMul(z) => Some(mean_plus_std_times(x, z)),
     }
 }
 

@@ -155,16 +155,6 @@ pub struct SumPlan {
     pub out_row: usize,
 }
 
-/// The layer and the threshold cutoff from the userdata (a host-memory params struct;
-/// `params::read_ffn`).
-///
-/// # Safety
-/// `userdata` is null or points to a `spark_op_params`.
-pub(crate) unsafe fn ffn_params(userdata: *const c_void) -> Result<(i32, Cutoff), KernelError> {
-    // SAFETY: forwarded contract.
-    unsafe { crate::params::read_ffn(userdata) }
-}
-
 fn stage(
     s: &TensorView,
     h: &TensorView,
@@ -207,7 +197,7 @@ pub unsafe fn fused(
     // SAFETY: forwarded contract.
     let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
     // SAFETY: forwarded contract.
-    let params = unsafe { ffn_params(userdata)? };
+    let params = unsafe { crate::params::read_ffn(userdata)? };
     let stage = stage(&s, &h, &k2, params)?;
     let p = shapes::fused_dst(stage.dims(), &v, &out)?;
     let vw = weight(&v, "ffn_down_t")?;
@@ -231,7 +221,7 @@ pub unsafe fn up(
     // SAFETY: forwarded contract.
     let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
     // SAFETY: forwarded contract.
-    let params = unsafe { ffn_params(userdata)? };
+    let params = unsafe { crate::params::read_ffn(userdata)? };
     let stage = stage(&s, &h, &k2, params)?;
     shapes::up_dst(stage.dims(), &out)?;
     expect_f32_rows(&out, "dst")?;

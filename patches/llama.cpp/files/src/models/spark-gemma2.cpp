@@ -292,44 +292,10 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     const llama_spark_ffn_params & ffn = model.spark_ffn_params[il];
     const spark_op_params params = { ffn.layer, ffn.k, 0, 0.0f, SPARK_FFN_CUTOFF_TOP_K, 0.0f };
 
-    // llama.cpp also builds graphs of no tokens (reserve probes): they get a one-token ubatch's
-    // nodes, so that they hold the same ops as the graphs that run (the dense fallback has ops,
-    // such as ggml_out_prod of bf16 weights, that a backend may not take)
-    spark_ffn_tiling tiling = {};
-    if (spark_ffn_ask_tiling(std::max<int64_t>(n_tokens_cur, 1), n_ff, n_embd, tiling)) {
-        if (tiling.path == SPARK_FFN_PATH_FUSED) {
-            ggml_custom_op_t fused_kernel = spark_kernel("spark_ffn_fused");
-            ggml_custom_op_t sum_kernel   = spark_kernel("spark_ffn_sum");
-            if (fused_kernel && sum_kernel) {
-                // partial[:, :, c] = sum_j u_j V_j over the kept neurons j of chunk c (n_chunk contiguous
-                // chunks of n_ff); the sum adds them in chunk order, so no result depends on the threads
-                const int64_t n_chunk = tiling.n_chunk;
-                ggml_tensor * fused_args[4] = { s, cur, layer.ffn_up, layer.ffn_down };
-                ggml_tensor * partial = spark_node(ctx0, fused_kernel, fused_args, 4, n_embd, n_tokens_cur, n_chunk, 1, params);
-                cb(partial, "spark_ffn_partial", il);
-
-                ggml_tensor * out = spark_node(ctx0, sum_kernel, &partial, 1, n_embd, n_tokens_cur, 1, 1, params);
-                cb(out, "spark_ffn_sparse", il);
-                return out;
-            }
-            spark_ffn_warn_dense("the Spark backend chose the fused path but does not export spark_ffn_fused and spark_ffn_sum");
-        } else {
-            ggml_custom_op_t up_kernel   = spark_kernel("spark_ffn_up");
-            ggml_custom_op_t down_kernel = spark_kernel("spark_ffn_down");
-            if (up_kernel && down_kernel) {
-                // u = gelu_tanh(soft(s)) * (K2 h[r_f:]) for the kept neurons only, neuron-major [n_tokens, n_ff]
-                ggml_tensor * up_args[3] = { s, cur, layer.ffn_up };
-                ggml_tensor * u = spark_node(ctx0, up_kernel, up_args, 3, n_tokens_cur, n_ff, 1, 1, params);
-                cb(u, "spark_ffn_u_sparse", il);
-
-                // out = sum_j u_j V_j over the kept neurons
-                ggml_tensor * down_args[2] = { u, layer.ffn_down };
-                ggml_tensor * out = spark_node(ctx0, down_kernel, down_args, 2, n_embd, n_tokens_cur, 1, 1, params);
-                cb(out, "spark_ffn_sparse", il);
-                return out;
-            }
-            spark_ffn_warn_dense("the Spark backend chose the two-stage path but does not export spark_ffn_up and spark_ffn_down");
-        }
+    ggml_tensor * sparse = spark_build_sparse_ffn(ctx0, s, cur, layer.ffn_up, layer.ffn_down, params,
+                                                  [&](ggml_tensor * t, const char * name) { cb(t, name, il); });
+    if (sparse != nullptr) {
+        return sparse;
     }
 
     ggml_tensor * h2 = ggml_cont(ctx0, ggml_view_2d(ctx0, cur, n_embd - n_ffn_r, n_tokens_cur, cur->nb[1], n_ffn_r*ggml_element_size(cur)));

@@ -176,41 +176,12 @@ ggml_tensor * llama_model_gemma3n::graph::build_spark_ffn(ggml_tensor * cur, int
     }
     const auto & layer = model.layers[il];
     ggml_tensor * v = g3n.spark_ffn_down_nm[il];
-    const int64_t n_ff         = layer.ffn_gate->ne[1];
-    const int64_t n_tokens_cur = cur->ne[1];
 
     ggml_tensor * gate = build_lora_mm(layer.ffn_gate, cur);  // [n_ff, n_tokens]
     cb(gate, "ffn_gate", il);
 
     const spark_op_params params = { il, 0, 0, 0.0f, SPARK_FFN_CUTOFF_STD_MUL, f_sparsity_std_mul };
 
-    // graphs of no tokens (reserve probes) get a one-token ubatch's nodes, as in spark-gemma2.cpp
-    spark_ffn_tiling tiling = {};
-    if (!spark_ffn_ask_tiling(std::max<int64_t>(n_tokens_cur, 1), n_ff, n_embd, tiling)) {
-        return nullptr;
-    }
-    if (tiling.path == SPARK_FFN_PATH_FUSED) {
-        ggml_custom_op_t fused_kernel = spark_kernel("spark_ffn_fused");
-        ggml_custom_op_t sum_kernel   = spark_kernel("spark_ffn_sum");
-        if (fused_kernel && sum_kernel) {
-            ggml_tensor * fused_args[4] = { gate, cur, layer.ffn_up, v };
-            ggml_tensor * partial = spark_node(ctx0, fused_kernel, fused_args, 4, n_embd, n_tokens_cur, tiling.n_chunk, 1, params);
-            cb(partial, "spark_ffn_partial", il);
-            return spark_node(ctx0, sum_kernel, &partial, 1, n_embd, n_tokens_cur, 1, 1, params);
-        }
-        spark_ffn_warn_dense("the Spark backend chose the fused path but does not export spark_ffn_fused and spark_ffn_sum");
-        return nullptr;
-    }
-    ggml_custom_op_t up_kernel   = spark_kernel("spark_ffn_up");
-    ggml_custom_op_t down_kernel = spark_kernel("spark_ffn_down");
-    if (up_kernel && down_kernel) {
-        // u [n_tokens, n_ff]: neuron j's values for every token, 0 for the neurons a token dropped
-        ggml_tensor * up_args[3] = { gate, cur, layer.ffn_up };
-        ggml_tensor * u = spark_node(ctx0, up_kernel, up_args, 3, n_tokens_cur, n_ff, 1, 1, params);
-        cb(u, "spark_ffn_u_sparse", il);
-        ggml_tensor * down_args[2] = { u, v };
-        return spark_node(ctx0, down_kernel, down_args, 2, n_embd, n_tokens_cur, 1, 1, params);
-    }
-    spark_ffn_warn_dense("the Spark backend chose the two-stage path but does not export spark_ffn_up and spark_ffn_down");
-    return nullptr;
+    return spark_build_sparse_ffn(ctx0, gate, cur, layer.ffn_up, v, params,
+                                  [&](ggml_tensor * t, const char * name) { cb(t, name, il); });
 }

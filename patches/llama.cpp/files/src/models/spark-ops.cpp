@@ -6,6 +6,7 @@
 
 #include "ggml-backend.h"
 
+#include <algorithm>
 #include <atomic>
 
 void * spark_proc(const char * name) {
@@ -64,4 +65,45 @@ bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_
         return false;
     }
     return true;
+}
+
+ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_tensor * h, ggml_tensor * k2,
+                                     ggml_tensor * v, const spark_op_params & p,
+                                     const std::function<void(ggml_tensor *, const char *)> & name) {
+    const int64_t n_ff = s->ne[0], n_embd = h->ne[0], n_tokens = h->ne[1];
+    spark_ffn_tiling tiling = {};
+    if (!spark_ffn_ask_tiling(std::max<int64_t>(n_tokens, 1), n_ff, n_embd, tiling)) {
+        return nullptr;
+    }
+    if (tiling.path == SPARK_FFN_PATH_FUSED) {
+        ggml_custom_op_t fused_kernel = spark_kernel("spark_ffn_fused");
+        ggml_custom_op_t sum_kernel   = spark_kernel("spark_ffn_sum");
+        if (!fused_kernel || !sum_kernel) {
+            spark_ffn_warn_dense("the Spark backend chose the fused path but does not export spark_ffn_fused and spark_ffn_sum");
+            return nullptr;
+        }
+        // partial[:, :, c] = sum_j u_j V_j over the kept neurons j of chunk c (n_chunk contiguous
+        // chunks of n_ff); the sum adds them in chunk order, so no result depends on the threads
+        ggml_tensor * fused_args[4] = { s, h, k2, v };
+        ggml_tensor * partial = spark_node(ctx, fused_kernel, fused_args, 4, n_embd, n_tokens, tiling.n_chunk, 1, p);
+        name(partial, "spark_ffn_partial");
+        ggml_tensor * out = spark_node(ctx, sum_kernel, &partial, 1, n_embd, n_tokens, 1, 1, p);
+        name(out, "spark_ffn_sparse");
+        return out;
+    }
+    ggml_custom_op_t up_kernel   = spark_kernel("spark_ffn_up");
+    ggml_custom_op_t down_kernel = spark_kernel("spark_ffn_down");
+    if (!up_kernel || !down_kernel) {
+        spark_ffn_warn_dense("the Spark backend chose the two-stage path but does not export spark_ffn_up and spark_ffn_down");
+        return nullptr;
+    }
+    // u = gelu_tanh(soft(s)) * (K2 h[r_f:]) for the kept neurons only, neuron-major [n_tokens, n_ff]
+    ggml_tensor * up_args[3] = { s, h, k2 };
+    ggml_tensor * u = spark_node(ctx, up_kernel, up_args, 3, n_tokens, n_ff, 1, 1, p);
+    name(u, "spark_ffn_u_sparse");
+    // out = sum_j u_j V_j over the kept neurons
+    ggml_tensor * down_args[2] = { u, v };
+    ggml_tensor * out = spark_node(ctx, down_kernel, down_args, 2, n_embd, n_tokens, 1, 1, p);
+    name(out, "spark_ffn_sparse");
+    return out;
 }

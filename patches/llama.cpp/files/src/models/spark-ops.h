@@ -8,6 +8,7 @@
 #include "ggml.h"
 
 #include <cstdint>
+#include <functional>
 
 // a proc of the "Spark" ggml backend registry entry (registered in-process or loaded with
 // GGML_BACKEND_PATH), or nullptr (no such entry, or no such proc)
@@ -31,3 +32,15 @@ void spark_ffn_warn_dense(const char * why);
 // (silently), or one that does not answer (a backend without spark_ffn_tiling) or answers
 // something invalid (with one warning).
 bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out);
+
+// The sparse FFN's nodes: out [n_embd, n_tokens] = sum over each token's kept neurons j of
+// gelu_tanh(s_j - theta) (K2_j . h[r_f:]) V_j, for scores s [n_ff, n_tokens], activations
+// h [n_embd, n_tokens], K2 [n_embd - r_f, n_ff] and V [n_embd, n_ff] (neuron-major), the
+// threshold set by p. The nodes are those of the path spark_ffn_tiling answers for the ubatch
+// (a graph of no tokens, a reserve probe, gets a one-token ubatch's nodes, so that it holds
+// the ops of the graphs that run); name(node, label) names the intermediate nodes and the
+// output ("spark_ffn_sparse") as the caller's graph callback does. nullptr when the backend
+// cannot run it (said once): the caller builds its dense FFN.
+ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_tensor * h, ggml_tensor * k2,
+                                     ggml_tensor * v, const spark_op_params & p,
+                                     const std::function<void(ggml_tensor *, const char *)> & name);
