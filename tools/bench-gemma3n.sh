@@ -4,48 +4,56 @@
 # file. Prints each round's tokens/s per test and ratio, then per test the median ratio and the
 # range: on a shared, noisy VM one pair of runs can move a 1.1x ratio by +-0.03.
 #
-# Usage: bash tools/bench-gemma3n.sh MODEL.gguf [-n ROUNDS] [-t THREADS] [-- LLAMA-BENCH ARGS]
-#   default rounds 4, threads 2, llama-bench args "-p 0 -n 128 -r 2" (decode at depth 0).
+# Usage: bash tools/bench-gemma3n.sh MODEL.gguf [-n ROUNDS] [-t THREADS] [--quiet]
+#                                    [-- LLAMA-BENCH ARGS]
+#   default rounds 4, threads 2, llama-bench args "-p 0 -n 128 -r 2" (decode at depth 0);
+#   progress on stderr (--quiet: none), the table on stdout.
 #   Make an E2B-shaped file with: .venv/bin/python tools/gemma3n-synth.py e2b e2b-q8_0.gguf --outtype q8_0
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. tools/bench-common.sh
-rounds=4 threads=2 model=
+rounds=4 threads=2 model= quiet=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        -n) rounds=$2; shift 2 ;;
-        -t) threads=$2; shift 2 ;;
+        -n) [ $# -ge 2 ] || set -- -n ''; rounds=$2; shift 2 ;;
+        -t) [ $# -ge 2 ] || set -- -t ''; threads=$2; shift 2 ;;
+        --quiet) quiet=1; shift ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "bench-gemma3n: unknown argument '$1' (see --help)" >&2; exit 2 ;;
         *) model=$1; shift ;;
     esac
 done
 bench_args=("$@")
 [ ${#bench_args[@]} -gt 0 ] || bench_args=(-p 0 -n 128 -r 2)
+for n in "$rounds" "$threads"; do
+    [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench-gemma3n: '$n' is not a count (-n ROUNDS, -t THREADS)" >&2; exit 2; }
+done
 [ -n "$model" ] || { echo "bench-gemma3n: give a Gemma 3n GGUF (see --help)" >&2; exit 2; }
 [ -f "$model" ] || { echo "bench-gemma3n: $model: no such file" >&2; exit 1; }
+model=$(realpath -- "$model")
+cd "$(dirname "$0")/.."
+. tools/bench-common.sh
 bench=target/upstream/bin/llama-bench plugin=$PWD/target/upstream/lib/libggml-spark.so
 bench_need "$bench" "$plugin"
 bench_python
 
+say() { [ "$quiet" = 1 ] || echo "bench-gemma3n: $*" >&2; }
+
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "bench-gemma3n: $(bench_cpu); $model; llama-bench -t $threads ${bench_args[*]}; $rounds rounds" >&2
+say "$(bench_cpu); $model; llama-bench -t $threads ${bench_args[*]}; $rounds rounds"
 for round in $(seq 1 "$rounds"); do
     order="stock spark"
     [ $((round % 2)) = 0 ] && order="spark stock"
     for side in $order; do
-        echo "bench-gemma3n: round $round/$rounds, $side" >&2
-        if [ "$side" = spark ]; then
-            GGML_BACKEND_PATH=$plugin "$bench" -m "$model" -t "$threads" "${bench_args[@]}" -o jsonl \
-                >"$out/$round-$side.jsonl" 2>"$out/$round-$side.log" \
-                || { tail -5 "$out/$round-$side.log" >&2; exit 1; }
-        else
-            "$bench" -m "$model" -t "$threads" "${bench_args[@]}" -o jsonl \
-                >"$out/$round-$side.jsonl" 2>"$out/$round-$side.log" \
-                || { tail -5 "$out/$round-$side.log" >&2; exit 1; }
-        fi
+        say "round $round/$rounds, $side"
+        with=(env -u GGML_BACKEND_PATH)
+        [ "$side" = spark ] && with=(env GGML_BACKEND_PATH="$plugin")
+        "${with[@]}" "$bench" -m "$model" -t "$threads" "${bench_args[@]}" -o jsonl \
+            >"$out/$round-$side.jsonl" 2>"$out/$round-$side.log" || {
+            tail -5 "$out/$round-$side.log" >&2
+            echo "bench-gemma3n: llama-bench failed (round $round, $side)" >&2
+            exit 1
+        }
     done
 done
 
@@ -54,11 +62,15 @@ import json, pathlib, statistics, sys
 
 out, rounds = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 
-def speeds(path):
-    """{test name: tokens/s} of one llama-bench -o jsonl run."""
+def speeds(path, spark):
+    """{test name: tokens/s} of one llama-bench -o jsonl run; exits when the plugin is not in
+    (spark) or is in (stock) the run's backends: a comparison of stock with stock says nothing."""
     result = {}
     for line in path.read_text().splitlines():
         row = json.loads(line)
+        if ("Spark" in row["backends"]) != spark:
+            sys.exit(f"bench-gemma3n: {path.stem}: llama-bench's backends are '{row['backends']}'"
+                     + (": the plugin did not load" if spark else ": the plugin loaded without GGML_BACKEND_PATH"))
         name = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
         if row.get("n_depth"):
             name += f" @ d{row['n_depth']}"
@@ -69,7 +81,7 @@ ratios = {}
 print("| round | test | stock t/s | Spark t/s | Spark / stock |")
 print("|---|---|---|---|---|")
 for r in range(1, rounds + 1):
-    stock, spark = speeds(out / f"{r}-stock.jsonl"), speeds(out / f"{r}-spark.jsonl")
+    stock, spark = speeds(out / f"{r}-stock.jsonl", False), speeds(out / f"{r}-spark.jsonl", True)
     for test in stock:
         ratio = spark[test] / stock[test]
         ratios.setdefault(test, []).append(ratio)
