@@ -12,6 +12,9 @@ every layer dense) and with it (the first 10 FFN layers on spark_ffn_up).
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
 from gemma3n_helpers import N_LAYER_SPARSE, STD_MUL_KEEP, uh
@@ -140,3 +143,32 @@ def test_neuron_major_down_type(tiny, tiny_meta, v_type, stored):
     stock, _ = uh.llama_completion(tiny["f32"], PROMPTS[0], N_TOKENS, with_plugin=False)
     assert uh.completion_text(res.stdout) == stock, res.explain("text differs from upstream's")
     assert_sparse_layer_stats(res, tiny_meta["n_layer"])
+
+
+HOST_ROW = re.compile(r"common_memory_breakdown_print: \|\s+- Host\s+\|\s+(\d+) =\s+(\d+) \+")
+
+
+def host_model_mib(model, with_plugin: bool) -> tuple[list[int], object]:
+    """llama-completion -v's memory tables (the memory-fit pass's, then the one at exit): the
+    host's model MiB of each."""
+    env = uh.tool_env(with_plugin=with_plugin)
+    env["SPARK_GEMMA3N_V_TYPE"] = "f32"
+    cmd = [uh.tool("llama-completion"), "-m", model, "-p", PROMPTS[0], "-n", "4", "--temp", "0",
+           "-t", uh.THREADS, "-no-cnv", "--no-warmup", "-v"]
+    res = uh.run_until_complete(cmd, lambda r: r.stdout.endswith(uh.COMPLETION_END), env=env)
+    return [int(m[2]) for m in HOST_ROW.finditer(res.stderr)], res
+
+
+def test_memory_breakdown_counts_the_copy(tiny, tiny_meta):
+    """The neuron-major copy is model memory llama.cpp knows of (patch 0016): the memory-fit
+    pass (`--fit`, on by default; it loads with no_alloc) and the table at exit both count it,
+    as whole MiB: the f32 copy of the tiny model is 10 x n_ff x n_embd x 4 bytes."""
+    stock, _ = host_model_mib(tiny["f32"], with_plugin=False)
+    spark, res = host_model_mib(tiny["f32"], with_plugin=True)
+    copy_mib = N_LAYER_SPARSE * tiny_meta["n_ff"] * tiny_meta["n_embd"] * 4 / 2**20
+    assert len(stock) == 2 and len(spark) == 2, res.explain(
+        f"want two memory tables (fit pass, exit) each; got {stock} without, {spark} with")
+    for when, s, p in zip(("fit pass", "exit"), stock, spark):
+        assert math.floor(copy_mib) <= p - s <= math.ceil(copy_mib), res.explain(
+            f"{when}: host model memory {p} MiB with the plugin, {s} without: the "
+            f"{copy_mib:.2f} MiB copy is not counted")

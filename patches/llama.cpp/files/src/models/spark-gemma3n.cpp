@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 bool llama_model_gemma3n::spark_sparse_ffn_available() {
@@ -107,53 +108,78 @@ static void spark_transpose_to_f32(const ggml_tensor * w, std::vector<float> & o
     }
 }
 
+// Where layer il's V goes: the buffer type that holds its ffn_down (the CPU's or a GPU's), the
+// CPU's for a host buffer (also a memory-mapped file's).
+static ggml_backend_buffer_type_t spark_down_buft(const ggml_tensor * down) {
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(down->buffer);
+    return ggml_backend_buft_is_host(buft) ? ggml_backend_cpu_buffer_type() : buft;
+}
+
 bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
     if (!llama_model_base::load_tensors(ml)) {
         return false;
     }
-    if (ml.no_alloc || !spark_sparse_ffn_available()) {
+    if (!spark_sparse_ffn_available()) {
         return true;
     }
     const int n_sparse = std::min<int>(n_layer_sparsity, (int) hparams.n_layer());
-    // one tensor per sparse layer, each in its own buffer of the type that holds its ffn_down
-    // (the CPU's or a GPU's): V sits where the layer's other weights are
-    ggml_init_params params = { (size_t) n_sparse * ggml_tensor_overhead(), nullptr, true };
-    spark_ctx.reset(ggml_init(params));
     spark_ffn_down_nm.assign(n_sparse, nullptr);
+
+    // 1. the tensors, one context per buffer type (V sits where its layer's other weights are)
+    std::vector<std::pair<ggml_backend_buffer_type_t, ggml_context_ptr>> ctxs;
+    for (int il = 0; il < n_sparse; ++il) {
+        const ggml_tensor * down = layers[il].ffn_down;
+        const ggml_backend_buffer_type_t buft = spark_down_buft(down);
+        auto it = std::find_if(ctxs.begin(), ctxs.end(), [&](const auto & c) { return c.first == buft; });
+        if (it == ctxs.end()) {
+            ggml_init_params params = { (size_t) n_sparse * ggml_tensor_overhead(), nullptr, true };
+            ctxs.emplace_back(buft, ggml_context_ptr(ggml_init(params)));
+            it = std::prev(ctxs.end());
+        }
+        const int64_t n_ff = down->ne[0], n_embd = down->ne[1];
+        ggml_tensor * v = ggml_new_tensor_2d(it->second.get(), spark_down_type(down->type, n_embd), n_embd, n_ff);
+        ggml_format_name(v, "blk.%d.spark_ffn_down_nm", il);
+        spark_ffn_down_nm[il] = v;
+    }
+
+    // 2. their buffers, held with the file's (memory_breakdown counts them); in the memory-fit
+    //    pass a dummy one, as llama_model_base gives the file's weights
+    std::vector<ggml_backend_buffer_t> bufs;
+    for (auto & [buft, ctx] : ctxs) {
+        ggml_backend_buffer_t buf = ml.no_alloc ? ggml_backend_buft_alloc_buffer(buft, 0)
+                                                : ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), buft);
+        if (buf == nullptr) {
+            throw std::runtime_error(format("%s: cannot allocate %zu bytes of %s for the neuron-major ffn_down",
+                                            __func__, ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.get(), buft),
+                                            ggml_backend_buft_name(buft)));
+        }
+        for (ggml_tensor * t = ggml_get_first_tensor(ctx.get()); ml.no_alloc && t != nullptr; t = ggml_get_next_tensor(ctx.get(), t)) {
+            t->buffer = buf;  // weights: the scheduler does not place them
+        }
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        bufs.push_back(buf);
+        add_load_time_weights(std::move(ctx), ggml_backend_buffer_ptr(buf));
+    }
+    if (ml.no_alloc) {
+        return true;
+    }
+
+    // 3. their data: each layer's ffn_down read back, transposed and stored in V's type
     std::vector<float> nm;
     std::vector<uint8_t> stored;
     size_t total = 0;
     for (int il = 0; il < n_sparse; ++il) {
-        const ggml_tensor * down = layers[il].ffn_down;
-        const int64_t n_ff = down->ne[0], n_embd = down->ne[1];
-        const ggml_type type = spark_down_type(down->type, n_embd);
-        ggml_tensor * v = ggml_new_tensor_2d(spark_ctx.get(), type, n_embd, n_ff);
-        ggml_format_name(v, "blk.%d.spark_ffn_down_nm", il);
-        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(down->buffer);
-        if (ggml_backend_buft_is_host(buft)) {
-            buft = ggml_backend_cpu_buffer_type();  // also for a memory-mapped file's buffer
-        }
-        ggml_backend_buffer_ptr buf(ggml_backend_buft_alloc_buffer(buft, ggml_backend_buft_get_alloc_size(buft, v)));
-        if (!buf) {
-            throw std::runtime_error(format("%s: cannot allocate %zu bytes of %s for the neuron-major ffn_down of layer %d",
-                                            __func__, ggml_nbytes(v), ggml_backend_buft_name(buft), il));
-        }
-        ggml_backend_buffer_set_usage(buf.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        if (ggml_backend_tensor_alloc(buf.get(), v, ggml_backend_buffer_get_base(buf.get())) != GGML_STATUS_SUCCESS) {
-            throw std::runtime_error(format("%s: cannot place the neuron-major ffn_down of layer %d", __func__, il));
-        }
-        spark_transpose_to_f32(down, nm);
+        ggml_tensor * v = spark_ffn_down_nm[il];
+        spark_transpose_to_f32(layers[il].ffn_down, nm);
         stored.resize(ggml_nbytes(v));
-        ggml_quantize_chunk(type, nm.data(), stored.data(), 0, n_ff, n_embd, nullptr);
+        ggml_quantize_chunk(v->type, nm.data(), stored.data(), 0, v->ne[1], v->ne[0], nullptr);
         ggml_backend_tensor_set(v, stored.data(), 0, stored.size());
-        spark_ffn_down_nm[il] = v;
-        spark_bufs.emplace_back(std::move(buf));
         total += ggml_nbytes(v);
     }
     if (n_sparse > 0) {
         LLAMA_LOG_INFO("%s: Spark: neuron-major ffn_down of layers 0-%d (%s), %.2f MiB in %s\n", __func__, n_sparse - 1,
                        ggml_type_name(spark_ffn_down_nm[0]->type), total / 1024.0 / 1024.0,
-                       ggml_backend_buffer_name(spark_bufs[0].get()));
+                       ggml_backend_buffer_name(bufs[0]));
     }
     return true;
 }
