@@ -22,8 +22,8 @@ def bench(*args, timeout=300, cwd="/") -> subprocess.CompletedProcess:
 
 def test_rounds_table_and_medians(tiny):
     """Two rounds of tg4 on the tiny model, named by a path relative to the caller's directory
-    (the script moves to the repository root): exit 0, one row per round with ratio = Spark / stock, the median of those ratios, and
-    --quiet leaves stderr empty. The script itself refuses a Spark side whose llama-bench
+    (the script moves to the repository root): exit 0, one row per round with ratio = Spark /
+    stock, the median of those ratios, and --quiet leaves stderr empty. The script itself refuses a Spark side whose llama-bench
     backends lack "Spark" (and a stock side that has it), so exit 0 means both sides ran as
     labelled (test_a_plugin_that_does_not_load_stops_the_rounds)."""
     model = tiny["f32"]

@@ -144,7 +144,6 @@ bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
 
     // 2. their buffers, held with the file's (memory_breakdown counts them); in the memory-fit
     //    pass a dummy one, as llama_model_base gives the file's weights
-    std::vector<ggml_backend_buffer_t> bufs;
     for (auto & [buft, ctx] : ctxs) {
         ggml_backend_buffer_t buf = ml.no_alloc ? ggml_backend_buft_alloc_buffer(buft, 0)
                                                 : ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), buft);
@@ -153,11 +152,12 @@ bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
                                             __func__, ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.get(), buft),
                                             ggml_backend_buft_name(buft)));
         }
-        for (ggml_tensor * t = ggml_get_first_tensor(ctx.get()); ml.no_alloc && t != nullptr; t = ggml_get_next_tensor(ctx.get(), t)) {
-            t->buffer = buf;  // weights: the scheduler does not place them
+        if (ml.no_alloc) {
+            for (ggml_tensor * t = ggml_get_first_tensor(ctx.get()); t != nullptr; t = ggml_get_next_tensor(ctx.get(), t)) {
+                t->buffer = buf;  // weights: the scheduler does not place them
+            }
         }
         ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        bufs.push_back(buf);
         add_load_time_weights(std::move(ctx), ggml_backend_buffer_ptr(buf));
     }
     if (ml.no_alloc) {
@@ -179,7 +179,7 @@ bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
     if (n_sparse > 0) {
         LLAMA_LOG_INFO("%s: Spark: neuron-major ffn_down of layers 0-%d (%s), %.2f MiB in %s\n", __func__, n_sparse - 1,
                        ggml_type_name(spark_ffn_down_nm[0]->type), total / 1024.0 / 1024.0,
-                       ggml_backend_buffer_name(bufs[0]));
+                       ggml_backend_buffer_name(spark_ffn_down_nm[0]->buffer));
     }
     return true;
 }
