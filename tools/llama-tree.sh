@@ -20,8 +20,8 @@
 #                patch (`git am`); edit, then --export
 #   bash tools/llama-tree.sh --export DIR
 #       the reverse of --git after editing DIR/llama.cpp: its copies of the project's files go
-#       back to patches/llama.cpp/files/, and `git format-patch spark-files..HEAD` replaces the
-#       patches whose content changed (a new From line, date or [PATCH n/m] count alone does not
+#       back to patches/llama.cpp/files/, and `git format-patch --no-numbered spark-files..HEAD`
+#       replaces the patches whose content changed (a new From line or date alone does not
 #       rewrite a patch); patches no longer in the range are removed
 #   bash tools/llama-tree.sh --sdist
 #       prints the llama.cpp folder of tools/upstream.sh's pinned PyPI sdist (its SDIST_* lines),
@@ -187,9 +187,10 @@ export_tree() {
         fi
     done < <(git -C "$t" diff --name-only base spark-files)
     out=$(mktemp -d)
-    git -C "$t" format-patch -q -o "$out" spark-files..HEAD
-    # a patch's identity is its content: the From line, Date and [PATCH n/m] change on every export
-    body() { sed '1d; /^Date: /d; s/^Subject: \[PATCH [0-9]*\/[0-9]*\]/Subject: [PATCH]/' "$1"; }
+    # (--no-numbered: "[PATCH]" subjects, which adding a patch to the series does not change)
+    git -C "$t" format-patch -q --no-numbered -o "$out" spark-files..HEAD
+    # a patch's identity is its content: the From line and Date change on every export
+    body() { sed '1d; /^Date: /d' "$1"; }
     for p in "$out"/*.patch; do
         name=$(basename "$p")
         if [ ! -f "$series/$name" ] || ! cmp -s <(body "$p") <(body "$series/$name"); then
