@@ -346,11 +346,14 @@ pub(crate) const fn same_name(a: &str, b: &str) -> bool {
 ///   far past a buffer while the size ggml-rpc checks against the buffer wraps around 2^64 to a
 ///   few bytes; no tensor of a real graph comes near this bound, and a tensor that stays below
 ///   it has a size that did not wrap, which ggml-rpc has checked;
-/// - its elements overlap: they hold more bytes than the span from its first byte to the end
-///   of its last element (`ggml_nbytes`), e.g. a stride of 0 under a dimension of 2^31. No
-///   tensor of a real graph does, and without this an RPC client could make an op (or the NaN
-///   fill of its dst) run over 2^37 elements of a 256-byte tensor: the work an op does is now
-///   bounded by the bytes of its tensors, which ggml-rpc has checked against their buffers.
+/// - its elements overlap: with its dimensions of more than one element taken by stride, a
+///   stride falls short of the bytes the smaller ones address (an element or block, then each
+///   dimension's `(ne - 1) * nb` on top), e.g. a stride of 0 under a dimension of 2^31, or rows
+///   closer than a row. Every tensor of a real graph nests its strides (permuted views
+///   included). Without this an RPC client could make an op (or the NaN fill of its dst) run
+///   over 2^37 elements of a 256-byte tensor, or two threads write the same bytes of a dst
+///   whose rows overlap: the work an op does is bounded by the bytes of its tensors, which
+///   ggml-rpc has checked against their buffers, and the bytes of each element are its own.
 ///
 /// A tensor with no element (an `ne` of 0) addresses nothing; a negative `ne` and a type that
 /// ggml has no size for are left to the op's own checks.
@@ -380,19 +383,25 @@ unsafe fn unaddressable(t: *const sys::ggml_tensor) -> Option<String> {
     let (Ok(block @ 1..), size) = (u128::try_from(block), size as u128) else {
         return None;
     };
-    // ggml_nbytes without the wrap, and the bytes of all elements
-    let span = if block == 1 {
-        size + reach
-    } else {
-        ne[0] * nb[0] / block + reach - (ne[0] - 1) * nb[0]
-    };
-    let bytes = ne.iter().product::<u128>() / block * size;
-    (bytes > span).then(|| {
-        format!(
-            "ne {:?} nb {:?}: elements overlap ({bytes} bytes in a span of {span})",
-            t.ne, t.nb
-        )
-    })
+    // the dimensions by stride (dim 0 counted in blocks); each stride must reach past what the
+    // smaller ones address
+    let mut dims: Vec<(u128, u128)> = (0..4)
+        .map(|i| (nb[i], if i == 0 { ne[0] / block } else { ne[i] }))
+        .filter(|&(_, n)| n > 1)
+        .collect();
+    dims.sort_unstable();
+    let mut addressed = size;
+    for (stride, n) in dims {
+        if stride < addressed {
+            return Some(format!(
+                "ne {:?} nb {:?}: elements overlap (a stride of {stride} under {addressed} \
+                 bytes)",
+                t.ne, t.nb
+            ));
+        }
+        addressed += (n - 1) * stride;
+    }
+    None
 }
 
 /// The first of `dst` and its sources that cannot be addressed ([`unaddressable`]), as
@@ -618,6 +627,16 @@ mod tests {
             assert_eq!(unaddressable(&q8), None);
             q8.nb[1] = 34;
             assert!(unaddressable(&q8).unwrap().contains("overlap"));
+            // what the guard-byte fuzz test found: 3 rows of 256 f32 at a stride of 5 bytes,
+            // 1024 bytes apart, so rows 1 and 2 share 256 bytes (and the NaN fill's two threads
+            // wrote them both); as many bytes as the span holds, so the count did not show it
+            let rows = tensor([256, 3, 1, 1], [5, 1024, 3072, 3072]);
+            assert!(unaddressable(&rows).unwrap().contains("overlap"));
+            // a permuted view (heads outermost in memory, tokens inner) nests its strides
+            let permuted = tensor([8, 2, 3, 1], [4, 96, 32, 192]);
+            assert_eq!(unaddressable(&permuted), None);
+            let interleaved = tensor([2, 2, 1, 1], [8, 4, 16, 16]);
+            assert_eq!(unaddressable(&interleaved), None);
         }
     }
 
