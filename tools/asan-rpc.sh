@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The RPC fuzz test (tests/python/upstream/test_rpc_fuzz.py, issue 36) against an rpc-server
-# built with AddressSanitizer: ggml (libggml, -base, -cpu, -rpc) of the patched tree with
+# The RPC fuzz test (tests/python/upstream/test_rpc_fuzz.py) against an rpc-server built with
+# AddressSanitizer: ggml (libggml, -base, -cpu, -rpc) of the patched tree with
 # GGML_SANITIZE_ADDRESS, upstream's tools/rpc/rpc-server.cpp compiled with -fsanitize=address
-# against it, and the plugin built with `-Zsanitizer=address`, which needs a nightly Rust
-# (`cargo +nightly`; stable rustc has no sanitizer flag). The plugin finds this ggml by soname
-# (the ASan libraries are loaded first) and calls the ASan runtime of the server, so every read
-# and write of ggml, ggml-rpc (message parsing, tensor copies, stock ops) and the Spark kernels
-# is checked. Without a nightly toolchain (or with --normal-plugin) the server loads the normal
-# plugin (target/upstream/lib/libggml-spark.so): ASan then still checks ggml and ggml-rpc and
-# reports any fault in the process, but not the plugin's own out-of-bounds reads and writes.
+# against it, and the plugin built with `-Zsanitizer=address`. That flag is unstable: the
+# script uses `cargo +nightly` when a nightly toolchain is installed, else the stable one with
+# RUSTC_BOOTSTRAP=1 (rustup's x86_64 toolchains ship the ASan runtime, librustc-*_rt.asan.a;
+# the standard library stays uninstrumented, hence -Cunsafe-allow-abi-mismatch=sanitizer).
+# The plugin finds this ggml by soname (the ASan libraries are loaded first) and calls the ASan
+# runtime of the server, so every read and write of ggml, ggml-rpc (message parsing, tensor
+# copies, stock ops) and the Spark kernels is checked. With --normal-plugin the server loads
+# the normal plugin (target/upstream/lib/libggml-spark.so): ASan then still checks ggml and
+# ggml-rpc and reports any fault in the process, but not the plugin's own out-of-bounds reads
+# and writes.
 #
 #   target/asan-rpc/tree/llama.cpp   the patched tree (tools/llama-tree.sh), once per series tag
 #   target/asan-rpc/build            cmake build of ggml with ASan (GGML_BUILD_COMMIT_OVERRIDE =
@@ -25,9 +28,11 @@
 # leak reports out (the test ends servers with SIGTERM). An ASan report ends the server and
 # fails the test, except where a case expects one of the upstream crashes the test lists. Needs
 # what tools/upstream.sh installs (llama-completion for the final --rpc text, the pinned sdist
-# of the tools' sources). About 6 minutes on 2 cores for ggml the first time, seconds when
-# nothing changed; the test itself takes about as long as on the normal build (~12 s). Not part
-# of CI (tests/run.sh runs the test against the normal build).
+# of the tools' sources). About 6 minutes on 2 cores for ggml and 7 for the plugin (its own
+# llama.cpp build) the first time, seconds when nothing changed; the test itself takes about
+# as long as on the normal build. Not part of CI (tests/run.sh runs the test against the normal
+# build: CI's time does not hold two more llama.cpp builds); patches/README.md,
+# "Hostile RPC clients: the last runs", has its last result.
 #
 # Usage: bash tools/asan-rpc.sh [--build-only] [--normal-plugin] [PYTEST ARGS...]
 set -euo pipefail
@@ -101,19 +106,20 @@ grep -qaF "$tag" "$libdir/libggml-base.so" \
     || die "$out/bin/rpc-server is not linked to libasan"
 say "rpc-server with ASan: $out/bin/rpc-server (ggml $tag, libraries in $libdir)"
 
-# 4. The plugin with ASan (nightly Rust), in a target directory of its own. --target keeps
-#    RUSTFLAGS off the build scripts (they run here, without the ASan runtime).
-if [ "$asan_plugin" = 1 ] && ! cargo +nightly --version >/dev/null 2>&1; then
-    say "no nightly Rust toolchain (rustup toolchain install nightly): stable rustc has no \
--Zsanitizer, so the server loads the normal plugin and ASan does not check its own accesses"
-    asan_plugin=0
+# 4. The plugin with ASan, in a target directory of its own. --target keeps RUSTFLAGS off the
+#    build scripts (they run here, without the ASan runtime).
+toolchain=()
+if cargo +nightly --version >/dev/null 2>&1; then
+    toolchain=(+nightly)
+else
+    export RUSTC_BOOTSTRAP=1  # the stable toolchain takes -Z flags (module docs)
 fi
 if [ "$asan_plugin" = 1 ]; then
     host=$(rustc -vV | sed -n 's/^host: //p')
     pdir=$root/target/asan-plugin
-    say "building the plugin with -Zsanitizer=address (cargo +nightly; ~7 min the first time)"
-    CARGO_TARGET_DIR=$pdir RUSTFLAGS="-Zsanitizer=address" \
-        cargo +nightly build -p spark-backend --target "$host" >"$out/plugin-build.log" 2>&1 \
+    say "building the plugin with -Zsanitizer=address (cargo ${toolchain[*]:-with RUSTC_BOOTSTRAP}; ~7 min the first time)"
+    CARGO_TARGET_DIR=$pdir RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" \
+        cargo "${toolchain[@]}" build -p spark-backend --target "$host" >"$out/plugin-build.log" 2>&1 \
         || { tail -n 30 "$out/plugin-build.log" >&2; die "plugin build failed (see above)"; }
     plugin=$pdir/$host/debug/libspark_backend.so
     # (grep -c reads all of nm's output: grep -q would end the pipe early: a failure)

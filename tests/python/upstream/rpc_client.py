@@ -60,6 +60,14 @@ GET_EXTRA_ALLOC_SIZE = 21
 EXTRA_SUPPORTS_OP = 22
 CMD_COUNT = 24  # RPC_CMD_NONE = 23, then RPC_CMD_COUNT
 
+COMMANDS = {v: k for k, v in dict(globals()).items()
+            if isinstance(v, int) and k.isupper() and k not in ("CMD_COUNT",)}
+COMMANDS[23] = "NONE"  # RPC_CMD_NONE: the client's placeholder, never sent
+COMMANDS[24] = "COUNT"  # RPC_CMD_COUNT: no command
+
+# the extra buffer types a reply lists at most (RPC_MAX_EXTRA_BUFTS, patch 0013)
+MAX_EXTRA_BUFTS = 8
+
 PROTO_MAJOR = 7
 CONN_CAPS_SIZE = 24
 
@@ -86,12 +94,17 @@ class Closed(Exception):
     """The server closed the connection (or it broke) before the whole reply came."""
 
 
-def fnv1a64(name: str) -> int:
-    """The id a named custom op travels under (`rpc_custom_op_id`)."""
+def fnv1a64_bytes(data: bytes) -> int:
+    """64-bit FNV-1a (ggml-rpc's fnv_hash: the name a cached SET_TENSOR is saved under)."""
     h = 0xcbf29ce484222325
-    for b in name.encode():
+    for b in data:
         h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
     return h
+
+
+def fnv1a64(name: str) -> int:
+    """The id a named custom op travels under (`rpc_custom_op_id`)."""
+    return fnv1a64_bytes(name.encode())
 
 
 def ggml_header_constants(header: Path) -> tuple[dict, dict, dict]:
@@ -281,11 +294,87 @@ class Client:
     def custom_op_supported(self, name: str) -> bool:
         return self.call(CUSTOM_OP_SUPPORTED, struct.pack("<Q", fnv1a64(name)), 1) != b"\0"
 
+    def buffer_clear(self, remote: int, value: int):
+        """Every byte of the buffer set to `value` (no reply)."""
+        self.send(BUFFER_CLEAR, struct.pack("<QB", remote, value))
+
+    def memset_tensor(self, t: Tensor, offset: int, size: int, value: int):
+        self.send(MEMSET_TENSOR, t.pack() + struct.pack("<QQB", offset, size, value))
+
+    def set_tensor_cached(self, t: Tensor, data: bytes, offset: int = 0):
+        """SET_TENSOR with the cache flag: a server started with --cache also saves the data
+        under its FNV-1a hash, which SET_TENSOR_HASH then names."""
+        self.send(SET_TENSOR, t.pack() + struct.pack("<BQ", 1, offset) + data)
+
+    def set_tensor_hash(self, t: Tensor, offset: int, digest: int) -> bool:
+        """True when the server had the data of that hash and wrote it."""
+        return self.call(SET_TENSOR_HASH, t.pack() + struct.pack("<QQ", offset, digest), 1) \
+            != b"\0"
+
+    def copy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        return self.call(COPY_TENSOR, src.pack() + dst.pack(), 1) != b"\0"
+
+    def init_tensor(self, t: Tensor):
+        self.send(INIT_TENSOR, t.pack())
+
+    def get_alloc_size(self, t: Tensor, srcs: tuple = (), device: int = 0) -> int:
+        return struct.unpack("<Q", self.call(GET_ALLOC_SIZE, struct.pack("<I", device) + t.pack()
+                                             + pack_srcs(srcs), 8))[0]
+
+    def device_memory(self, device: int = 0) -> tuple[int, int]:
+        return struct.unpack("<QQ", self.call(GET_DEVICE_MEMORY, struct.pack("<I", device), 16))
+
+    def graph_recompute(self, device: int = 0):
+        self.send(GRAPH_RECOMPUTE, struct.pack("<I", device))
+
+    # patch 0013's commands (protocol 7.2): the server's extra (repacked) buffer types
+
+    def extra_bufts(self, device: int = 0) -> list[tuple[str, int, int]]:
+        """(name, alignment, max size) of each extra buffer type, numbered from 1 in order."""
+        reply = self.call(GET_EXTRA_BUFTS, struct.pack("<I", device), 4 + MAX_EXTRA_BUFTS * 80)
+        (count,) = struct.unpack_from("<I", reply)
+        out = []
+        for i in range(min(count, MAX_EXTRA_BUFTS)):
+            name, align, max_size = struct.unpack_from("<64sQQ", reply, 4 + 80 * i)
+            out.append((name.split(b"\0")[0].decode(), align, max_size))
+        return out
+
+    def alloc_extra_buffer(self, size: int, extra: int, device: int = 0) -> tuple[int, int]:
+        return struct.unpack("<QQ", self.call(ALLOC_EXTRA_BUFFER,
+                                              struct.pack("<IIQ", device, extra, size), 16))
+
+    def get_extra_alloc_size(self, t: Tensor, extra: int, device: int = 0) -> int:
+        return struct.unpack("<Q", self.call(GET_EXTRA_ALLOC_SIZE,
+                                             struct.pack("<II", device, extra) + t.pack(), 8))[0]
+
+    def extra_supports_op(self, op: Tensor, srcs: tuple = (), src_extra: tuple = (),
+                          device: int = 0) -> bool:
+        """Whether the server runs `op` with sources `srcs`, source i kept in extra buffer type
+        src_extra[i] (0: none; a source without a buffer stands for an empty one of that type,
+        as llama.cpp asks when it places a weight)."""
+        extra = list(src_extra) + [0] * (10 - len(src_extra))
+        payload = struct.pack("<I10I", device, *extra) + op.pack() + pack_srcs(srcs)
+        return self.call(EXTRA_SUPPORTS_OP, payload, 1) != b"\0"
+
     def graph_compute(self, nodes: list, device: int = 0, extra: list = ()):
         """Sends the graph of `nodes` (in order), with every tensor they reach through their
         sources and view sources (and `extra` ones) in the tensor list, as serialize_graph
         does. Ids are assigned to tensors that have none."""
         self.send(GRAPH_COMPUTE, graph_payload(nodes, device, extra))
+
+
+def pack_srcs(srcs: tuple) -> bytes:
+    """GGML_MAX_SRC (10) rpc_tensors: the given ones (None: an all-zero tensor, id 0, which the
+    server leaves out), then zeros; ids are assigned to tensors that have none."""
+    out = []
+    for i, t in enumerate(list(srcs) + [None] * (10 - len(srcs))):
+        if t is None:
+            out.append(bytes(RPC_TENSOR.size))
+            continue
+        if t.id == 0:
+            t.id = 0x900 + i
+        out.append(t.pack())
+    return b"".join(out)
 
 
 def graph_payload(nodes: list, device: int = 0, extra: list = ()) -> bytes:
@@ -318,13 +407,15 @@ def graph_payload(nodes: list, device: int = 0, extra: list = ()) -> bytes:
 
 
 class Arena:
-    """One server buffer, cut into tensors from its base at the server's alignment."""
+    """One server buffer, cut into tensors from its base at the server's alignment; `extra` > 0:
+    a buffer of the server's extra buffer type number `extra` (patch 0013)."""
 
-    def __init__(self, client: Client, size: int, types: dict):
+    def __init__(self, client: Client, size: int, types: dict, extra: int = 0):
         self.client = client
         self.types = types
         self.align = client.alignment()
-        self.remote, self.size = client.alloc_buffer(size)
+        self.remote, self.size = client.alloc_extra_buffer(size, extra) if extra \
+            else client.alloc_buffer(size)
         if not self.remote:
             raise RuntimeError(f"the server did not allocate a buffer of {size} bytes")
         self.base = client.buffer_base(self.remote)

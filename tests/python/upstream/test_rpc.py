@@ -66,10 +66,12 @@ class RpcServer:
 
 
 def start_rpc_server(workdir: Path, with_plugin: bool, binary: Path | None = None,
-                     name: str = "rpc-server") -> RpcServer:
+                     name: str = "rpc-server", extra_args: tuple = (),
+                     extra_env: dict | None = None) -> RpcServer:
     port = free_port()
-    args = [str(binary or tool("rpc-server")), "-H", "127.0.0.1", "-p", str(port), "-t", THREADS]
-    env = tool_env(with_plugin, stats=with_plugin)
+    args = [str(binary or tool("rpc-server")), "-H", "127.0.0.1", "-p", str(port), "-t", THREADS,
+            *extra_args]
+    env = {**tool_env(with_plugin, stats=with_plugin), **(extra_env or {})}
     log_path = workdir / f"{name}-{port}.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log,

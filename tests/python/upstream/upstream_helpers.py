@@ -12,6 +12,7 @@ tools missing is a failure that says how to build them, not a skip."""
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,19 @@ CFG = EVAL["config"]
 TARGET_KEEP = CFG["ffn_k"] / CFG["d_ff"]  # k_f / F of the shipped model (82 / 1024)
 
 THREADS = "2"
+
+
+def sibling_module(name: str, path: str):
+    """A module of this directory by file, registered as `name` (pytest imports with
+    importlib: there is no sys.path entry for the test directories)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(path))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 SEED = "1"
 
 # Gemma-2's chat template (the tokenizer_config.json of google/gemma-2-2b-it), which a Spark
