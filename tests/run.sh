@@ -33,29 +33,59 @@ esac
 export SPARK_PYTHON="${SPARK_PYTHON:-$PWD/.venv/bin/python}"
 export SPARK_BIN_DIR="${SPARK_BIN_DIR:-$PWD/target/debug}"
 
-echo "== cargo fmt --check"
+# Each stage's wall time: printed when it ends, and all of them at the exit (a failed run too).
+stage_names=()
+stage_secs=()
+stage_name=""
+stage_t0=$SECONDS
+stage_end() {
+    if [ -n "$stage_name" ]; then
+        stage_names+=("$stage_name")
+        stage_secs+=("$((SECONDS - stage_t0))")
+        echo "   ($((SECONDS - stage_t0)) s)"
+    fi
+    stage_name=""
+}
+stage() {
+    stage_end
+    stage_name=$1
+    stage_t0=$SECONDS
+    echo "== $1"
+}
+stage_times() {
+    local rc=$? i
+    stage_end
+    echo "== stage times ($([ "$rc" = 0 ] && echo passed || echo "failed: exit $rc"))"
+    for i in "${!stage_names[@]}"; do
+        printf '%6d s  %s\n' "${stage_secs[$i]}" "${stage_names[$i]}"
+    done
+    printf '%6d s  total\n' "$SECONDS"
+}
+trap stage_times EXIT
+
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-echo "== cargo build (binaries used by the Python tests)"
+stage "cargo build (binaries used by the Python tests)"
 cargo build --workspace --quiet
 if [ "$quick" = 0 ]; then
-    echo "== upstream llama.cpp tools (tools/upstream.sh: the tools on the same llama.cpp build)"
+    stage "upstream llama.cpp tools (tools/upstream.sh: the tools on the same llama.cpp build)"
     bash tools/upstream.sh --quiet
-    echo "== llama-cpp-python on that build (tools/python.sh: pinned sdist, headers checked)"
+    stage "llama-cpp-python on that build (tools/python.sh: pinned sdist, headers checked)"
     bash tools/python.sh --quiet --no-build
 fi
 # The aarch64 steps cross-build on x86-64 hosts; on an ARM host the native build is the ARM build.
 arm=0
 [ "$quick" = 0 ] && [ "$(uname -m)" = x86_64 ] && arm=1
 if [ "$arm" = 1 ]; then
-    echo "== aarch64 cross build (tools/arm-build.sh: the workspace, llama.cpp, llama-completion, the plugin)"
+    stage "aarch64 cross build (tools/arm-build.sh: the workspace, llama.cpp, llama-completion, the plugin)"
     bash tools/arm-build.sh --quiet
 fi
-echo "== cargo test"
+stage "cargo test"
 cargo test --workspace --quiet
 if [ "$quick" = 1 ]; then
-    echo "== pytest (--quick: without the tests of llama.cpp's tools)"
+    stage "pytest (--quick: without the tests of llama.cpp's tools)"
     "$SPARK_PYTHON" -m pytest -q tests \
         --ignore=tests/python/upstream \
         --ignore=tests/python/arm \
@@ -63,22 +93,23 @@ if [ "$quick" = 1 ]; then
         --ignore=tests/python/integration/test_iq_types.py \
         --deselect=tests/python/convert/test_manifest.py::test_manifest_is_what_llama_gguf_hash_prints_and_checks \
         --deselect=tests/python/convert/test_manifest.py::test_a_corrupted_copy_fails_the_check_naming_the_tensor
+    stage_end
     echo "== --quick: left out the upstream tools, the CUDA steps, the aarch64 steps and their tests"
     exit 0
 fi
-echo "== CUDA without a GPU (tools/cuda-tools.sh: NVRTC and nvcc 13.0 from PyPI)"
+stage "CUDA without a GPU (tools/cuda-tools.sh: NVRTC and nvcc 13.0 from PyPI)"
 bash tools/cuda-tools.sh --quiet
 # shellcheck source=/dev/null
 source target/cuda-tools/env.sh
-echo "== ggml-cuda hook compiles (tools/cuda-hook-check.sh: patch 0008, sm_75/80/90)"
+stage "ggml-cuda hook compiles (tools/cuda-hook-check.sh: patch 0008, sm_75/80/90)"
 bash tools/cuda-hook-check.sh --quiet
-echo "== cargo clippy + test -p spark-backend --features cuda (kernels compile through NVRTC)"
+stage "cargo clippy + test -p spark-backend --features cuda (kernels compile through NVRTC)"
 cargo clippy -p spark-backend --all-targets --features cuda --quiet -- -D warnings
 LD_LIBRARY_PATH="$SPARK_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test -p spark-backend --features cuda --quiet --lib --test "cuda_*"
 if [ "$arm" = 1 ]; then
-    echo "== aarch64 under qemu (tools/arm-check.sh: spark-backend's tests at QEMU_CPU cortex-a57, neoverse-n1, max)"
+    stage "aarch64 under qemu (tools/arm-check.sh: spark-backend's tests at QEMU_CPU cortex-a57, neoverse-n1, max)"
     bash tools/arm-check.sh --cpus --kernels --quiet
 fi
-echo "== pytest (tests/python/arm: the aarch64 build end to end under qemu, where it was built)"
-"$SPARK_PYTHON" -m pytest -q tests
+stage "pytest (every Python test; tests/python/arm: the aarch64 build end to end under qemu)"
+"$SPARK_PYTHON" -m pytest -q --durations=25 tests
