@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The shipped model's decode speed as a distribution: `spark run` N times (2 threads, 160 tokens,
 # sampling as README's demo), alone and beside one busy process, sparse and --dense. Prints each
-# run's tokens/s and, per set, the median, the slowest run and slowest/median (the speed issue's
-# "small graphs" criterion: >= 0.6).
+# run's tokens/s and, per set, the median, the slowest run and slowest/median (the project's
+# target for small graphs: >= 0.6).
 #
 # Usage: bash tools/bench-small.sh [-r 30] [--spark BIN] [--model GGUF] [--modes sparse,dense]
 #                                  [--busy 0|1|both]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile check, without a GPU, of the llama.cpp series' ggml-cuda changes (patch 0008, the hook
-# that runs GGML_OP_CUSTOM nodes through a plugin's CUDA launcher; issue 13, item 3).
+# that runs GGML_OP_CUSTOM nodes through a plugin's CUDA launcher).
 #
 # What it does:
 #   1. nvcc from PyPI (tools/cuda-tools.sh: CUDA 13.0 with runtime, CCCL, cuBLAS headers);

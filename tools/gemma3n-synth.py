@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Gemma 3n GGUF files with random weights, for tests and speed measurement (issue 35).
+"""Gemma 3n GGUF files with random weights, for tests and speed measurement.
 
     .venv/bin/python tools/gemma3n-synth.py PRESET OUT.gguf [--outtype f32|f16|bf16|q8_0]
                                             [--seed N] [--quiet] [--force]

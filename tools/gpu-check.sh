@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 13 (item 4), run on the lent GPU machine from the repository root with
+# The GPU checks, run on a machine with an NVIDIA GPU from the repository root with
 # what tools/gpu-pack.sh packed into target/gpucarry (the one-line `run` call: tools/README.md).
 # Writes $OUT/gpu-check.txt (the report) and $OUT/gpu-logs.tar.gz (every raw log, the bench
 # JSON, the profiler CSV); without $OUT, target/gpuwork/out.
@@ -35,7 +35,7 @@
 # Usage: bash tools/gpu-check.sh [--phases build,correct,bench,prof,batched,scaling]
 #                                [--budget SECONDS] [--redo]
 #   --budget   stop starting phases that would not end within SECONDS of the start (default 570,
-#              inside the run call's 600)
+#              inside a 10-minute slot)
 #   --redo     ignore the kept sections and run every phase again (the build stays incremental)
 # Tunables (environment): GPU_CHECK_CHUNKS (40 perplexity chunks of 256 tokens),
 # GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_UB_CHUNKS (8: the -ub 1/8 rows),

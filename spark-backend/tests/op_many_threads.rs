@@ -1,4 +1,4 @@
-//! The Spark ops on many threads (issue 26 item 5): each op called through its C entry point by
+//! The Spark ops on many threads: each op called through its C entry point by
 //! 16, 32 and 64 threads, all at once or one after another, writes the one-thread output bit
 //! for bit and records the same statistics. The shapes are cut every way the work units go at
 //! those thread counts (`ffn::tiling::FusedUnits`, `SumUnits`, the attention tiling): a
@@ -18,7 +18,7 @@ use spark_backend::params::AttnParams;
 use spark_backend::stats::{self, LayerStats};
 use std::ffi::c_void;
 
-/// The thread counts of the issue, and one that divides nothing.
+/// Thread counts a many-core machine runs (16, 32, 64), and one that divides nothing.
 const MANY: [i32; 4] = [16, 32, 64, 48];
 
 impl Node {

@@ -88,7 +88,7 @@ pub fn read(path: &Path) -> Result<ModelInfo> {
         })?
         .to_string();
     // A file of the schema's architectures is checked here, so that a hostile or damaged one
-    // gets spark-gguf's named error instead of llama.cpp's assertions (issue 36).
+    // gets spark-gguf's named error instead of llama.cpp's assertions.
     let hparams = match Arch::from_name(&arch) {
         None => None,
         Some(a) => Some(

@@ -5,7 +5,7 @@ export show up), runs both forwards on a few held-out sequences (llama-perplexit
 BOS then text) and reports per-position relative logit error (||a - b|| / ||b||; median, 90th
 percentile, max), top-1 agreement, and the per-layer sparsity statistics of both.
 
-    /work/train-venv/bin/python tools/train/check_against_reference.py models/spark-shakespeare.npz
+    ../train-venv/bin/python tools/train/check_against_reference.py models/spark-shakespeare.npz
 """
 
 from __future__ import annotations

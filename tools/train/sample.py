@@ -1,6 +1,6 @@
 """Generate text from an exported checkpoint with the PyTorch implementation.
 
-    /work/train-venv/bin/python tools/train/sample.py models/spark-shakespeare.npz \
+    ../train-venv/bin/python tools/train/sample.py models/spark-shakespeare.npz \
         --prompt "ROMEO.\n" --tokens 120 --temperature 0.8 --top-k 40
 """
 

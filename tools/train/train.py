@@ -2,7 +2,7 @@
 
 Run prepare_data.py first. Then, e.g. on CPU:
 
-    /work/train-venv/bin/python tools/train/train.py --threads 2 --steps 1500 --time-limit-min 40
+    ../train-venv/bin/python tools/train/train.py --threads 2 --steps 1500 --time-limit-min 40
 
 Every --ckpt-every steps (and at the end, or when the time limit is hit) it saves the training
 state to <workdir>/state.pt, writes <out>.npz and evaluates the held-out text into <out>.eval.json.

@@ -1,4 +1,4 @@
-"""Every door a person opens to run a Gemma 3n file with the Spark plugin (issue 35): the tiny
+"""Every door a person opens to run a Gemma 3n file with the Spark plugin: the tiny
 random Gemma 3n of tools/gemma3n-synth.py (f32) through each way llama.cpp offers, with the
 plugin (GGML_BACKEND_PATH) and, where a comparison makes sense, the same tool without it
 (upstream's own gemma3n graph, every layer dense). Greedy text must be equal (f32 weights: see

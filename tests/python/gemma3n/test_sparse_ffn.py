@@ -1,4 +1,4 @@
-"""Gemma 3n's sparse FFN layers on the Spark plugin (issue 35, patch 0015 and
+"""Gemma 3n's sparse FFN layers on the Spark plugin (patch 0015 and
 src/models/spark-gemma3n.cpp), against upstream's own gemma3n graph on the same file: the same
 upstream tools run the tiny Gemma 3n of tools/gemma3n-synth.py without the plugin (the reference:
 every layer dense) and with it (the first 10 FFN layers on spark_ffn_up).

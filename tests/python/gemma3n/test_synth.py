@@ -1,4 +1,4 @@
-"""tools/gemma3n-synth.py (issue 35): its `tiny` Gemma 3n, f32 and q8_0, has every key and tensor
+"""tools/gemma3n-synth.py: its `tiny` Gemma 3n, f32 and q8_0, has every key and tensor
 upstream llama.cpp's loader reads (checked here against src/models/gemma3n.cpp's
 load_arch_tensors, written out below, not against the tool's own list), and stock upstream tools
 (no plugin) run it: llama-completion generates 16 greedy tokens, the same twice; llama-perplexity

@@ -1,4 +1,4 @@
-"""Hostile and damaged GGUF files (issue 36): every one gets a named error or runs, never a
+"""Hostile and damaged GGUF files: every one gets a named error or runs, never a
 signal from our code. A deterministic set of damaged copies of a small spark-gemma2 model
 (hostile values for every spark-gemma2 and Gemma-2 hyperparameter key, random bytes in the
 header, truncations at random offsets, tensors with wrong shapes or types, two equal token
