@@ -53,6 +53,7 @@ pub mod cuda;
 mod error;
 mod ffi;
 pub mod ffn;
+pub mod kernel_types;
 pub mod op;
 pub mod params;
 mod plugin;

@@ -533,9 +533,9 @@ pub unsafe fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::layout::GGML_TYPE_F16;
     use crate::tensor::TensorView;
     use crate::tensor::GGML_TYPE_F32;
+    use llama_cpp_sys_2::GGML_TYPE_F16;
 
     fn view(ty: u32, ne: [usize; 4], addr: usize) -> TensorView {
         let es = if ty == GGML_TYPE_F16 { 2 } else { 4 };

@@ -5,73 +5,13 @@
 //! accumulator over the dims in order, a fixed lane-reduction tree, then the leftover dims in
 //! order. Results are therefore bit-identical however rows and queries are grouped, which keeps
 //! the kernel's output independent of thread count and batch composition.
+//!
+//! The types (`Rows`, `Queries`, `Scores`, `ElemType`) are `crate::kernel_types`'s; which
+//! kernel runs (dense or strided rows) is the table's choice (`Kernels::attn_dots`).
 
-use super::layout::ElemType;
-use crate::arch::{generic::attention as generic, Kernels};
+use crate::arch::Kernels;
+pub(crate) use crate::kernel_types::{Queries, Rows, Scores};
 use std::ops::Range;
-
-/// A set of cache rows: row `j` starts at `base + offset(j)`, element `i` of a row at
-/// `+ i * elem_stride` bytes.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Rows {
-    /// Address of element 0 of row 0 (before `offset`).
-    pub(crate) base: *const u8,
-    /// Element type.
-    pub(crate) ty: ElemType,
-    /// Byte stride between consecutive elements of a row.
-    pub(crate) elem_stride: usize,
-    /// Byte stride between consecutive rows (positions).
-    pub(crate) row_stride: usize,
-}
-
-impl Rows {
-    /// Address of element `i` of row `j`.
-    #[inline(always)]
-    pub(crate) fn at(&self, j: usize, i: usize) -> *const u8 {
-        self.base
-            .wrapping_add(j * self.row_stride + i * self.elem_stride)
-    }
-
-    /// True when the elements of a row are adjacent (the SIMD fast paths apply).
-    pub(crate) fn is_dense(&self) -> bool {
-        self.elem_stride == self.ty.size()
-    }
-}
-
-/// Reads one element as f32.
-///
-/// # Safety
-/// `p` must be valid for a read of one element of type `ty`.
-#[inline(always)]
-pub(crate) unsafe fn load1(ty: ElemType, p: *const u8) -> f32 {
-    // SAFETY: the caller guarantees `p` is readable for one element; unaligned reads are used.
-    unsafe {
-        match ty {
-            ElemType::F32 => p.cast::<f32>().read_unaligned(),
-            ElemType::F16 => half::f16::from_bits(p.cast::<u16>().read_unaligned()).to_f32(),
-        }
-    }
-}
-
-/// `n` queries side by side: query `m` is `q[m * stride ..]` (as many values as dims scored).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Queries<'a> {
-    /// The query values.
-    pub(crate) q: &'a [f32],
-    /// Elements between consecutive queries.
-    pub(crate) stride: usize,
-    /// Number of queries.
-    pub(crate) n: usize,
-}
-
-/// A row-major score matrix: query `m`'s score against listed row `c` is `out[m * ld + c]`.
-#[derive(Debug)]
-pub(crate) struct Scores<'a> {
-    /// The scores.
-    pub(crate) out: &'a mut [f32],
-    /// Elements between consecutive queries' scores (>= the number of listed rows).
-    pub(crate) ld: usize,
-}
 
 /// For every query `m` and every listed row `rows_idx[c]`:
 /// `out[m * ld + c] = sum_{i in dims} q_m[i - dims.start] * row(rows_idx[c])[i]`.
@@ -92,21 +32,7 @@ pub(crate) unsafe fn dots(
     debug_assert!(n_q == 0 || out.out.len() >= (n_q - 1) * out.ld + rows_idx.len());
     // SAFETY: the table's CPU features were detected; the caller's contract covers every
     // address the kernels read or write.
-    unsafe {
-        if rows.is_dense() {
-            (k.attn_dots)(rows, dims, rows_idx, q, out)
-        } else {
-            generic::dots(rows, dims, rows_idx, q, out)
-        }
-    }
-}
-
-/// The lane-reduction tree shared by every path: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
-#[inline(always)]
-pub(crate) fn reduce8(a: &[f32; 8]) -> f32 {
-    let s4 = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
-    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
-    s2[0] + s2[1]
+    unsafe { (k.attn_dots(&rows))(rows, dims, rows_idx, q, out) }
 }
 
 /// `out[i] += sum_c w[c] * row(rows_idx[c])[i]` for `i < out.len()`, rows in list order (each
@@ -124,19 +50,14 @@ pub(crate) unsafe fn accumulate(
 ) {
     debug_assert_eq!(w.len(), rows_idx.len());
     // SAFETY: the table's CPU features were detected; addresses per the contract.
-    unsafe {
-        if rows.is_dense() {
-            (k.attn_accumulate)(rows, rows_idx, w, out)
-        } else {
-            generic::accumulate(rows, rows_idx, w, out)
-        }
-    }
+    unsafe { (k.attn_accumulate(&rows))(rows, rows_idx, w, out) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::arch::{table, Isa};
+    use crate::kernel_types::ElemType;
 
     fn f16_bytes(v: &[f32]) -> Vec<u8> {
         v.iter()

@@ -9,6 +9,7 @@
 //! - mask `[n_kv, >= T, N / i, S / j]` f32 or f16 (dims 2 and 3 broadcast like ggml's)
 //! - dst  `[H, N, T, S]` f32 with adjacent elements
 
+pub(crate) use crate::kernel_types::ElemType;
 use crate::params::AttnParams;
 use crate::tensor::TensorView;
 use crate::KernelError;
@@ -16,36 +17,6 @@ use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
 pub(crate) use crate::tensor::GGML_TYPE_F32;
-/// ggml type id of f16.
-pub(crate) const GGML_TYPE_F16: u32 = llama_cpp_sys_2::GGML_TYPE_F16;
-
-/// Element type of a cache or mask tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ElemType {
-    /// IEEE binary32.
-    F32,
-    /// IEEE binary16.
-    F16,
-}
-
-impl ElemType {
-    /// The element type of ggml type id `ty`, or an error naming `tensor`.
-    pub(crate) fn from_ggml(ty: u32, tensor: &'static str) -> Result<Self, KernelError> {
-        match ty {
-            GGML_TYPE_F32 => Ok(ElemType::F32),
-            GGML_TYPE_F16 => Ok(ElemType::F16),
-            _ => Err(KernelError::UnsupportedType { tensor, ty }),
-        }
-    }
-
-    /// Bytes per element.
-    pub(crate) fn size(self) -> usize {
-        match self {
-            ElemType::F32 => 4,
-            ElemType::F16 => 2,
-        }
-    }
-}
 
 /// A strided tensor: element `(i0, i1, i2, i3)` at `data + sum(i_d * nb[d])`.
 #[derive(Clone, Copy, Debug)]
@@ -273,6 +244,7 @@ impl AttnLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use llama_cpp_sys_2::GGML_TYPE_F16;
 
     fn view(ty: u32, ne: [usize; 4]) -> TensorView {
         let es = if ty == GGML_TYPE_F16 { 2 } else { 4 };

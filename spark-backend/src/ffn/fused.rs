@@ -26,11 +26,11 @@
 //! over all neurons, [`rows::axpy`]), so the fused and two-stage paths agree to rounding, not
 //! bit for bit.
 
-use super::tiling::FusedUnit;
-use super::{
+use super::shared::{
     check_batch_width, check_len, prefetch_row, prefetch_row_range, Batch, FfnWeights, PendingAxpy,
     Scratch, UpInputs, PREFETCH_AHEAD,
 };
+use super::tiling::FusedUnit;
 use crate::rows::{self, Activation, RowMatrix};
 use crate::topk;
 use crate::KernelError;
@@ -271,22 +271,6 @@ fn token_chunk<const PART: bool>(
     scratch.active.len() as u64
 }
 
-/// The buffers of [`tokens_chunk`], kept in [`Scratch`] from call to call.
-#[derive(Debug, Default)]
-pub(super) struct UnitLists {
-    /// Per token of the unit, its active `(neuron, activation)` in increasing neuron order; the
-    /// K2 pass replaces each activation by its `u`. Only grows: the first `n_tokens` are used.
-    by_token: Vec<Vec<(u32, f32)>>,
-    /// Per neuron of the chunk, its number of entries; then where its next entry goes.
-    offsets: Vec<u32>,
-    /// The neurons with entries, in order, each with the end of its entries in `pairs`.
-    neurons: Vec<(u32, u32)>,
-    /// `(token, index in the token's list)`, grouped by neuron.
-    pairs: Vec<(u32, u32)>,
-    /// Per token of the call: are its threshold and activations prepared ([`prepare`])?
-    prepared: Vec<bool>,
-}
-
 /// Several tokens `tokens` (their output rows back to back in `out`): the same values as
 /// [`token_chunk`] for each token alone, bit for bit, with the K2 dots done neuron by neuron.
 /// At a 64-token prefill unit each active neuron serves ~5 tokens; walking token by token reads
@@ -321,7 +305,7 @@ fn tokens_chunk(
         list.clear();
         let (theta, row) = (thetas[t], &scores[t * f..(t + 1) * f]);
         for j in neurons.clone() {
-            if let Some(a) = super::activation(row[j], theta) {
+            if let Some(a) = super::shared::activation(row[j], theta) {
                 list.push((j as u32, a));
                 offsets[j - neurons.start + 1] += 1;
             }
@@ -410,11 +394,11 @@ pub fn sparse_ffn_fused(
     out: &mut [f32],
 ) -> Result<u64, KernelError> {
     let (d, f, n_tokens) = (w.v.n_cols(), w.v.n_rows(), batch.n_tokens);
-    super::check_shapes(d, f, w.k1, w.k2)?;
+    super::shared::check_shapes(d, f, w.k1, w.k2)?;
     check_batch_width(batch, d)?;
     check_len("out", out.len(), n_tokens * d)?;
     let mut scores = vec![0f32; n_tokens * f];
-    super::predictor_scores(w.k1, batch, &mut scores)?;
+    super::shared::predictor_scores(w.k1, batch, &mut scores)?;
     let len = n_tokens * d;
     let mut partials = vec![0f32; n_chunks * len];
     let inputs = FusedInputs {

@@ -15,8 +15,9 @@
 
 use super::fused::{self, FusedInputs};
 use super::shapes::{self, StageDims};
+use super::shared::{Batch, Scratch, UpInputs};
 use super::tiling::{FusedUnit, FusedUnits, SumUnits};
-use super::{two_stage, Batch, Scratch, UpInputs};
+use super::two_stage;
 use crate::op::{Claims, SparkOp};
 use crate::params;
 use crate::rows::{RowMatrix, RowType};

@@ -12,7 +12,7 @@
 //! are bit-identical for any split. In a batch, each active row of K2 and V is read once for the
 //! union of the tokens' masks and applied to every token that has it active.
 
-use super::{
+use super::shared::{
     activation, check_batch_width, check_len, check_shapes, predictor_scores, prefetch_row,
     prefetch_row_range, prepare_tokens, Batch, FfnWeights, PendingAxpy, Scratch, UpInputs,
     PREFETCH_AHEAD,

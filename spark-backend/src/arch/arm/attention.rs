@@ -5,8 +5,7 @@
 
 use super::rows::f16x4_to_f32;
 use crate::arch::prefetch;
-use crate::attention::dot::{load1, reduce8, Queries, Rows, Scores};
-use crate::attention::layout::ElemType;
+use crate::kernel_types::{load1, reduce8, ElemType, Queries, Rows, Scores};
 use std::arch::aarch64::*;
 use std::ops::Range;
 

@@ -11,12 +11,7 @@ mod quant;
 mod rows;
 mod topk;
 
-use super::{Isa, Kernels};
-
-/// Whether the CPU has NEON: every AArch64 CPU (checked anyway, as for the other sets).
-pub(super) fn neon_supported() -> bool {
-    std::arch::is_aarch64_feature_detected!("neon")
-}
+use super::table::{Isa, Kernels};
 
 /// The NEON table. Handed out by `arch::table` only where the CPU has NEON.
 pub(super) const NEON: Kernels = Kernels {
@@ -40,4 +35,7 @@ pub(super) const NEON: Kernels = Kernels {
     shifted_sums: topk::shifted_sums,
     attn_dots: attention::dots,
     attn_accumulate: attention::accumulate,
+    // (rows whose elements are not adjacent: the generic loops)
+    attn_dots_strided: super::generic::attention::dots,
+    attn_accumulate_strided: super::generic::attention::accumulate,
 };

@@ -5,7 +5,7 @@
 //! in f32 for q8_0 and q4_0, `(d * scale) * q` for q6_K as ggml rounds it; then one fused
 //! multiply-add with alpha), so the generic version's bits.
 
-use crate::rows::Start;
+use crate::kernel_types::Start;
 use std::arch::aarch64::*;
 
 /// Bytes per q8_0 block: f16 scale + 32 int8 (ggml's `block_q8_0`; tested against the linked
@@ -381,7 +381,7 @@ pub(crate) unsafe fn to_f32_q6_k(row: &[u8], out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use crate::rows::RowType;
+    use crate::kernel_types::RowType;
 
     /// The block layouts these kernels decode are the linked ggml's.
     #[test]

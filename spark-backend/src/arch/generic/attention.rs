@@ -2,7 +2,7 @@
 //! dims in order, the fixed reduction tree of `attention::dot`, then the leftover dims, for any
 //! element stride (the path for transposed caches on every table).
 
-use crate::attention::dot::{load1, reduce8, Queries, Rows, Scores};
+use crate::kernel_types::{load1, reduce8, Queries, Rows, Scores};
 use std::ops::Range;
 
 /// See `attention::dot::dots`.

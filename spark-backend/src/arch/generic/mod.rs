@@ -2,11 +2,12 @@
 //! against, and the table of CPUs without a SIMD set the crate has kernels for.
 
 pub(crate) mod attention;
+pub(crate) mod ggml;
 pub(crate) mod quant;
 pub(crate) mod rows;
 pub(crate) mod topk;
 
-use super::{Isa, Kernels};
+use super::table::{Isa, Kernels};
 
 /// Every kernel in its portable version.
 pub(crate) const KERNELS: Kernels = Kernels {
@@ -30,4 +31,6 @@ pub(crate) const KERNELS: Kernels = Kernels {
     shifted_sums: topk::shifted_sums,
     attn_dots: attention::dots,
     attn_accumulate: attention::accumulate,
+    attn_dots_strided: attention::dots,
+    attn_accumulate_strided: attention::accumulate,
 };

@@ -2,9 +2,9 @@
 //! f32 axpy, and the folded q8_0 axpy's scalar arithmetic. The references the SIMD versions
 //! equal bit for bit.
 
+use super::ggml::{axpy_via_ggml, dequantize_ggml};
 use super::rows::axpy_f32;
-use crate::rows::quant::{axpy_via_ggml, dequantize_ggml};
-use crate::rows::{RowType, Start};
+use crate::kernel_types::{RowType, Start};
 
 /// `y += alpha * row`, q8_0.
 ///

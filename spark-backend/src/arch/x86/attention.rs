@@ -3,8 +3,7 @@
 //! (row, query) pair, so the same bits; rows of a later block prefetched ahead of use.
 
 use crate::arch::prefetch;
-use crate::attention::dot::{load1, reduce8, Queries, Rows, Scores};
-use crate::attention::layout::ElemType;
+use crate::kernel_types::{load1, reduce8, ElemType, Queries, Rows, Scores};
 use std::arch::x86_64::*;
 use std::ops::Range;
 

@@ -7,7 +7,7 @@ mod quant;
 mod rows;
 mod topk;
 
-use super::{Isa, Kernels};
+use super::table::{Isa, Kernels};
 
 /// The AVX2 + FMA + F16C table. Handed out by `arch::table` only where the CPU has the three.
 pub(super) const AVX2: Kernels = Kernels {
@@ -31,11 +31,7 @@ pub(super) const AVX2: Kernels = Kernels {
     shifted_sums: topk::shifted_sums,
     attn_dots: attention::dots,
     attn_accumulate: attention::accumulate,
+    // (rows whose elements are not adjacent: the generic loops)
+    attn_dots_strided: super::generic::attention::dots,
+    attn_accumulate_strided: super::generic::attention::accumulate,
 };
-
-/// Whether the CPU has AVX2, FMA and F16C (the [`AVX2`] table's features).
-pub(super) fn avx2_supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-}

@@ -6,7 +6,7 @@
 //! alpha), so results equal the generic version (ggml's `to_float`, then an f32 axpy) bit for
 //! bit.
 
-use crate::rows::Start;
+use crate::kernel_types::Start;
 use std::arch::x86_64::*;
 
 /// Bytes per q8_0 block as these kernels decode it: f16 scale + 32 int8 (ggml's `block_q8_0`;
@@ -432,7 +432,7 @@ pub(crate) unsafe fn to_f32_q6_k(row: &[u8], out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use crate::rows::RowType;
+    use crate::kernel_types::RowType;
 
     /// The block layouts these kernels decode are the linked ggml's.
     #[test]
