@@ -3,9 +3,10 @@
 //! The entry has no devices; it exists so that the spark-gemma2 graph can call
 //! `ggml_backend_reg_by_name("Spark")` and `ggml_backend_reg_get_proc_address(reg, NAME)` for
 //! each kernel, for the FFN tiling of a ubatch (`spark_ffn_tiling`) and for the statistics
-//! (docs/INTERFACES.md; [`proc_address`]). It is also where the backend's whole op set is
-//! listed for the GPU ([`LAUNCHERS`], [`KERNEL_SOURCES`]). Two ways to put the entry into
-//! ggml's registry:
+//! (docs/INTERFACES.md; [`proc_address`]). Its ops are one table, [`OPS`] (name, CPU entry
+//! point, CUDA launcher), from which the procs, the RPC registration ([`register_rpc_ops`]) and
+//! the CUDA registration ([`LAUNCHERS`]) derive; [`KERNEL_SOURCES`] lists the CUDA C sources.
+//! Two ways to put the entry into ggml's registry:
 //! - in-process: [`register`] (the `spark` CLI does this before loading a model);
 //! - as a plugin: the cdylib `libspark_backend.so` (installed by tools/upstream.sh as
 //!   `libggml-spark.so`) exports `ggml_backend_init` ([`crate::plugin`]), so `ggml_backend_load`
@@ -16,7 +17,7 @@
 //! `ggml-backend-impl.h` (API version [`GGML_BACKEND_API_VERSION`]); `tests/registry.rs` pins
 //! their layout against the header through a C probe compiled by `build.rs`.
 
-use crate::cuda::{KernelSource, Launcher};
+use crate::cuda::{CustomLaunch, KernelSource, Launcher};
 use crate::ffi;
 use crate::stats::{self, LayerStats};
 use llama_cpp_sys_2 as sys;
@@ -31,32 +32,90 @@ pub const GGML_BACKEND_API_VERSION: c_int = 3;
 /// The registry entry's name.
 pub(crate) const NAME: &CStr = c"Spark";
 
-/// The C functions the entry exports, by name: the one table [`proc_address`] resolves (through
-/// [`get_proc_address`](BackendRegIface::get_proc_address)) and [`PROC_NAMES`] lists.
-const PROCS: [(&str, *mut c_void); 9] = {
+/// A ggml custom op's C function (`ggml_custom_op_t`).
+pub type CustomOpFn = unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut c_void);
+
+/// One Spark custom op: the name the graph resolves (`ggml_backend_reg_get_proc_address`) and
+/// ggml-rpc sends it under, the CPU entry point the graph passes to `ggml_custom_4d`, and the
+/// CUDA launcher ggml-cuda runs for its node instead (`None` without the `cuda` feature).
+#[derive(Clone, Copy)]
+pub struct SparkOp {
+    /// The name.
+    pub name: &'static str,
+    /// The CPU entry point.
+    pub cpu: CustomOpFn,
+    /// The CUDA launcher.
+    pub cuda: Option<CustomLaunch>,
+}
+
+/// `Some(launcher)` with the `cuda` feature, `None` without (the launcher's module is not built).
+macro_rules! cuda_launcher {
+    ($($path:tt)*) => {{
+        #[cfg(feature = "cuda")]
+        let launch = Some($($path)* as CustomLaunch);
+        #[cfg(not(feature = "cuda"))]
+        let launch = None;
+        launch
+    }};
+}
+
+/// Every Spark op: the one table of them. Adding an op is one row here (with the `cuda`
+/// feature every op must have a launcher: [`LAUNCHERS`] fails to build otherwise).
+pub const OPS: [SparkOp; 5] = {
     use crate::attention::op::spark_attn;
     use crate::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+    [
+        SparkOp {
+            name: "spark_ffn_up",
+            cpu: spark_ffn_up,
+            cuda: cuda_launcher!(crate::ffn::cuda_launch::launch_up),
+        },
+        SparkOp {
+            name: "spark_ffn_down",
+            cpu: spark_ffn_down,
+            cuda: cuda_launcher!(crate::ffn::cuda_launch::launch_down),
+        },
+        SparkOp {
+            name: "spark_ffn_fused",
+            cpu: spark_ffn_fused,
+            cuda: cuda_launcher!(crate::ffn::cuda_launch::launch_fused),
+        },
+        SparkOp {
+            name: "spark_ffn_sum",
+            cpu: spark_ffn_sum,
+            cuda: cuda_launcher!(crate::ffn::cuda_launch::launch_sum),
+        },
+        SparkOp {
+            name: "spark_attn",
+            cpu: spark_attn,
+            cuda: cuda_launcher!(crate::attention::cuda_launch::launch_attn),
+        },
+    ]
+};
+
+/// The entry's other C functions, by name: the FFN tiling, parameter storage and statistics.
+const OTHER_PROCS: [(&str, *mut c_void); 4] = {
     use crate::ffn::tiling::spark_ffn_tiling;
     use crate::params::spark_op_set_params;
     [
-        ("spark_ffn_up", spark_ffn_up as *mut c_void),
-        ("spark_ffn_down", spark_ffn_down as *mut c_void),
-        ("spark_ffn_fused", spark_ffn_fused as *mut c_void),
-        ("spark_ffn_sum", spark_ffn_sum as *mut c_void),
         ("spark_ffn_tiling", spark_ffn_tiling as *mut c_void),
         ("spark_op_set_params", spark_op_set_params as *mut c_void),
-        ("spark_attn", spark_attn as *mut c_void),
         ("spark_stats_reset", spark_stats_reset as *mut c_void),
         ("spark_stats_get", spark_stats_get as *mut c_void),
     ]
 };
 
-/// Names [`get_proc_address`](BackendRegIface::get_proc_address) resolves, in no particular order.
-pub const PROC_NAMES: [&str; PROCS.len()] = {
-    let mut names = [""; PROCS.len()];
+/// Names [`get_proc_address`](BackendRegIface::get_proc_address) resolves: every op of [`OPS`],
+/// then [`OTHER_PROCS`].
+pub const PROC_NAMES: [&str; OPS.len() + OTHER_PROCS.len()] = {
+    let mut names = [""; OPS.len() + OTHER_PROCS.len()];
     let mut i = 0;
-    while i < PROCS.len() {
-        names[i] = PROCS[i].0;
+    while i < OPS.len() {
+        names[i] = OPS[i].name;
+        i += 1;
+    }
+    while i < names.len() {
+        names[i] = OTHER_PROCS[i - OPS.len()].0;
         i += 1;
     }
     names
@@ -151,9 +210,16 @@ unsafe extern "C" fn reg_get_proc_address(
     })
 }
 
-/// The C function the entry exports under `name` ([`PROCS`]), or `None` for an unknown name.
+/// The C function the entry exports under `name` ([`OPS`], [`OTHER_PROCS`]), or `None` for an
+/// unknown name.
 pub fn proc_address(name: &str) -> Option<*mut c_void> {
-    PROCS.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
+    let op = OPS.iter().find(|op| op.name == name);
+    op.map(|op| op.cpu as *mut c_void).or_else(|| {
+        OTHER_PROCS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, f)| f)
+    })
 }
 
 /// C ABI `void spark_stats_reset(void)`: clears every layer's counters (`stats::reset`).
@@ -183,40 +249,39 @@ pub unsafe extern "C" fn spark_stats_get(layer: c_int, out: *mut LayerStats) -> 
     })
 }
 
-/// The CUDA launcher of every Spark op, registered with ggml-cuda (`crate::cuda`) by
-/// [`register`] and by the plugin; empty without the `cuda` feature. Adding an op is one row.
-#[cfg(feature = "cuda")]
-pub const LAUNCHERS: &[Launcher] = &[
-    Launcher {
-        name: "spark_ffn_fused",
-        fun: crate::ffn::op::spark_ffn_fused,
-        launch: crate::ffn::cuda_launch::launch_fused,
-    },
-    Launcher {
-        name: "spark_ffn_sum",
-        fun: crate::ffn::op::spark_ffn_sum,
-        launch: crate::ffn::cuda_launch::launch_sum,
-    },
-    Launcher {
-        name: "spark_ffn_up",
-        fun: crate::ffn::op::spark_ffn_up,
-        launch: crate::ffn::cuda_launch::launch_up,
-    },
-    Launcher {
-        name: "spark_ffn_down",
-        fun: crate::ffn::op::spark_ffn_down,
-        launch: crate::ffn::cuda_launch::launch_down,
-    },
-    Launcher {
-        name: "spark_attn",
-        fun: crate::attention::op::spark_attn,
-        launch: crate::attention::cuda_launch::launch_attn,
-    },
-];
+/// The CUDA launcher of every Spark op ([`OPS`]), registered with ggml-cuda (`crate::cuda`) by
+/// [`register`] and by the plugin; empty without the `cuda` feature.
+pub const LAUNCHERS: &[Launcher] = &launchers();
 
-/// The CUDA launcher of every Spark op: none without the `cuda` feature.
+#[cfg(feature = "cuda")]
+const fn launchers() -> [Launcher; OPS.len()] {
+    let mut out = [Launcher {
+        name: "",
+        fun: OPS[0].cpu,
+        launch: match OPS[0].cuda {
+            Some(l) => l,
+            None => panic!("every op needs a CUDA launcher"),
+        },
+    }; OPS.len()];
+    let mut i = 0;
+    while i < OPS.len() {
+        out[i] = Launcher {
+            name: OPS[i].name,
+            fun: OPS[i].cpu,
+            launch: match OPS[i].cuda {
+                Some(l) => l,
+                None => panic!("every op in OPS needs a CUDA launcher with the `cuda` feature"),
+            },
+        };
+        i += 1;
+    }
+    out
+}
+
 #[cfg(not(feature = "cuda"))]
-pub const LAUNCHERS: &[Launcher] = &[];
+const fn launchers() -> [Launcher; 0] {
+    []
+}
 
 /// Every CUDA C source of the launchers (`.cu`, one module each per device), next to its op.
 pub const KERNEL_SOURCES: &[KernelSource] = &[
@@ -242,25 +307,13 @@ pub fn register() {
     });
 }
 
-/// The ops that run where their node is, in another process too: the custom ops. Their nodes
-/// carry their parameters ([`crate::params`]), so they can travel to an `rpc-server`.
-pub const CUSTOM_OPS: [&str; 5] = [
-    "spark_ffn_up",
-    "spark_ffn_down",
-    "spark_ffn_fused",
-    "spark_ffn_sum",
-    "spark_attn",
-];
-
 /// `ggml_backend_rpc_register_custom_op_t` of the patched ggml-rpc.h (patch 0009):
 /// `bool (*)(const char * name, ggml_custom_op_t fun)`.
-type RpcRegisterCustomOp = unsafe extern "C" fn(
-    name: *const c_char,
-    fun: unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut c_void),
-) -> bool;
+type RpcRegisterCustomOp = unsafe extern "C" fn(name: *const c_char, fun: CustomOpFn) -> bool;
 
-/// Registers [`CUSTOM_OPS`] with ggml's RPC backend by name (patch 0009), when this process has
-/// one: an RPC client then sends Spark nodes to the servers that have registered the same
+/// Registers every op of [`OPS`] with ggml's RPC backend by name (patch 0009), when this process
+/// has one: their nodes carry their parameters ([`crate::params`]), so an RPC client sends Spark
+/// nodes to the servers that have registered the same
 /// names (an `rpc-server` with this plugin) and keeps them local for the others; an
 /// `rpc-server` with this plugin runs them. Returns how many were registered (0 without an
 /// RPC backend or without the hook, as with an unpatched ggml).
@@ -285,22 +338,11 @@ pub fn register_rpc_ops() -> usize {
         // ggml_backend_rpc_register_custom_op_t (patched ggml-rpc.h; RpcRegisterCustomOp above).
         let register = unsafe { std::mem::transmute::<*mut c_void, RpcRegisterCustomOp>(f) };
         let mut n = 0;
-        for name in CUSTOM_OPS {
-            let Some(fun) = proc_address(name) else {
-                continue;
-            };
-            // SAFETY: every CUSTOM_OPS name resolves to a `ggml_custom_op_t` entry point
-            // (`op::custom_op!`), whose C signature is the transmuted type.
-            let fun = unsafe {
-                std::mem::transmute::<
-                    *mut c_void,
-                    unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut c_void),
-                >(fun)
-            };
-            let c_name = std::ffi::CString::new(name).expect("op names have no NUL");
+        for op in OPS {
+            let c_name = std::ffi::CString::new(op.name).expect("op names have no NUL");
             // SAFETY: a NUL-terminated name that ggml-rpc copies, and a function of this
             // library, which stays loaded for the life of the process.
-            if unsafe { register(c_name.as_ptr(), fun) } {
+            if unsafe { register(c_name.as_ptr(), op.cpu) } {
                 n += 1;
             }
         }

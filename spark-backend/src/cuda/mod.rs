@@ -5,10 +5,11 @@
 //! ggml-cuda with patch 0008 runs a `GGML_OP_CUSTOM` node on the GPU when the node's
 //! `ggml_custom_op_t` has a registered launcher ([`hook`]): it calls
 //! `launch(dst, device, stream, userdata)` with `device` current and every tensor's data on
-//! that device, instead of running the CPU op. [`register_launchers`] (called with the table
-//! `crate::registry::LAUNCHERS` by the plugin's `ggml_backend_init` and by
-//! `registry::register`, after the Spark entry exists) registers one launcher per Spark op; the
-//! graph is unchanged (it still resolves the CPU ops by name).
+//! that device, instead of running the CPU op. [`register_launchers`] (called with
+//! `crate::registry::LAUNCHERS`, derived from the op table `crate::registry::OPS`, by the
+//! plugin's `ggml_backend_init` and by `registry::register`, after the Spark entry exists)
+//! registers one launcher per Spark op; the graph is unchanged (it still resolves the CPU ops
+//! by name).
 //!
 //! Outcomes, each said at most once per process on stderr:
 //! - no "CUDA" registry entry in the process: nothing registered, nothing printed;
@@ -40,8 +41,9 @@
 //! 2. `foo/cuda_launch.rs` (feature `cuda`): the plan implements `launch::CudaOp` (`check`, and
 //!    `launch`, which gets `device.function(&KERNELS, "kernel")` and enqueues on `gpu.stream`
 //!    with `stream.launch_builder`), and `launch::cuda_launcher!(launch_foo => FooPlan);`.
-//! 3. One row `Launcher { name: "spark_foo", fun: crate::foo::op::spark_foo, launch:
-//!    crate::foo::cuda_launch::launch_foo }` in `crate::registry::LAUNCHERS`.
+//! 3. One row `SparkOp { name: "spark_foo", cpu: spark_foo, cuda:
+//!    cuda_launcher!(crate::foo::cuda_launch::launch_foo) }` in `crate::registry::OPS` (the
+//!    procs, the RPC registration and `LAUNCHERS` derive from it).
 //!
 //! ggml-cuda may capture a graph's launches into a CUDA graph and replay it without calling the
 //! launchers while the nodes keep their properties (patch 0008): every launch is a pure
@@ -58,7 +60,7 @@ pub(crate) mod check;
 pub mod hook;
 pub mod options;
 
-pub use hook::Launcher;
+pub use hook::{CustomLaunch, Launcher};
 pub use options::{KernelSource, HEADERS};
 
 #[cfg(feature = "cuda")]
