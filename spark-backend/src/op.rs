@@ -64,7 +64,7 @@ pub(crate) const MAX_ERROR_LINES: usize = 8;
 /// A Spark custom op, as the entry protocol sees it.
 ///
 /// # Safety (for implementors)
-/// `prepare` must reject every `dst`/source/userdata combination for which `run` could read or
+/// `prepare` must reject every `dst`/source/params_block combination for which `run` could read or
 /// write out of bounds. The chunks `0..n_chunks()` must be disjoint parts of the output, fixed
 /// by the shapes and the `nth` given to `prepare` alone. `run` must write only the elements of
 /// the chunks its [`Claims`] yielded to it, each exactly as `fill_chunk` of that chunk covers
@@ -74,7 +74,7 @@ pub(crate) trait SparkOp: Sized {
     /// The name ggml resolves through the registry (`spark_ffn_up`, ...), used in messages.
     const NAME: &'static str;
 
-    /// Reads and checks `dst`, its sources and `userdata`, and cuts the output into chunks for a
+    /// Reads and checks `dst`, its sources and `params_block`, and cuts the output into chunks for a
     /// call on `nth` threads (an op may ignore `nth`; its results must not depend on it).
     ///
     /// # Safety
@@ -82,7 +82,7 @@ pub(crate) trait SparkOp: Sized {
     /// the op's parameter struct.
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
-        userdata: *mut c_void,
+        params_block: *mut c_void,
         nth: usize,
     ) -> Result<Self, KernelError>;
 
@@ -114,9 +114,9 @@ pub(crate) trait SparkOp: Sized {
 /// stored in `dst` (`params::block`), so a node needs no pointer of the process that built it.
 pub(crate) unsafe fn enter<Op: SparkOp>(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) {
     // SAFETY: dst is null or live (contract).
-    let userdata = unsafe { params::block(dst) }.cast_mut();
-    // SAFETY: userdata is null or the node's parameter block.
-    let layer = unsafe { params::layer_of(userdata) };
+    let params_block = unsafe { params::block(dst) }.cast_mut();
+    // SAFETY: params_block is null or the node's parameter block.
+    let layer = unsafe { params::layer_of(params_block) };
     let Some((ith, nth)) = thread_index(ith, nth) else {
         report(Op::NAME, layer, &format!("bad thread index {ith} of {nth}"));
         // SAFETY: dst is null or live (contract); with no share known, the whole output.
@@ -142,7 +142,7 @@ pub(crate) unsafe fn enter<Op: SparkOp>(dst: *mut sys::ggml_tensor, ith: c_int, 
     let call = unsafe { Call::join(dst, nth) };
     // SAFETY: forwarded contract.
     let prepared = catch_unwind(AssertUnwindSafe(|| unsafe {
-        Op::prepare(dst, userdata, nth)
+        Op::prepare(dst, params_block, nth)
     }));
     let op = match prepared {
         Ok(Ok(op)) => op,

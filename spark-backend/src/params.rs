@@ -5,7 +5,7 @@
 //! the graph, which mean nothing in another process (an `rpc-server` running the node). So the
 //! graph stores each Spark node's parameters in the node itself, in the part of its `op_params`
 //! that ggml's `struct ggml_custom_op_params` leaves free, through the registry proc
-//! `spark_op_set_params` ([`spark_op_set_params`]); `userdata` is not used. The node's
+//! `spark_op_set_params` ([`spark_op_set_params`]); ggml's `userdata` is not used. The node's
 //! `op_params` (`GGML_MAX_OP_PARAMS` = 64 bytes) are laid out as:
 //!
 //! | bytes | what | who |
@@ -15,6 +15,9 @@
 //! | 32..36 | [`MAGIC`]: the block below is present | [`spark_op_set_params`] |
 //! | 36..60 | `struct spark_op_params { layer, k, r, softcap, ffn_cutoff, ffn_z }` ([`OpParams`]) | [`spark_op_set_params`] |
 //! | 60..64 | unused | |
+//!
+//! In this crate `params_block` always names a pointer to bytes 36..60 of a node ([`block`]),
+//! never ggml's `userdata`.
 //!
 //! The sizes that this rests on (ggml's struct and `GGML_MAX_OP_PARAMS`) are checked against
 //! ggml's headers by `probe/graph_abi.c` (`tests/registry.rs`). The FFN ops read the whole
@@ -50,28 +53,28 @@ pub struct AttnParams {
 /// below), so every op reads it the same way for its messages. `None` for null.
 ///
 /// # Safety
-/// `userdata` is null or points to an [`OpParams`] or an [`AttnParams`].
-pub(crate) unsafe fn layer_of(userdata: *const c_void) -> Option<i32> {
+/// `params_block` is null or points to an [`OpParams`] or an [`AttnParams`].
+pub(crate) unsafe fn layer_of(params_block: *const c_void) -> Option<i32> {
     // SAFETY: per the contract, a non-null pointer starts with an i32; read unaligned.
-    (!userdata.is_null()).then(|| unsafe { userdata.cast::<i32>().read_unaligned() })
+    (!params_block.is_null()).then(|| unsafe { params_block.cast::<i32>().read_unaligned() })
 }
 
-/// An FFN op's layer and threshold cutoff from `userdata` (the whole block of [`block`]): one
+/// An FFN op's layer and threshold cutoff from `params_block` (the whole block of [`block`]): one
 /// check for the CPU ops and the CUDA launchers. Errors ([`crate::KernelError::Param`], naming
 /// the field): no block, an `ffn_cutoff` other than [`FFN_CUTOFF_TOP_K`] and
 /// [`FFN_CUTOFF_STD_MUL`], `k < 1` with `TOP_K`, a non-finite `ffn_z` with `STD_MUL`.
 ///
 /// # Safety
-/// `userdata` is null or points to an [`OpParams`].
+/// `params_block` is null or points to an [`OpParams`].
 pub(crate) unsafe fn read_ffn(
-    userdata: *const c_void,
+    params_block: *const c_void,
 ) -> Result<(i32, Cutoff), crate::KernelError> {
     use crate::KernelError;
-    if userdata.is_null() {
+    if params_block.is_null() {
         return Err(KernelError::Param(MISSING.into()));
     }
-    // SAFETY: userdata points to a live spark_op_params (contract); read unaligned to be safe.
-    let params = unsafe { userdata.cast::<OpParams>().read_unaligned() };
+    // SAFETY: params_block points to a live spark_op_params (contract); read unaligned to be safe.
+    let params = unsafe { params_block.cast::<OpParams>().read_unaligned() };
     let cutoff = match params.ffn_cutoff {
         FFN_CUTOFF_TOP_K => {
             let k = usize::try_from(params.k)
@@ -154,7 +157,7 @@ const _: () = {
     assert!(CALL_STATE_OFFSET.is_multiple_of(4) && BLOCK_OFFSET.is_multiple_of(4));
 };
 
-/// Where `dst`'s stored parameters are, as the `userdata` the ops and their checks read
+/// Where `dst`'s stored parameters are, as the `params_block` the ops and their checks read
 /// ([`OpParams`] / [`AttnParams`]); null when `dst` is null or carries no block.
 ///
 /// # Safety

@@ -27,10 +27,10 @@ impl CudaOp for AttnPlan {
 
     unsafe fn check(
         dst: *const sys::ggml_tensor,
-        userdata: *const c_void,
+        params_block: *const c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { super::cuda_plan::check(dst, userdata) }
+        unsafe { super::cuda_plan::check(dst, params_block) }
     }
 
     unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {

@@ -519,14 +519,14 @@ impl AttnPlan {
 /// (`super::op`), then the CUDA kernels' own limits.
 ///
 /// # Safety
-/// `dst` is null or a live tensor whose `src[0..4]` are null or live; `userdata` is null or
+/// `dst` is null or a live tensor whose `src[0..4]` are null or live; `params_block` is null or
 /// points to a `struct spark_attn_params`.
 pub unsafe fn check(
     dst: *const sys::ggml_tensor,
-    userdata: *const c_void,
+    params_block: *const c_void,
 ) -> Result<AttnPlan, KernelError> {
     // SAFETY: forwarded contract.
-    let (call, params) = unsafe { AttnCall::read(dst, userdata)? };
+    let (call, params) = unsafe { AttnCall::read(dst, params_block)? };
     AttnPlan::new(&call, &params)
 }
 

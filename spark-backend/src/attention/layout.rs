@@ -1,5 +1,5 @@
 //! One `spark_attn` call as the CPU op and the CUDA launcher read it (docs/INTERFACES.md): its
-//! tensors as views ([`AttnCall`], from `dst` and the userdata, metadata only) and their checked
+//! tensors as views ([`AttnCall`], from `dst` and the parameter block, metadata only) and their checked
 //! shapes, types and strides ([`AttnLayout`]).
 //!
 //! Dimensions (ggml order, ne0 fastest), with `S` the number of KV streams (1 unless llama.cpp
@@ -70,19 +70,19 @@ impl AttnCall {
     ///
     /// # Safety
     /// `dst` must be null or a live `ggml_tensor` whose `src[0..4]` are null or live;
-    /// `userdata` null or a live `AttnParams` (in host memory).
+    /// `params_block` null or a live `AttnParams` (in host memory).
     pub unsafe fn read(
         dst: *const sys::ggml_tensor,
-        userdata: *const c_void,
+        params_block: *const c_void,
     ) -> Result<(Self, AttnParams), KernelError> {
         // SAFETY: per the contract, dst is null or live.
         let dst_ref =
             unsafe { dst.as_ref() }.ok_or_else(|| KernelError::Shape("dst is null".into()))?;
-        if userdata.is_null() {
+        if params_block.is_null() {
             return Err(KernelError::Param(crate::params::MISSING.into()));
         }
-        // SAFETY: a non-null userdata is a live AttnParams (contract); read unaligned to be safe.
-        let params = unsafe { userdata.cast::<AttnParams>().read_unaligned() };
+        // SAFETY: a non-null params_block is a live AttnParams (contract); read unaligned to be safe.
+        let params = unsafe { params_block.cast::<AttnParams>().read_unaligned() };
         let src = |i: usize, name: &str| -> Result<TensorView, KernelError> {
             // SAFETY: sources are null (reported) or live; from_raw copies struct fields only.
             unsafe { TensorView::from_raw(dst_ref.src[i]) }

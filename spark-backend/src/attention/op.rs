@@ -2,8 +2,9 @@
 //!
 //! The graph creates it with
 //! `ggml_custom_4d(ctx, GGML_TYPE_F32, H, N, T, S, {q, k, v, mask}, 4, spark_attn, GGML_N_TASKS_MAX,
-//! &params)` where `params` is a `struct spark_attn_params` (`crate::params::AttnParams`) that
-//! outlives the graph. ggml's worker threads each call it with their `ith` of `nth`.
+//! NULL)` and stores its parameters, a `struct spark_attn_params` (`crate::params::AttnParams`),
+//! in the node itself (`spark_op_set_params`, `crate::params`). ggml's worker threads each call
+//! it with their `ith` of `nth`.
 //!
 //! It enters through [`crate::op::enter`] like every Spark op (one message format, NaN on
 //! failure). Its chunks are the kernel's work units for the call's thread count
@@ -20,12 +21,11 @@ use std::ffi::c_void;
 
 crate::op::custom_op! {
     /// The `ggml_custom_op_t` for Spark attention. Arguments: `dst->src[0..4]` = q, k, v, mask;
-    /// `userdata` = `*const AttnParams`.
+    /// the parameters are the `struct spark_attn_params` stored in `dst` (`crate::params`; none
+    /// stored is reported as an error); ggml's `userdata` is not read.
     ///
     /// # Safety
-    /// ggml calls this with a live `dst` whose sources and data are valid for their shapes, and
-    /// with `userdata` pointing at a live `struct spark_attn_params` (or null, reported as an
-    /// error).
+    /// ggml calls this with a live `dst` whose sources and data are valid for their shapes.
     spark_attn => SparseAttention
 }
 
@@ -34,11 +34,11 @@ impl SparkOp for SparseAttention {
 
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
-        userdata: *mut c_void,
+        params_block: *mut c_void,
         nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        Ok(unsafe { prepare(dst, userdata) }?.with_threads(nth))
+        Ok(unsafe { prepare(dst, params_block) }?.with_threads(nth))
     }
 
     fn n_chunks(&self) -> usize {
@@ -65,9 +65,9 @@ impl SparkOp for SparseAttention {
 /// null or a live `AttnParams`.
 unsafe fn prepare(
     dst: *mut sys::ggml_tensor,
-    userdata: *mut c_void,
+    params_block: *mut c_void,
 ) -> Result<SparseAttention, KernelError> {
     // SAFETY: forwarded contract.
-    let (call, params) = unsafe { AttnCall::read(dst, userdata)? };
+    let (call, params) = unsafe { AttnCall::read(dst, params_block)? };
     SparseAttention::new(&call, &params)
 }

@@ -1,6 +1,6 @@
 //! What every CUDA launcher checks from tensor *metadata* only (shapes, strides, types, data
 //! pointers as numbers): never a read of tensor data, which lives on the device. The launchers
-//! turn `dst`, its sources and the userdata into a plan (`crate::ffn::cuda_plan`,
+//! turn `dst`, its sources and the parameter block into a plan (`crate::ffn::cuda_plan`,
 //! `crate::attention::cuda_plan`) with these checks and their own before any CUDA call, so the
 //! checks are pure functions the tests run on host-only tensors: the CPU ops' checks plus the
 //! kernels' limits (32-bit indices, aligned data, the weight types of

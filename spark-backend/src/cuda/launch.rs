@@ -19,15 +19,15 @@ pub(crate) trait CudaOp: Sized {
     /// The op's registry name (`spark_ffn_fused`, ...), used in messages.
     const NAME: &'static str;
 
-    /// Checks `dst`, its sources and `userdata` from metadata only (`super::check`): no read of
+    /// Checks `dst`, its sources and `params_block` from metadata only (`super::check`): no read of
     /// tensor data, no CUDA call.
     ///
     /// # Safety
-    /// `dst` is null or a live tensor whose sources are null or live; `userdata` is null or the
+    /// `dst` is null or a live tensor whose sources are null or live; `params_block` is null or the
     /// op's params struct.
     unsafe fn check(
         dst: *const sys::ggml_tensor,
-        userdata: *const c_void,
+        params_block: *const c_void,
     ) -> Result<Self, KernelError>;
 
     /// Enqueues the op's kernels on `gpu`'s stream.
@@ -52,9 +52,9 @@ pub(crate) unsafe fn enter<Op: CudaOp>(
     stream: *mut c_void,
 ) -> c_int {
     // SAFETY: dst is null or live (contract).
-    let userdata = unsafe { params::block(dst) };
-    // SAFETY: userdata is null or the node's parameter block.
-    let layer = unsafe { params::layer_of(userdata) };
+    let params_block = unsafe { params::block(dst) };
+    // SAFETY: params_block is null or the node's parameter block.
+    let layer = unsafe { params::layer_of(params_block) };
     // The CPU entry's first check (`crate::op::enter`): a tensor whose ne and nb reach past the
     // address space or overlap (an RPC client's) is refused before any plan reads it; such a
     // source gives a NaN dst, such a dst is not written at all.
@@ -71,7 +71,7 @@ pub(crate) unsafe fn enter<Op: CudaOp>(
     }
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(), (String, bool)> {
         // SAFETY: forwarded contract.
-        let op = unsafe { Op::check(dst, userdata) }.map_err(|e| (e.to_string(), true))?;
+        let op = unsafe { Op::check(dst, params_block) }.map_err(|e| (e.to_string(), true))?;
         // SAFETY: forwarded contract (ggml's stream on `device`, alive during this call).
         let gpu = unsafe { Gpu::borrow(device, stream) }.map_err(|e| (e, false))?;
         // SAFETY: the checked device addresses are live for the stream's work (contract).

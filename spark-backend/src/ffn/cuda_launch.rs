@@ -92,10 +92,10 @@ impl CudaOp for FusedPlan {
 
     unsafe fn check(
         dst: *const sys::ggml_tensor,
-        userdata: *const c_void,
+        params_block: *const c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { super::cuda_plan::fused(dst, userdata) }
+        unsafe { super::cuda_plan::fused(dst, params_block) }
     }
 
     unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {
@@ -109,10 +109,10 @@ impl CudaOp for UpPlan {
 
     unsafe fn check(
         dst: *const sys::ggml_tensor,
-        userdata: *const c_void,
+        params_block: *const c_void,
     ) -> Result<Self, KernelError> {
         // SAFETY: forwarded contract.
-        unsafe { super::cuda_plan::up(dst, userdata) }
+        unsafe { super::cuda_plan::up(dst, params_block) }
     }
 
     unsafe fn launch(&self, gpu: &Gpu) -> Result<(), String> {

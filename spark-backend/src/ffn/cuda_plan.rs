@@ -192,12 +192,12 @@ fn stage(
 /// `spark_op_params`.
 pub unsafe fn fused(
     dst: *const sys::ggml_tensor,
-    userdata: *const c_void,
+    params_block: *const c_void,
 ) -> Result<FusedPlan, KernelError> {
     // SAFETY: forwarded contract.
     let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
     // SAFETY: forwarded contract.
-    let params = unsafe { crate::params::read_ffn(userdata)? };
+    let params = unsafe { crate::params::read_ffn(params_block)? };
     let stage = stage(&s, &h, &k2, params)?;
     let p = shapes::fused_dst(stage.dims(), &v, &out)?;
     let vw = weight(&v, "ffn_down_t")?;
@@ -216,12 +216,12 @@ pub unsafe fn fused(
 /// As for [`fused`].
 pub unsafe fn up(
     dst: *const sys::ggml_tensor,
-    userdata: *const c_void,
+    params_block: *const c_void,
 ) -> Result<UpPlan, KernelError> {
     // SAFETY: forwarded contract.
     let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
     // SAFETY: forwarded contract.
-    let params = unsafe { crate::params::read_ffn(userdata)? };
+    let params = unsafe { crate::params::read_ffn(params_block)? };
     let stage = stage(&s, &h, &k2, params)?;
     shapes::up_dst(stage.dims(), &out)?;
     expect_f32_rows(&out, "dst")?;
@@ -231,7 +231,7 @@ pub unsafe fn up(
     })
 }
 
-/// Checks `spark_ffn_down`'s tensors (userdata is not read).
+/// Checks `spark_ffn_down`'s tensors (its parameter block is not read).
 ///
 /// # Safety
 /// `dst` null or live with live sources.
@@ -251,7 +251,7 @@ pub unsafe fn down(dst: *const sys::ggml_tensor) -> Result<DownPlan, KernelError
     })
 }
 
-/// Checks `spark_ffn_sum`'s tensors (userdata is not read).
+/// Checks `spark_ffn_sum`'s tensors (its parameter block is not read).
 ///
 /// # Safety
 /// `dst` null or live with live sources.

@@ -52,8 +52,9 @@ crate::op::custom_op! {
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..3]` are the
-    /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_op_params`
-    /// (or null, which is reported as an error).
+    /// tensors of `docs/INTERFACES.md`. Its parameters are the `struct spark_op_params` stored
+    /// in `dst` (`crate::params`; none stored is reported as an error); ggml's `userdata` is not
+    /// read.
     spark_ffn_up => Up
 }
 
@@ -62,8 +63,8 @@ crate::op::custom_op! {
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..2]` are `u` and
-    /// `V` of `docs/INTERFACES.md`; `userdata` is null or a `struct spark_op_params` (only its
-    /// layer is read, for messages).
+    /// `V` of `docs/INTERFACES.md`. Of the parameters stored in `dst`, only the layer is read (for
+    /// messages); ggml's `userdata` is not read.
     spark_ffn_down => Down
 }
 
@@ -73,8 +74,9 @@ crate::op::custom_op! {
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0..4]` are the
-    /// tensors of `docs/INTERFACES.md` and `userdata` pointing to a `struct spark_op_params`
-    /// (or null, which is reported as an error).
+    /// tensors of `docs/INTERFACES.md`. Its parameters are the `struct spark_op_params` stored
+    /// in `dst` (`crate::params`; none stored is reported as an error); ggml's `userdata` is not
+    /// read.
     spark_ffn_fused => Fused
 }
 
@@ -84,8 +86,8 @@ crate::op::custom_op! {
     ///
     /// # Safety
     /// Called by ggml's CPU backend with a live custom-op `dst` whose `src[0]` is the
-    /// `spark_ffn_fused` output; `userdata` is null or a `struct spark_op_params` (only its
-    /// layer is read, for messages).
+    /// `spark_ffn_fused` output. Of the parameters stored in `dst`, only the layer is read (for
+    /// messages); ggml's `userdata` is not read.
     spark_ffn_sum => Sum
 }
 
@@ -152,15 +154,15 @@ struct StageInputs<'a> {
 
 impl<'a> StageInputs<'a> {
     /// # Safety
-    /// `s`, `h` and `k2` describe live tensors; `userdata` is null or a `spark_op_params`.
+    /// `s`, `h` and `k2` describe live tensors; `params_block` is null or a `spark_op_params`.
     unsafe fn new(
         s: &TensorView,
         h: &TensorView,
         k2: &TensorView,
-        userdata: *mut c_void,
+        params_block: *mut c_void,
     ) -> Result<Self, KernelError> {
-        // SAFETY: userdata is null or a spark_op_params (contract).
-        let (layer, cutoff) = unsafe { params::read_ffn(userdata)? };
+        // SAFETY: params_block is null or a spark_op_params (contract).
+        let (layer, cutoff) = unsafe { params::read_ffn(params_block)? };
         let StageDims { d, n_tokens, .. } = shapes::stage(s, h, k2)?;
         // SAFETY: k2 is a live tensor (contract).
         let k2m = unsafe { weight(k2, "ffn_up")? };
@@ -248,13 +250,13 @@ impl SparkOp for Up<'_> {
 
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
-        userdata: *mut c_void,
+        params_block: *mut c_void,
         _nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [s, h, k2]) = unsafe { views::<3>(dst)? };
         // SAFETY: as above.
-        let inputs = unsafe { StageInputs::new(&s, &h, &k2, userdata)? };
+        let inputs = unsafe { StageInputs::new(&s, &h, &k2, params_block)? };
         shapes::up_dst(inputs.dims(), &out)?;
         Ok(Self {
             inputs,
@@ -417,13 +419,13 @@ impl SparkOp for Fused<'_> {
 
     unsafe fn prepare(
         dst: *mut sys::ggml_tensor,
-        userdata: *mut c_void,
+        params_block: *mut c_void,
         nth: usize,
     ) -> Result<Self, KernelError> {
         // SAFETY: the op contract: dst and its sources are live.
         let (out, [s, h, k2, v]) = unsafe { views::<4>(dst)? };
         // SAFETY: as above.
-        let inputs = unsafe { StageInputs::new(&s, &h, &k2, userdata)? };
+        let inputs = unsafe { StageInputs::new(&s, &h, &k2, params_block)? };
         let p = shapes::fused_dst(inputs.dims(), &v, &out)?;
         // SAFETY: v is a live tensor (contract).
         let vm = unsafe { weight(&v, "ffn_down_t")? };
