@@ -1,6 +1,6 @@
 //! Compiles the C probes against the patched sources (staged by `spark-llama-prep`) and links
 //! the objects into the integration tests only: `probe/reg_layout.c` (ggml's registry structs,
-//! mirrored in `src/registry.rs`), `probe/graph_abi.c` (the graph's `spark-gemma2-backend.h`,
+//! mirrored in `src/registry.rs`), `probe/graph_abi.c` (the graph's `spark-backend.h`,
 //! mirrored in `src/ffn/tiling.rs`), both compared by `tests/registry.rs`, and
 //! `probe/cuda_hook.c` (`tests/cuda_hook.rs`). Also records the series tag of the ggml it links
 //! and puts that ggml's directory in the run path.

@@ -21,7 +21,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use llama_cpp_sys_2 as sys;
-use spark_backend::attention::op::spark_attn;
+use spark_backend::attention::cpu_op::spark_attn;
 use spark_backend::params::{AttnParams, OpParams};
 use std::ffi::c_void;
 use std::time::Duration;

@@ -1,11 +1,11 @@
 /* Layout probe for tests/registry.rs: the C interface between the spark-gemma2 graph and the
- * procs of the "Spark" entry (src/models/spark-gemma2-backend.h of the patched llama.cpp) as the
+ * procs of the "Spark" entry (src/models/spark-backend.h of the patched llama.cpp) as the
  * C compiler sees it, and the Rust signature of spark_ffn_tiling (src/ffn/tiling.rs) written as
  * a C type and checked against the header's typedef (a mismatch is a compile error). */
 #include <stddef.h>
 #include <stdint.h>
 
-#include "spark-gemma2-backend.h"
+#include "spark-backend.h"
 
 /* unsafe extern "C" fn(i64, i64, i64, *mut FfnTiling) -> c_int */
 typedef int (*spark_rust_ffn_tiling_t)(int64_t n_tokens, int64_t n_ff, int64_t n_embd, struct spark_ffn_tiling * out);

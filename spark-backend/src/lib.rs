@@ -14,11 +14,11 @@
 //! - [`ffn`]: the sparse FFN, all of it: shared inputs and activation (`mod.rs`), the CPU
 //!   kernels of its two paths (`fused.rs`, `two_stage.rs`), which path and how many chunks a
 //!   ubatch gets (`tiling.rs`), the shape rules of its ops (`shapes.rs`), the ggml custom ops
-//!   (`op.rs`), the CUDA plans (`cuda_plan.rs`), kernels (`ffn.cu`) and launchers
+//!   (`cpu_ops.rs`), the CUDA plans (`cuda_plan.rs`), kernels (`ffn.cu`) and launchers
 //!   (`cuda_launch.rs`).
 //! - [`attention`]: the sparse attention, all of it: the call and its checks (`layout.rs`), the
 //!   CPU kernel (`kernel.rs`, inner loops in `dot.rs` and `math.rs`), the ggml custom op
-//!   (`op.rs`), the CUDA plan (`cuda_plan.rs`), kernels (`attn.cu`) and launcher
+//!   (`cpu_op.rs`), the CUDA plan (`cuda_plan.rs`), kernels (`attn.cu`) and launcher
 //!   (`cuda_launch.rs`).
 //! - [`rows`]: weight rows in ggml's storage types and their dot/axpy (quantized rows through
 //!   ggml's type traits in `quant.rs`); [`topk`]: the statistical top-k both ops use.
@@ -39,8 +39,8 @@
 //! the plugin loader: the exported C symbols (`ggml_backend_init`, the `spark_*` ops) and the
 //! procs of [`registry::proc_address`] (with `ffn::tiling`'s `FfnTiling` mirror). For the tests and benches: the kernels and references
 //! they check ([`ffn`], [`attention`], [`rows`], [`topk`]), the ops' C entry points
-//! (`ffn::op`, `attention::op`), the CUDA plans (`ffn::cuda_plan`, `attention::cuda_plan`), the
-//! registration and NVRTC seams of [`cuda`], `op::fault` (feature `fault-injection`),
+//! (`ffn::cpu_ops`, `attention::cpu_op`), the CUDA plans (`ffn::cuda_plan`, `attention::cuda_plan`), the
+//! registration and NVRTC seams of [`cuda`], `cpu_op::fault` (feature `fault-injection`),
 //! [`tensor::TensorView`] and [`params`].
 
 // The docs are written for the crate's maintainers and link the crate-private items they
@@ -49,12 +49,12 @@
 
 pub mod arch;
 pub mod attention;
+pub mod cpu_op;
 pub mod cuda;
 mod error;
 mod ffi;
 pub mod ffn;
 pub mod kernel_types;
-pub mod op;
 pub mod params;
 mod plugin;
 pub mod registry;

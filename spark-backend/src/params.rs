@@ -11,7 +11,7 @@
 //! | bytes | what | who |
 //! |---|---|---|
 //! | 0..24 | `struct ggml_custom_op_params { fun, n_tasks, userdata }` | ggml |
-//! | 24..32 | the call's shared state `{next chunk, threads done}` (two `u32`, zero at rest) | [`crate::op`] |
+//! | 24..32 | the call's shared state `{next chunk, threads done}` (two `u32`, zero at rest) | [`crate::cpu_op`] |
 //! | 32..36 | [`MAGIC`]: the block below is present | [`spark_op_set_params`] |
 //! | 36..60 | `struct spark_op_params { layer, k, r, softcap, ffn_cutoff, ffn_z }` ([`OpParams`]) | [`spark_op_set_params`] |
 //! | 60..64 | unused | |
@@ -107,7 +107,7 @@ pub const MISSING: &str =
     "the node carries no Spark parameters (spark_op_set_params was not called on it)";
 
 /// `struct spark_op_params` of the graph's C header
-/// (`patches/llama.cpp/files/src/models/spark-gemma2-backend.h`): what the graph stores in each
+/// (`patches/llama.cpp/files/src/models/spark-backend.h`): what the graph stores in each
 /// Spark node (layout pinned by `probe/graph_abi.c`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -130,7 +130,7 @@ pub struct OpParams {
 /// `sizeof(struct ggml_custom_op_params)` (ggml-impl.h: a function pointer, an int and a
 /// pointer), the part of `op_params` that ggml reads; checked by `tests/registry.rs`.
 pub const GGML_CUSTOM_OP_PARAMS_SIZE: usize = 24;
-/// Byte offset in `op_params` of the call's shared state (`crate::op`): two `u32`.
+/// Byte offset in `op_params` of the call's shared state (`crate::cpu_op`): two `u32`.
 pub const CALL_STATE_OFFSET: usize = GGML_CUSTOM_OP_PARAMS_SIZE;
 /// Byte offset in `op_params` of [`MAGIC`], followed by the [`OpParams`].
 pub const BLOCK_OFFSET: usize = CALL_STATE_OFFSET + 8;

@@ -17,7 +17,7 @@
 //! `ggml-backend-impl.h` (API version [`GGML_BACKEND_API_VERSION`]); `tests/registry.rs` pins
 //! their layout against the header through a C probe compiled by `build.rs`.
 
-use crate::cuda::{CustomLaunch, KernelSource, Launcher};
+use crate::cuda::{CudaSource, CustomLaunch, Launcher};
 use crate::ffi;
 use crate::stats::{self, LayerStats};
 use llama_cpp_sys_2 as sys;
@@ -39,7 +39,7 @@ pub type CustomOpFn = unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, 
 /// ggml-rpc sends it under, the CPU entry point the graph passes to `ggml_custom_4d`, and the
 /// CUDA launcher ggml-cuda runs for its node instead (`None` without the `cuda` feature).
 #[derive(Clone, Copy)]
-pub struct SparkOp {
+pub struct OpEntry {
     /// The name.
     pub name: &'static str,
     /// The CPU entry point.
@@ -61,31 +61,31 @@ macro_rules! cuda_launcher {
 
 /// Every Spark op: the one table of them. Adding an op is one row here (with the `cuda`
 /// feature every op must have a launcher: [`LAUNCHERS`] fails to build otherwise).
-pub const OPS: [SparkOp; 5] = {
-    use crate::attention::op::spark_attn;
-    use crate::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+pub const OPS: [OpEntry; 5] = {
+    use crate::attention::cpu_op::spark_attn;
+    use crate::ffn::cpu_ops::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
     [
-        SparkOp {
+        OpEntry {
             name: "spark_ffn_up",
             cpu: spark_ffn_up,
             cuda: cuda_launcher!(crate::ffn::cuda_launch::launch_up),
         },
-        SparkOp {
+        OpEntry {
             name: "spark_ffn_down",
             cpu: spark_ffn_down,
             cuda: cuda_launcher!(crate::ffn::cuda_launch::launch_down),
         },
-        SparkOp {
+        OpEntry {
             name: "spark_ffn_fused",
             cpu: spark_ffn_fused,
             cuda: cuda_launcher!(crate::ffn::cuda_launch::launch_fused),
         },
-        SparkOp {
+        OpEntry {
             name: "spark_ffn_sum",
             cpu: spark_ffn_sum,
             cuda: cuda_launcher!(crate::ffn::cuda_launch::launch_sum),
         },
-        SparkOp {
+        OpEntry {
             name: "spark_attn",
             cpu: spark_attn,
             cuda: cuda_launcher!(crate::attention::cuda_launch::launch_attn),
@@ -284,7 +284,7 @@ const fn launchers() -> [Launcher; 0] {
 }
 
 /// Every CUDA C source of the launchers (`.cu`, one module each per device), next to its op.
-pub const KERNEL_SOURCES: &[KernelSource] = &[
+pub const KERNEL_SOURCES: &[CudaSource] = &[
     crate::ffn::cuda_plan::KERNELS,
     crate::attention::cuda_plan::KERNELS,
 ];

@@ -54,7 +54,7 @@ impl TensorView {
 
 /// Fills block `ith` of `nth` contiguous blocks of dst's rows with NaN, if dst is a non-null f32
 /// tensor. The blocks of `0..nth` are disjoint and cover dst; `(0, 1)` is the whole tensor. Used
-/// when an op's arguments fail their checks (`crate::op`), where no op-specific share exists.
+/// when an op's arguments fail their checks (`crate::cpu_op`), where no op-specific share exists.
 ///
 /// # Safety
 /// `dst` must be null or a live tensor whose data (if non-null) covers its shape and strides,

@@ -158,7 +158,7 @@ fn rejects_what_only_the_gpu_cannot_take() {
 #[cfg(feature = "cuda")]
 #[test]
 fn the_launcher_reports_the_ops_line_and_leaves_the_tensors_alone() {
-    use spark_backend::op::fault;
+    use spark_backend::cpu_op::fault;
     use spark_backend::registry::LAUNCHERS;
     let launcher = LAUNCHERS
         .iter()
@@ -166,7 +166,7 @@ fn the_launcher_reports_the_ops_line_and_leaves_the_tensors_alone() {
         .expect("spark_attn is registered in LAUNCHERS");
     assert_eq!(
         launcher.fun as *const (),
-        spark_backend::attention::op::spark_attn as *const ()
+        spark_backend::attention::cpu_op::spark_attn as *const ()
     );
     let ctx = Ctx::new(64 << 20);
     let case = Case::build(spec());

@@ -8,8 +8,8 @@ mod ffn_helpers;
 
 use ffn_helpers::{op_case, OpCase, Rng, Weights};
 use llama_cpp_sys_2 as sys;
+use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::cuda_plan as check;
-use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
 use spark_backend::topk::{norm_ppf, Cutoff};
@@ -341,7 +341,7 @@ fn weight_types_the_kernels_do_not_read_are_refused_by_name() {
 #[cfg(feature = "cuda")]
 #[test]
 fn a_launcher_given_bad_inputs_reports_the_ops_line_and_fails_without_cuda() {
-    use spark_backend::op::fault;
+    use spark_backend::cpu_op::fault;
     use spark_backend::registry::LAUNCHERS;
     let c = case(RowType::Q8_0);
     let dst = fused_dst(&c, c.v, 16);
@@ -412,7 +412,7 @@ fn a_launcher_refuses_tensors_that_reach_past_the_address_space_before_any_plan(
     // The CPU entry's first check, for the CUDA launchers too (an RPC client chooses ne and nb,
     // and ggml_nbytes wraps): a dst of 64 x 2^32 rows at a stride of 2^40 is refused, not
     // written, and nothing is enqueued.
-    use spark_backend::op::fault;
+    use spark_backend::cpu_op::fault;
     use spark_backend::registry::LAUNCHERS;
     let c = case(RowType::Q8_0);
     let dst = fused_dst(&c, c.v, 16);

@@ -7,7 +7,7 @@
 
 use spark_backend::cuda::driver::{compile, nvrtc_version};
 use spark_backend::cuda::options::Target;
-use spark_backend::cuda::{KernelSource, HEADERS};
+use spark_backend::cuda::{CudaSource, HEADERS};
 use spark_backend::registry::KERNEL_SOURCES;
 use std::path::{Path, PathBuf};
 
@@ -79,7 +79,7 @@ fn every_kernel_file_compiles_to_cubin_and_ptx_for_sm_75_80_90() {
         kernels_dir().display()
     );
     for (name, text) in sources {
-        let source = KernelSource {
+        let source = CudaSource {
             name: leak(name.clone()),
             text: leak(text),
         };
@@ -166,7 +166,7 @@ fn a_layout_that_disagrees_with_ggml_fails_to_compile() {
         broken, HEADERS[0].text,
         "the q8_0 struct moved: update this test"
     );
-    let source = KernelSource {
+    let source = CudaSource {
         name: "broken.cu",
         text: leak(broken + "\nextern \"C\" __global__ void k() {}\n"),
     };

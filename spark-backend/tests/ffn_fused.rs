@@ -6,7 +6,7 @@
 mod ffn_helpers;
 
 use ffn_helpers::{assert_close, batch, op_case, ref_up, up_scale, OpCase, Rng, Weights};
-use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_sum};
+use spark_backend::ffn::cpu_ops::{spark_ffn_fused, spark_ffn_sum};
 use spark_backend::ffn::{self, fused, tiling, two_stage, FfnWeights};
 use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
@@ -316,7 +316,7 @@ fn ggml_graph_with_real_threads_matches_the_two_stage_graph_and_records_stats() 
 /// reference u), f32 and q8_0, T = 1 and 7.
 #[test]
 fn std_mul_cutoff_over_all_of_h_on_the_fused_path() {
-    use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_up};
+    use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_up};
     let mut rng = Rng::new(37);
     let (d, f, p) = (256, 2048, 16);
     for ty in [RowType::F32, RowType::Q8_0] {

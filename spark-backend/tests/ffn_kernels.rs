@@ -7,7 +7,7 @@ mod ffn_helpers;
 use ffn_helpers::{
     assert_close, batch, op_case, ref_down, ref_scores, ref_up, up_scale, OpCase, Rng, Weights,
 };
-use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_up};
+use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_up};
 use spark_backend::ffn::{self, two_stage, FfnWeights, Scratch, UpInputs};
 use spark_backend::params::OpParams;
 use spark_backend::rows::{quant, RowType};

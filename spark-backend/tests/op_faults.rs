@@ -1,5 +1,5 @@
-//! The failure path every Spark op shares (`spark_backend::op`), driven by the test-only fault
-//! switch (`op::fault`, feature `fault-injection`): when op X panics in thread `ith` of `nth`
+//! The failure path every Spark op shares (`spark_backend::cpu_op`), driven by the test-only fault
+//! switch (`cpu_op::fault`, feature `fault-injection`): when op X panics in thread `ith` of `nth`
 //! (nth 1..4, every op), exactly the output share that thread owns is NaN, every element other
 //! threads own is bit-identical to a fault-free run (no thread writes another's share), the
 //! failure line names the op, layer and thread, and the process goes on. Where the next op of
@@ -14,10 +14,10 @@ mod op_helpers;
 use attention_helpers::{build_op, Case, Ctx, Spec};
 use ffn_helpers::Runner;
 use op_helpers::{ffn_nodes_of, FfnNodes, FfnShape, Node, OpFn};
-use spark_backend::attention::op::spark_attn;
+use spark_backend::attention::cpu_op::spark_attn;
+use spark_backend::cpu_op::fault;
 use spark_backend::ffn;
-use spark_backend::ffn::op::{spark_ffn_fused, spark_ffn_up};
-use spark_backend::op::fault;
+use spark_backend::ffn::cpu_ops::{spark_ffn_fused, spark_ffn_up};
 use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
 use std::ffi::c_void;

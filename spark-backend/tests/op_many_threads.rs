@@ -13,7 +13,7 @@ mod op_helpers;
 
 use attention_helpers::{build_op, Case, Ctx, Spec};
 use op_helpers::{ffn_nodes, Node};
-use spark_backend::attention::op::spark_attn;
+use spark_backend::attention::cpu_op::spark_attn;
 use spark_backend::params::AttnParams;
 use spark_backend::stats::{self, LayerStats};
 use std::ffi::c_void;

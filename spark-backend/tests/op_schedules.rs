@@ -1,9 +1,9 @@
-//! Work stealing in every Spark op (`spark_backend::op`): the threads of a call take fixed work
+//! Work stealing in every Spark op (`spark_backend::cpu_op`): the threads of a call take fixed work
 //! chunks from a shared counter, so results must be bit-identical for any thread count and any
 //! schedule, and the counter must start fresh for the next call of the same node on every path
 //! (success, kernel panic, bad parameters, bad thread index).
 //!
-//! Schedules are forced through real threads and the test-only claim hook (`op::fault`): threads
+//! Schedules are forced through real threads and the test-only claim hook (`cpu_op::fault`): threads
 //! called one after another in either order (as ggml's would run if all but one were
 //! descheduled), all at once, and one thread stalled while holding a chunk until every other
 //! thread has returned. No timing is asserted.
@@ -14,8 +14,8 @@ mod op_helpers;
 
 use attention_helpers::{build_op, Case, Ctx, Spec};
 use op_helpers::{ffn_nodes, Node};
-use spark_backend::attention::op::spark_attn;
-use spark_backend::op::fault::{self, ClaimEvent};
+use spark_backend::attention::cpu_op::spark_attn;
+use spark_backend::cpu_op::fault::{self, ClaimEvent};
 use spark_backend::params::{self, AttnParams, OpParams};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};

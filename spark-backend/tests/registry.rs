@@ -1,5 +1,5 @@
 //! The "Spark" registry entry: C layout pinned to ggml-backend-impl.h (through the C probe that
-//! build.rs compiles), the graph's C interface (spark-gemma2-backend.h, another probe), in-process
+//! build.rs compiles), the graph's C interface (spark-backend.h, another probe), in-process
 //! registration, name lookup, the FFN tiling proc and the C statistics wrappers.
 
 use llama_cpp_sys_2 as sys;
@@ -15,7 +15,7 @@ extern "C" {
     /// From probe/reg_layout.c: the C compiler's layout of ggml's registry structs.
     static spark_probe_reg_layout: [usize; 12];
     /// From probe/graph_abi.c: `struct spark_ffn_tiling` and `enum spark_ffn_path` of the
-    /// patched `src/models/spark-gemma2-backend.h`.
+    /// patched `src/models/spark-backend.h`.
     static spark_probe_ffn_tiling_layout: [usize; 8];
     /// From probe/graph_abi.c: `struct spark_op_params` and `enum spark_ffn_cutoff` of the
     /// header, and ggml's op_params facts the block's placement in a node rests on.
@@ -102,7 +102,7 @@ fn the_graph_stores_a_nodes_params_through_the_registry() {
             1,
             args.as_mut_ptr(),
             1,
-            Some(spark_backend::ffn::op::spark_ffn_sum),
+            Some(spark_backend::ffn::cpu_ops::spark_ffn_sum),
             -1,
             std::ptr::null_mut(),
         );
@@ -266,7 +266,7 @@ fn registration_is_idempotent_and_ggml_finds_the_entry() {
     }
     assert_eq!(
         lookup(reg, "spark_attn"),
-        spark_backend::attention::op::spark_attn as *mut c_void
+        spark_backend::attention::cpu_op::spark_attn as *mut c_void
     );
     assert!(lookup(reg, "spark_nonexistent").is_null());
     assert!(lookup(reg, "").is_null());

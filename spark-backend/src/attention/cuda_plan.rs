@@ -13,14 +13,14 @@
 //! `spark_attn` node, which enqueues this plan.
 
 use super::layout::{AttnCall, AttnLayout, ElemType, Strided};
-use crate::cuda::KernelSource;
+use crate::cuda::CudaSource;
 use crate::params::AttnParams;
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
 /// The CUDA C of the attention kernels, compiled by NVRTC at first use per device.
-pub(crate) const KERNELS: KernelSource = KernelSource {
+pub(crate) const KERNELS: CudaSource = CudaSource {
     name: "attn.cu",
     text: include_str!("attn.cu"),
 };
@@ -516,7 +516,7 @@ impl AttnPlan {
 
 /// Checks a `spark_attn` node from metadata only (shapes, strides, types, data addresses as
 /// numbers; the params struct in host memory) and plans it: the CPU op's checks and messages
-/// (`super::op`), then the CUDA kernels' own limits.
+/// (`super::cpu_op`), then the CUDA kernels' own limits.
 ///
 /// # Safety
 /// `dst` is null or a live tensor whose `src[0..4]` are null or live; `params_block` is null or

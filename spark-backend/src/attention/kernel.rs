@@ -607,7 +607,7 @@ mod tests {
         (positions * u.heads.len()) as f64
     }
 
-    use crate::op::list_schedule_imbalance as imbalance;
+    use crate::cpu_op::list_schedule_imbalance as imbalance;
 
     #[test]
     fn up_to_two_threads_keep_whole_groups_of_four_tokens() {

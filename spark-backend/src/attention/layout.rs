@@ -65,7 +65,7 @@ pub struct AttnCall {
 
 impl AttnCall {
     /// Reads the views of `dst` and its four sources and the params struct, reading no tensor
-    /// data: the one reading of a `spark_attn` call for the CPU op (`super::op`) and the CUDA
+    /// data: the one reading of a `spark_attn` call for the CPU op (`super::cpu_op`) and the CUDA
     /// launcher (`super::cuda_plan`), with the same messages.
     ///
     /// # Safety

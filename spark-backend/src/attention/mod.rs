@@ -20,10 +20,11 @@
 //! ([`AttnCall`]) and checks their shapes ([`AttnLayout`], one set of checks for the CPU op and
 //! the CUDA launcher); `kernel.rs` the CPU kernel over work units, with its inner loops in
 //! `dot.rs` (dot products and value accumulation, scalar and AVX2) and `math.rs` (exp, tanh,
-//! softplus); `op.rs` the ggml custom op `spark_attn` (the C entry point); `cuda_plan.rs` the
+//! softplus); `cpu_op.rs` the ggml custom op `spark_attn` (the C entry point); `cuda_plan.rs` the
 //! CUDA plan (checks and launch sequence, a pure function built without CUDA) and `attn.cu` its
 //! kernels; `cuda_launch.rs` the launcher ggml-cuda calls (feature `cuda`).
 
+pub mod cpu_op;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_launch;
 pub mod cuda_plan;
@@ -31,7 +32,6 @@ pub(crate) mod dot;
 mod kernel;
 pub(crate) mod layout;
 mod math;
-pub mod op;
 
 pub(crate) use kernel::{RowSelection, Tally, Tiling};
 pub use layout::AttnCall;

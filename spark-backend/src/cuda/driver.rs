@@ -3,7 +3,7 @@
 //! fallback), one compiled module per (device, source) cached for the process, and the borrowed
 //! ggml stream a launch enqueues on.
 
-use super::options::{nvrtc_options, KernelSource, Target, HEADERS};
+use super::options::{nvrtc_options, CudaSource, Target, HEADERS};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{sys as nvrtc_sys, Ptx};
 use std::collections::HashMap;
@@ -80,7 +80,7 @@ fn check(rc: nvrtc_sys::nvrtcResult, what: &str) -> Result<(), String> {
 
 /// Compiles `source` (with every header of [`HEADERS`] available to `#include "..."`)
 /// for `target` with [`nvrtc_options`]. Requires libnvrtc ([`nvrtc_version`] is Ok).
-pub fn compile(source: &KernelSource, target: Target) -> Result<Image, String> {
+pub fn compile(source: &CudaSource, target: Target) -> Result<Image, String> {
     let cstr = |s: &str| CString::new(s).map_err(|_| format!("{s:?} contains NUL"));
     let src = cstr(source.text)?;
     let name = cstr(source.name)?;
@@ -183,7 +183,7 @@ impl Device {
     /// (modules are cached by source name).
     pub(crate) fn function(
         &self,
-        source: &'static KernelSource,
+        source: &'static CudaSource,
         kernel: &str,
     ) -> Result<CudaFunction, String> {
         let module = {
@@ -198,7 +198,7 @@ impl Device {
             .map_err(|e| format!("{}: kernel {kernel}: {e:?}", source.name))
     }
 
-    fn load(&self, src: &'static KernelSource) -> Result<Arc<CudaModule>, String> {
+    fn load(&self, src: &'static CudaSource) -> Result<Arc<CudaModule>, String> {
         let (major, minor) = self.target;
         let cubin = Target {
             major,

@@ -1,11 +1,11 @@
-//! The one entry protocol of every CUDA launcher (the CUDA counterpart of `crate::op::enter`),
+//! The one entry protocol of every CUDA launcher (the CUDA counterpart of `crate::cpu_op::enter`),
 //! and what every launcher does with its plan: one scratch allocation, kernel launches on
 //! ggml's stream, kept counts copied back for the statistics.
 
 use super::driver::Gpu;
-use super::options::KernelSource;
+use super::options::CudaSource;
+use crate::cpu_op::{report, report_outcome};
 use crate::ffi::panic_message;
-use crate::op::{report, report_outcome};
 use crate::params;
 use crate::KernelError;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, LaunchConfig};
@@ -55,11 +55,11 @@ pub(crate) unsafe fn enter<Op: CudaOp>(
     let params_block = unsafe { params::block(dst) };
     // SAFETY: params_block is null or the node's parameter block.
     let layer = unsafe { params::layer_of(params_block) };
-    // The CPU entry's first check (`crate::op::enter`): a tensor whose ne and nb reach past the
+    // The CPU entry's first check (`crate::cpu_op::enter`): a tensor whose ne and nb reach past the
     // address space or overlap (an RPC client's) is refused before any plan reads it; such a
     // source gives a NaN dst, such a dst is not written at all.
     // SAFETY: dst is null or live, its sources null or live (contract); metadata only.
-    if let Some((arg, why)) = unsafe { crate::op::unaddressable_args(dst) } {
+    if let Some((arg, why)) = unsafe { crate::cpu_op::unaddressable_args(dst) } {
         if arg.is_some() {
             report(Op::NAME, layer, &why);
             // SAFETY: forwarded contract; dst's own reach was checked.
@@ -149,7 +149,7 @@ pub(crate) trait KernelArgs {
 /// the stream has run the work.
 pub(crate) unsafe fn enqueue<A: KernelArgs + ?Sized>(
     gpu: &Gpu,
-    source: &'static KernelSource,
+    source: &'static CudaSource,
     name: &str,
     grid: (u32, u32, u32),
     block: u32,

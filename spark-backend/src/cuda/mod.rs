@@ -24,7 +24,7 @@
 //!   (CPU function, launcher) registered per op ([`Launcher`]).
 //! - `check.rs` (always built): what every plan checks from tensor metadata only (packed
 //!   weights of the GPU's types, aligned f32 rows, 32-bit sizes).
-//! - `options.rs` (always built): what NVRTC compiles ([`KernelSource`]) with which options,
+//! - `options.rs` (always built): what NVRTC compiles ([`CudaSource`]) with which options,
 //!   one function for run time and tests, with ggml's type ids and block layouts as `-D`
 //!   macros; `common.cuh`, CUDA C every kernel source may include (dequantization, warp sums,
 //!   integer names), embedded as [`HEADERS`].
@@ -34,14 +34,14 @@
 //!
 //! To add an op (say `spark_foo`, in the op's folder `src/foo/`):
 //! 1. `foo/foo.cu` (may `#include "common.cuh"`) defines `extern "C" __global__` kernels;
-//!    `foo/cuda_plan.rs` embeds it as a [`KernelSource`] and holds the plan: metadata-only checks
+//!    `foo/cuda_plan.rs` embeds it as a [`CudaSource`] and holds the plan: metadata-only checks
 //!    (with [`check`]) and the launch sequence as data, pure functions the tests run on host
 //!    tensors; add the source to `crate::registry::KERNEL_SOURCES` (`tests/cuda_nvrtc.rs`
 //!    compiles every `.cu` under `src/` for sm_75/80/90 and checks the table lists them all).
 //! 2. `foo/cuda_launch.rs` (feature `cuda`): the plan implements `launch::CudaOp` (`check`, and
 //!    `launch`, which gets `device.function(&KERNELS, "kernel")` and enqueues on `gpu.stream`
 //!    with `stream.launch_builder`), and `launch::cuda_launcher!(launch_foo => FooPlan);`.
-//! 3. One row `SparkOp { name: "spark_foo", cpu: spark_foo, cuda:
+//! 3. One row `OpEntry { name: "spark_foo", cpu: spark_foo, cuda:
 //!    cuda_launcher!(crate::foo::cuda_launch::launch_foo) }` in `crate::registry::OPS` (the
 //!    procs, the RPC registration and `LAUNCHERS` derive from it).
 //!
@@ -52,7 +52,7 @@
 //! Statistics turn CUDA graphs off ([`disable_cuda_graphs`]).
 //!
 //! Failures at launch (bad tensors, compile or driver errors, a panic) print one line through
-//! `crate::op::report` (the CPU ops' format and rate limit), NaN-fill dst on the stream and
+//! `crate::cpu_op::report` (the CPU ops' format and rate limit), NaN-fill dst on the stream and
 //! return non-zero. Launchers never read tensor data on the host and never synchronize the
 //! stream, except to count kept neurons when [`device_stats`] is on.
 
@@ -61,7 +61,7 @@ pub mod hook;
 pub mod options;
 
 pub use hook::{CustomLaunch, Launcher};
-pub use options::{KernelSource, HEADERS};
+pub use options::{CudaSource, HEADERS};
 
 #[cfg(feature = "cuda")]
 pub mod driver;

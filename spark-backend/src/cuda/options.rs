@@ -1,4 +1,4 @@
-//! What NVRTC compiles (a [`KernelSource`] of an op's folder, with the [`HEADERS`] it may
+//! What NVRTC compiles (a [`CudaSource`] of an op's folder, with the [`HEADERS`] it may
 //! include) and the options every Spark kernel is compiled with, at run time and in the tests
 //! (one function, [`nvrtc_options`]): the target architecture and the ggml type ids, block sizes and
 //! block byte sizes as `-D` macros, read from the linked ggml (`ggml_blck_size`,
@@ -51,7 +51,7 @@ pub fn type_macros() -> Vec<String> {
 
 /// A CUDA C file compiled by NVRTC.
 #[derive(Debug, Clone, Copy)]
-pub struct KernelSource {
+pub struct CudaSource {
     /// File name (also the name NVRTC reports errors under, and the module cache's key).
     pub name: &'static str,
     /// Its text.
@@ -59,7 +59,7 @@ pub struct KernelSource {
 }
 
 /// Every header (`.cuh`) the sources may `#include "name"`.
-pub const HEADERS: &[KernelSource] = &[KernelSource {
+pub const HEADERS: &[CudaSource] = &[CudaSource {
     name: "common.cuh",
     text: include_str!("common.cuh"),
 }];

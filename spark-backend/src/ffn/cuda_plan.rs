@@ -1,6 +1,6 @@
 //! The FFN ops on the GPU (feature `cuda` for the launchers; the plans are always built): the
 //! CUDA plans and launchers of `spark_ffn_fused`, `spark_ffn_sum`, `spark_ffn_up` and
-//! `spark_ffn_down` (kernels in `ffn.cu`, this folder), matching the CPU ops of `super::op`
+//! `spark_ffn_down` (kernels in `ffn.cu`, this folder), matching the CPU ops of `super::cpu_op`
 //! (docs/INTERFACES.md): same outputs and layouts, exact zeros for dropped neurons, chunk
 //! partials summed in increasing neuron order, deterministic.
 //!
@@ -27,7 +27,7 @@
 
 use super::shapes::{self, StageDims};
 use crate::cuda::check::{expect_f32_rows, weight, GpuWeight};
-use crate::cuda::KernelSource;
+use crate::cuda::CudaSource;
 use crate::tensor::{views, TensorView};
 use crate::topk::Cutoff;
 use crate::KernelError;
@@ -35,7 +35,7 @@ use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
 /// The CUDA C of the FFN kernels, compiled by NVRTC at first use per device.
-pub(crate) const KERNELS: KernelSource = KernelSource {
+pub(crate) const KERNELS: CudaSource = CudaSource {
     name: "ffn.cu",
     text: include_str!("ffn.cu"),
 };

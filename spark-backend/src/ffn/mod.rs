@@ -17,16 +17,16 @@
 //! The files: `shared.rs` holds what both paths share (inputs, activation, thresholds,
 //! per-thread buffers, prefetching); `fused.rs` and `two_stage.rs` the CPU kernels of each path;
 //! `shapes.rs` the shape rules of the four ops' tensors (one set for the CPU ops and the CUDA
-//! launchers); `op.rs` the ggml custom ops (the C entry points); `tiling.rs` the path and chunk
+//! launchers); `cpu_ops.rs` the ggml custom ops (the C entry points); `tiling.rs` the path and chunk
 //! count of a ubatch (what the graph asks, `spark_ffn_tiling`); `cuda_plan.rs` the CUDA plans
 //! (checks and launch sequences, pure functions, built without CUDA) and `ffn.cu` their
 //! kernels; `cuda_launch.rs` the launchers ggml-cuda calls (feature `cuda`).
 
+pub mod cpu_ops;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_launch;
 pub mod cuda_plan;
 pub mod fused;
-pub mod op;
 pub(crate) mod shapes;
 mod shared;
 pub mod tiling;

@@ -1,5 +1,5 @@
 //! The shape rules of the FFN custom ops (docs/INTERFACES.md), from tensor metadata only: one
-//! set of checks and messages for the CPU ops' `prepare` (`crate::ffn::op`) and the CUDA
+//! set of checks and messages for the CPU ops' `prepare` (`crate::ffn::cpu_ops`) and the CUDA
 //! launchers' checks (`crate::cuda::check`). Weight types and data access are each side's own.
 
 use crate::tensor::{expect_2d, expect_f32_rows, TensorView};

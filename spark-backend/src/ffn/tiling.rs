@@ -63,7 +63,7 @@ pub const PATH_TWO_STAGE: i32 = 2;
 
 /// The answer of [`spark_ffn_tiling`]: `struct spark_ffn_tiling { int32_t path; int32_t
 /// n_chunk; }` of the graph's C header
-/// (`patches/llama.cpp/files/src/models/spark-gemma2-backend.h`; layout pinned by
+/// (`patches/llama.cpp/files/src/models/spark-backend.h`; layout pinned by
 /// `probe/graph_abi.c`, `tests/registry.rs`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -335,7 +335,7 @@ mod tests {
     const F: usize = 13824;
     const Q8_0_BLOCK: usize = 32;
 
-    use crate::op::list_schedule_imbalance as imbalance;
+    use crate::cpu_op::list_schedule_imbalance as imbalance;
 
     /// A fused unit's multiply-adds if every neuron of its chunk were active: a K2 dot per
     /// (neuron, token) and its columns of the V rows (the activity is random, ~8 % per neuron).

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use llama_cpp_sys_2 as sys;
-use spark_backend::attention::op::spark_attn;
+use spark_backend::attention::cpu_op::spark_attn;
 use spark_backend::attention::{AttnCall, SparseAttention};
 use spark_backend::params::{AttnParams, OpParams};
 use spark_backend::tensor::TensorView;

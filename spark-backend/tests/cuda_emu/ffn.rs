@@ -1,5 +1,5 @@
 //! The CUDA FFN kernels (src/ffn/ffn.cu) run on the CPU through emu.h, over the launch
-//! sequences the launchers enqueue, and compared with the CPU ops (`spark_backend::ffn::op`) run
+//! sequences the launchers enqueue, and compared with the CPU ops (`spark_backend::ffn::cpu_ops`) run
 //! by ggml on the same host tensors.
 //!
 //! The plans come from the launchers' own validation (`spark_backend::ffn::cuda_plan::{fused, up,
@@ -16,8 +16,8 @@ use super::ffn_helpers::{op_params, Ggml, Rng, Weights, GEMMA3N_STD_MUL};
 use llama_cpp_sys_2 as sys;
 use spark_backend::cuda::options;
 use spark_backend::ffn;
+use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::cuda_plan::{self as check, Arg, FfnKernel, Launch, SPARSE_MAX_TOKENS};
-use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
 use spark_backend::topk::Cutoff;

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use llama_cpp_sys_2 as sys;
-use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::Batch;
 use spark_backend::params::OpParams;
 use spark_backend::rows::{quant, RowMatrix, RowType};

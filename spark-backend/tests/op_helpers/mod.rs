@@ -6,7 +6,7 @@
 
 use crate::ffn_helpers::{op_case, OpCase, Rng};
 use llama_cpp_sys_2 as sys;
-use spark_backend::ffn::op::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::{self, Batch};
 use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;

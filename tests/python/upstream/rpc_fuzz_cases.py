@@ -129,7 +129,7 @@ def cases() -> list[Case]:
                  src=2, ne=(0, F)),
         nan_case("up: scores strided (nb0 = 8)", "spark_ffn_up", r"scores: f32 rows not contig",
                  src=0, nb=(8, 8 * F, 8 * F * T, 8 * F * T)),
-        # rows closer than a row: op::enter's overlap check refuses them before the op's own
+        # rows closer than a row: cpu_op::enter's overlap check refuses them before the op's own
         nan_case("up: h row stride below its row", "spark_ffn_up", r"args\[1\]: .*overlap",
                  src=1, nb=(4, 4 * D - 4, (4 * D - 4) * T, (4 * D - 4) * T)),
         nan_case("up: scores rows padded", "spark_ffn_up", r"scores rows must be contiguous",

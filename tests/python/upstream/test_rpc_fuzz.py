@@ -63,7 +63,7 @@ from spark_rpc_fuzz_specs import (  # noqa: E402
     AH, AN, AS, AT, D, F, LIMITS, OPS, P, SENTINEL, T, TS, Placed, arr, attn_ref,
     ffn_partials, ffn_u, good_attn, good_down, good_sum, ne4, strides)
 
-LINE_BUDGET = 8  # op failure lines the plugin prints per process (op::MAX_ERROR_LINES)
+LINE_BUDGET = 8  # op failure lines the plugin prints per process (cpu_op::MAX_ERROR_LINES)
 OP_LINE = re.compile(
     r"^spark-backend: (\S+): layer (\S+): (.*); output (?:set to NaN|not written)$", re.M)
 SECOND_GUARD = 0xA5  # the guard byte of a computed case's second run (the first: Placed's)
@@ -351,7 +351,7 @@ def classify(spec, out: bytes | None) -> tuple[str, str]:
 def overlapping(ne: tuple, nb: tuple, size: int = 4) -> bool:
     """Whether elements of `size` bytes at these strides share bytes: taken by stride, a
     dimension's stride falls short of what the smaller ones address (spark-backend's
-    op::unaddressable, written again here)."""
+    cpu_op::unaddressable, written again here)."""
     addressed = size
     for stride, n in sorted((b, n) for n, b in zip(ne, nb) if n > 1):
         if stride < addressed:

@@ -17,10 +17,10 @@
 //     (the FFN predictor K1 h[:r_f] stays a stock ggml_mul_mat). Which FFN path a ubatch takes,
 //     and into how many chunks, the backend answers through "spark_ffn_tiling"; each node carries
 //     its parameters (layer, k, ...) in its own op_params, stored by "spark_op_set_params", so it
-//     holds no pointer of this process (spark-gemma2-backend.h).
+//     holds no pointer of this process (spark-backend.h).
 
 #include "models.h"
-#include "spark-gemma2-backend.h"
+#include "spark-backend.h"
 #include "spark-ops.h"
 
 #include "llama-kv-cache.h"

@@ -1,9 +1,9 @@
 // How a llama.cpp model graph reaches the Spark backend's custom ops: the graph helpers that
 // spark-gemma2.cpp (Spark-Gemma2's sparse FFN and attention) and spark-gemma3n.cpp (Gemma 3n's
-// sparse FFN layers) share. The C interface they speak is spark-gemma2-backend.h.
+// sparse FFN layers) share. The C interface they speak is spark-backend.h.
 #pragma once
 
-#include "spark-gemma2-backend.h"
+#include "spark-backend.h"
 
 #include "ggml.h"
 

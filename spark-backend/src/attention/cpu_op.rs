@@ -6,7 +6,7 @@
 //! in the node itself (`spark_op_set_params`, `crate::params`). ggml's worker threads each call
 //! it with their `ith` of `nth`.
 //!
-//! It enters through [`crate::op::enter`] like every Spark op (one message format, NaN on
+//! It enters through [`crate::cpu_op::enter`] like every Spark op (one message format, NaN on
 //! failure). Its chunks are the kernel's work units for the call's thread count
 //! ([`SparseAttention::with_threads`], [`SparseAttention::n_units`]: (stream, token block, KV
 //! group or single query head)), which the threads of a call take from a shared counter; a
@@ -14,12 +14,12 @@
 
 use super::layout::AttnCall;
 use super::SparseAttention;
-use crate::op::{Claims, SparkOp};
+use crate::cpu_op::{Claims, SparkOp};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
-crate::op::custom_op! {
+crate::cpu_op::custom_op! {
     /// The `ggml_custom_op_t` for Spark attention. Arguments: `dst->src[0..4]` = q, k, v, mask;
     /// the parameters are the `struct spark_attn_params` stored in `dst` (`crate::params`; none
     /// stored is reported as an error); ggml's `userdata` is not read.

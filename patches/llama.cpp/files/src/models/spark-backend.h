@@ -1,6 +1,7 @@
-// The C interface between the spark-gemma2 graph (spark-gemma2.cpp) and the procs of the Spark
-// backend's "Spark" registry entry beyond its custom ops (docs/INTERFACES.md of the Spark
-// project). Plain C, so that the backend checks its mirror of it with a C compiler.
+// The C interface between the graphs that use the Spark backend (spark-gemma2.cpp, and Gemma 3n's
+// sparse layers through spark-ops.h) and the procs of its "Spark" registry entry beyond its
+// custom ops (docs/INTERFACES.md of the Spark project). Plain C, so that the backend checks its
+// mirror of it with a C compiler.
 #pragma once
 
 #include <stdint.h>

@@ -315,9 +315,9 @@ macro_rules! custom_op {
             nth: ::std::ffi::c_int,
             _userdata: *mut ::std::ffi::c_void,
         ) {
-            const _: () = assert!(crate::op::same_name(stringify!($name), $op::NAME));
+            const _: () = assert!(crate::cpu_op::same_name(stringify!($name), $op::NAME));
             // SAFETY: forwarded contract of this function (its `# Safety` section).
-            unsafe { crate::op::enter::<$op>(dst, ith, nth) }
+            unsafe { crate::cpu_op::enter::<$op>(dst, ith, nth) }
         }
     };
 }

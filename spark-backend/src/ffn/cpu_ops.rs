@@ -2,10 +2,10 @@
 //! them is a stock `ggml_mul_mat`): the two-stage path `spark_ffn_up` + `spark_ffn_down`, and
 //! the fused path `spark_ffn_fused` + `spark_ffn_sum` the graph takes for small batches.
 //!
-//! Every op enters through [`crate::op::enter`] (one protocol for all Spark ops: checks, one
+//! Every op enters through [`crate::cpu_op::enter`] (one protocol for all Spark ops: checks, one
 //! message format, NaN on failure). Each op cuts its output into fixed work chunks (a function
 //! of the shapes only, defined once below and used both to compute and to NaN-fill), and the
-//! threads of a call take them from a shared counter (`crate::op::Claims`): up, blocks of
+//! threads of a call take them from a shared counter (`crate::cpu_op::Claims`): up, blocks of
 //! [`UP_BLOCK`] neurons (rows of `u`); down, blocks of about [`DOWN_COLS`] columns of every
 //! token row; fused and sum, the units of [`super::tiling::FusedUnits`] and
 //! [`super::tiling::SumUnits`] for the call's `nth` (rows of a chunk's partial plane for a
@@ -18,7 +18,7 @@ use super::shapes::{self, StageDims};
 use super::shared::{Batch, Scratch, UpInputs};
 use super::tiling::{FusedUnit, FusedUnits, SumUnits};
 use super::two_stage;
-use crate::op::{Claims, SparkOp};
+use crate::cpu_op::{Claims, SparkOp};
 use crate::params;
 use crate::rows::{RowMatrix, RowType};
 use crate::stats;
@@ -47,7 +47,7 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
 }
 
-crate::op::custom_op! {
+crate::cpu_op::custom_op! {
     /// `spark_ffn_up`: thresholds and gated value products, `dst u [n_tokens, F]`.
     ///
     /// # Safety
@@ -58,7 +58,7 @@ crate::op::custom_op! {
     spark_ffn_up => Up
 }
 
-crate::op::custom_op! {
+crate::cpu_op::custom_op! {
     /// `spark_ffn_down`: `dst [D, n_tokens] = sum_j u_j V_j` over neurons with `u_j != 0`.
     ///
     /// # Safety
@@ -68,7 +68,7 @@ crate::op::custom_op! {
     spark_ffn_down => Down
 }
 
-crate::op::custom_op! {
+crate::cpu_op::custom_op! {
     /// `spark_ffn_fused`: stages 2 and 3 over P fixed neuron chunks; `dst [D, n_tokens, P]`
     /// holds one partial output per chunk (the graph takes P from `super::tiling`).
     ///
@@ -80,7 +80,7 @@ crate::op::custom_op! {
     spark_ffn_fused => Fused
 }
 
-crate::op::custom_op! {
+crate::cpu_op::custom_op! {
     /// `spark_ffn_sum`: `dst [D, n_tokens]` = the sum of the P partials of `spark_ffn_fused`,
     /// in chunk order.
     ///
