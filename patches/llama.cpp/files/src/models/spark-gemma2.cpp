@@ -401,6 +401,93 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_dense(
     return cur;
 }
 
+// Q and K are split per head at r and each part RoPE'd as a rotary embedding of its own width:
+// one rope over the first r channels, one offset to the H - r after them (each rope copies the
+// channels it does not rotate), so the heads stay whole and contiguous
+ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn(
+        const llama_model_spark_gemma2 & model, ggml_tensor * cur, ggml_tensor * inp_pos,
+        const llm_graph_input_attn_kv_iswa * inp_attn, ggml_custom_op_t attn_kernel,
+        const attn_rows & rows, int il) const {
+    const int64_t n_embd_head  = hparams.n_embd_head_k();
+    const int64_t n_r          = model.spark_attn_r;
+    const float   freq_base_l  = model.get_rope_freq_base (cparams, il);
+    const float   freq_scale_l = model.get_rope_freq_scale(cparams, il);
+    const bool    is_swa       = hparams.is_swa(il);
+
+    auto [Qcur, Kcur, Vcur] = build_qkv(model.layers[il], cur, n_embd_head, n_head, n_head_kv, il);
+
+    auto rope_parts = [&](ggml_tensor * x) {
+        auto rope = [&](ggml_tensor * y, int64_t width) {
+            return ggml_rope_ext(ctx0, y, inp_pos, nullptr, width, rope_type, n_ctx_orig,
+                    freq_base_l, freq_scale_l, ext_factor, attn_factor, beta_fast, beta_slow);
+        };
+        return ggml_rope_set_offset(rope(rope(x, n_r), n_embd_head - n_r), n_r);
+    };
+
+    Qcur = ggml_scale(ctx0, rope_parts(Qcur), hparams.f_attention_scale);
+    Kcur = rope_parts(Kcur);
+    cb(Qcur, "Qcur", il);
+    cb(Kcur, "Kcur", il);
+    cb(Vcur, "Vcur", il);
+
+    // store K and V in the cache
+    const auto * mctx_iswa = inp_attn->mctx;
+    const auto * mctx_cur  = is_swa ? mctx_iswa->get_swa() : mctx_iswa->get_base();
+
+    ggml_build_forward_expand(gf, Qcur);
+    ggml_build_forward_expand(gf, Kcur);
+    ggml_build_forward_expand(gf, Vcur);
+
+    const auto & k_idxs = is_swa ? inp_attn->get_k_idxs_swa() : inp_attn->get_k_idxs();
+    const auto & v_idxs = is_swa ? inp_attn->get_v_idxs_swa() : inp_attn->get_v_idxs();
+    ggml_build_forward_expand(gf, mctx_cur->cpy_k(ctx0, Kcur, k_idxs, il));
+    ggml_build_forward_expand(gf, mctx_cur->cpy_v(ctx0, Vcur, v_idxs, il));
+
+    ggml_tensor * kq_mask = is_swa ? inp_attn->get_kq_mask_swa() : inp_attn->get_kq_mask();
+    ggml_tensor * k = mctx_cur->get_k(ctx0, il);
+    ggml_tensor * v = mctx_cur->get_v(ctx0, il);
+
+    if (attn_kernel) {
+        return build_spark_attn_sparse(model, attn_kernel, Qcur, k, v, kq_mask, il);
+    }
+    // each head's two parts, then the same stream split and permutation as build_attn_mha
+    const int64_t n_stream = k->ne[3];
+    auto part = [&](int64_t offset, int64_t width) {
+        return ggml_cont(ctx0, ggml_view_3d(ctx0, Qcur, width, Qcur->ne[1], Qcur->ne[2],
+                Qcur->nb[1], Qcur->nb[2], offset*ggml_element_size(Qcur)));
+    };
+    auto split = [&](ggml_tensor * x) {
+        x = ggml_view_4d(ctx0, x, x->ne[0], x->ne[1], x->ne[2]/n_stream, n_stream,
+                x->nb[1], x->nb[2], x->nb[2]*(x->ne[2]/n_stream), 0);
+        return ggml_permute(ctx0, x, 0, 2, 1, 3);
+    };
+    return build_spark_attn_dense(model, split(part(0, n_r)), split(part(n_r, n_embd_head - n_r)), k, v, kq_mask, rows, il);
+}
+
+// KV streams (one per sequence unless the cache is unified, e.g. llama-server -np 4 or
+// llama-perplexity over several chunks): the ubatch's tokens come in equal blocks, one per
+// stream, as build_attn_mha splits them; the kernel takes q [H, n_head, T/S, S], k and v
+// [H, n_head_kv, n_kv, S], the mask [n_kv, T/S, 1, S]
+ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_sparse(
+        const llama_model_spark_gemma2 & model, ggml_custom_op_t attn_kernel,
+        ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, ggml_tensor * kq_mask, int il) const {
+    const int64_t n_embd_head = hparams.n_embd_head_k();
+    const int64_t n_stream    = k->ne[3];
+    const int64_t n_tokens_s  = q->ne[2]/n_stream;
+    q = ggml_reshape_4d(ctx0, q, n_embd_head, n_head, n_tokens_s, n_stream);
+
+    // the kernel addresses V as [H, n_head_kv, n_kv, S]; the non-flash-attention cache stores it transposed
+    if (v->nb[1] > v->nb[2]) {
+        v = ggml_permute(ctx0, v, 2, 1, 0, 3);
+    }
+    ggml_tensor * args[4] = { q, k, v, kq_mask };
+    const llama_spark_attn_params & ap = model.spark_attn_params[il];
+    ggml_tensor * cur = spark_node(ctx0, attn_kernel, args, 4, n_embd_head, n_head, n_tokens_s, n_stream,
+            spark_op_params{ ap.layer, ap.k, ap.r, ap.softcap, 0, 0.0f });
+    cb(cur, "spark_attn_sparse", il);
+    return ggml_reshape_2d(ctx0, cur, n_embd_head*n_head, n_tokens_s*n_stream);
+}
+
 //
 // the graph
 //
@@ -408,10 +495,7 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_dense(
 llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm_graph_params & params) : llm_graph_context(params) {
     const auto & model = static_cast<const llama_model_spark_gemma2 &>(model_base);
 
-    const int64_t n_embd_head = hparams.n_embd_head_k();
-    const int64_t n_r         = model.spark_attn_r;
-
-    GGML_ASSERT(n_embd_head == hparams.n_embd_head_v());
+    GGML_ASSERT(hparams.n_embd_head_k() == hparams.n_embd_head_v());
 
     ggml_tensor * cur;
     ggml_tensor * inpL;
@@ -427,8 +511,6 @@ llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm
 
     ggml_tensor * inp_out_ids = build_inp_out_ids();
 
-    const auto * mctx_iswa = inp_attn->mctx;
-
     ggml_custom_op_t attn_kernel = spark_kernel("spark_attn");
 
     // the mask statistics are shared by all layers of one kind (only the dense graph uses them)
@@ -440,88 +522,15 @@ llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm
     }
 
     for (int il = 0; il < n_layer; ++il) {
-        const float freq_base_l  = model.get_rope_freq_base (cparams, il);
-        const float freq_scale_l = model.get_rope_freq_scale(cparams, il);
-
         const bool is_swa = hparams.is_swa(il);
 
         cur = build_norm(inpL, model.layers[il].attn_norm, NULL, LLM_NORM_RMS, il);
         cb(cur, "attn_norm", il);
 
-        // self-attention
-        {
-            auto [Qcur, Kcur, Vcur] = build_qkv(model.layers[il], cur, n_embd_head, n_head, n_head_kv, il);
+        cur = build_spark_attn(model, cur, inp_pos, inp_attn, attn_kernel, is_swa ? rows_swa : rows_global, il);
+        cur = build_lora_mm(model.layers[il].wo, cur, model.layers[il].wo_s);
+        cb(cur, "attn_out", il);
 
-            // split every head at r and RoPE each part as a rotary embedding of its own width:
-            // one rope over the first r channels, one offset to the H - r after them (each rope
-            // copies the channels it does not rotate), so the heads stay whole and contiguous
-            auto rope_parts = [&](ggml_tensor * x) {
-                auto rope = [&](ggml_tensor * y, int64_t width) {
-                    return ggml_rope_ext(ctx0, y, inp_pos, nullptr, width, rope_type, n_ctx_orig,
-                            freq_base_l, freq_scale_l, ext_factor, attn_factor, beta_fast, beta_slow);
-                };
-                return ggml_rope_set_offset(rope(rope(x, n_r), n_embd_head - n_r), n_r);
-            };
-
-            Qcur = ggml_scale(ctx0, rope_parts(Qcur), hparams.f_attention_scale);
-            Kcur = rope_parts(Kcur);
-            cb(Qcur, "Qcur", il);
-            cb(Kcur, "Kcur", il);
-            cb(Vcur, "Vcur", il);
-
-            // store K and V in the cache
-            const auto * mctx_cur = is_swa ? mctx_iswa->get_swa() : mctx_iswa->get_base();
-
-            ggml_build_forward_expand(gf, Qcur);
-            ggml_build_forward_expand(gf, Kcur);
-            ggml_build_forward_expand(gf, Vcur);
-
-            const auto & k_idxs = is_swa ? inp_attn->get_k_idxs_swa() : inp_attn->get_k_idxs();
-            const auto & v_idxs = is_swa ? inp_attn->get_v_idxs_swa() : inp_attn->get_v_idxs();
-            ggml_build_forward_expand(gf, mctx_cur->cpy_k(ctx0, Kcur, k_idxs, il));
-            ggml_build_forward_expand(gf, mctx_cur->cpy_v(ctx0, Vcur, v_idxs, il));
-
-            ggml_tensor * kq_mask = is_swa ? inp_attn->get_kq_mask_swa() : inp_attn->get_kq_mask();
-            ggml_tensor * k = mctx_cur->get_k(ctx0, il);
-            ggml_tensor * v = mctx_cur->get_v(ctx0, il);
-
-            if (attn_kernel) {
-                // KV streams (one per sequence unless the cache is unified, e.g. llama-server -np 4
-                // or llama-perplexity over several chunks): the ubatch's tokens come in equal
-                // blocks, one per stream, as build_attn_mha splits them; the kernel takes
-                // q [H, n_head, T/S, S], k and v [H, n_head_kv, n_kv, S], the mask [n_kv, T/S, 1, S]
-                const int64_t n_stream = k->ne[3];
-                const int64_t n_tokens_s = Qcur->ne[2]/n_stream;
-                ggml_tensor * q = ggml_reshape_4d(ctx0, Qcur, n_embd_head, n_head, n_tokens_s, n_stream);
-
-                // the kernel addresses V as [H, n_head_kv, n_kv, S]; the non-flash-attention cache stores it transposed
-                if (v->nb[1] > v->nb[2]) {
-                    v = ggml_permute(ctx0, v, 2, 1, 0, 3);
-                }
-                ggml_tensor * args[4] = { q, k, v, kq_mask };
-                const llama_spark_attn_params & ap = model.spark_attn_params[il];
-                cur = spark_node(ctx0, attn_kernel, args, 4, n_embd_head, n_head, n_tokens_s, n_stream,
-                        spark_op_params{ ap.layer, ap.k, ap.r, ap.softcap, 0, 0.0f });
-                cb(cur, "spark_attn_sparse", il);
-                cur = ggml_reshape_2d(ctx0, cur, n_embd_head*n_head, n_tokens_s*n_stream);
-            } else {
-                // each head's two parts, then the same stream split and permutation as build_attn_mha
-                const int64_t n_stream = k->ne[3];
-                auto part = [&](int64_t offset, int64_t width) {
-                    return ggml_cont(ctx0, ggml_view_3d(ctx0, Qcur, width, Qcur->ne[1], Qcur->ne[2],
-                            Qcur->nb[1], Qcur->nb[2], offset*ggml_element_size(Qcur)));
-                };
-                auto split = [&](ggml_tensor * x) {
-                    x = ggml_view_4d(ctx0, x, x->ne[0], x->ne[1], x->ne[2]/n_stream, n_stream,
-                            x->nb[1], x->nb[2], x->nb[2]*(x->ne[2]/n_stream), 0);
-                    return ggml_permute(ctx0, x, 0, 2, 1, 3);
-                };
-                cur = build_spark_attn_dense(model, split(part(0, n_r)), split(part(n_r, n_embd_head - n_r)), k, v, kq_mask, is_swa ? rows_swa : rows_global, il);
-            }
-
-            cur = build_lora_mm(model.layers[il].wo, cur, model.layers[il].wo_s);
-            cb(cur, "attn_out", il);
-        }
         if (il == n_layer - 1 && inp_out_ids) {
             cur  = ggml_get_rows(ctx0,  cur, inp_out_ids);
             inpL = ggml_get_rows(ctx0, inpL, inp_out_ids);
