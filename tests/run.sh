@@ -10,8 +10,10 @@
 #                upstream-tools build (tools/upstream.sh, tools/python.sh), the CUDA tools
 #                download (tools/cuda-tools.sh), the CUDA steps (the hook's compile check,
 #                clippy and tests with --features cuda) and the Python tests that run
-#                llama.cpp's tools: tests/python/upstream, tests/python/integration/
-#                test_iq_types.py (llama-quantize) and the llama-gguf-hash tests of
+#                llama.cpp's tools: tests/python/upstream, tests/python/gemma3n (Gemma 3n
+#                files through llama-completion, -bench, -server, -perplexity with the
+#                plugin), tests/python/integration/test_iq_types.py (llama-quantize) and the
+#                llama-gguf-hash tests of
 #                tests/python/convert/test_manifest.py; and the aarch64 steps: the cross build
 #                (tools/arm-build.sh), spark-backend's tests under qemu (tools/arm-check.sh)
 #                and tests/python/arm. Run the whole suite before pushing.
