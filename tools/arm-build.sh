@@ -153,22 +153,9 @@ fi
 #    and CMAKE_SYSTEM_*); switched off again afterwards, as tools/upstream.sh does, because the
 #    build script's `cmake --build --target install` would otherwise build every tool.
 say "building ${TARGETS[*]} in $build"
-cmake_tools() {
-    local cfg_log=$log/cmake-configure.log
-    cmake -S "$src" -B "$build" -DLLAMA_BUILD_TOOLS="$1" -DLLAMA_BUILD_SERVER="$1" \
-        -DLLAMA_BUILD_EXAMPLES="$1" \
-        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_TOOLS_INSTALL=OFF >"$cfg_log" 2>&1 \
-        || { cat "$cfg_log" >&2; die "cmake configure (tools $1) failed"; }
-}
-cmake_tools ON
-jobs=$(nproc)
-if [ "$quiet" = 1 ]; then
-    cmake --build "$build" -j "$jobs" --target "${TARGETS[@]}" >"$log/cmake-build.log" 2>&1 \
-        || { tail -n 60 "$log/cmake-build.log" >&2; die "building ${TARGETS[*]} failed (log: $log/cmake-build.log)"; }
-else
-    cmake --build "$build" -j "$jobs" --target "${TARGETS[@]}"
-fi
-cmake_tools OFF
+# shellcheck source=tools/cmake-tools.sh
+source tools/cmake-tools.sh
+build_tool_targets "$src" "$build" "$log" "$quiet" "${TARGETS[@]}"
 
 # 4. Install, each file written beside its destination and renamed over it.
 mkdir -p "$out/bin" "$out/lib"

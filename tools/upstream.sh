@@ -162,21 +162,9 @@ fi
 #    only the tools compile). Afterwards the tools are switched off again: cargo's build script
 #    runs `cmake --build --target install`, which would otherwise build every tool.
 say "building ${TARGETS[*]} in $build"
-cmake_tools() {
-    local log=$dl/cmake-configure.log
-    cmake -S "$src" -B "$build" -DLLAMA_BUILD_TOOLS="$1" -DLLAMA_BUILD_SERVER="$1" \
-        -DLLAMA_BUILD_EXAMPLES="$1" \
-        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_TOOLS_INSTALL=OFF >"$log" 2>&1 \
-        || { cat "$log" >&2; die "cmake configure (tools $1) failed"; }
-}
-cmake_tools ON
-jobs=$(nproc)
-if [ "$quiet" = 1 ]; then
-    cmake --build "$build" -j "$jobs" --target "${TARGETS[@]}" >/dev/null
-else
-    cmake --build "$build" -j "$jobs" --target "${TARGETS[@]}"
-fi
-cmake_tools OFF
+# shellcheck source=tools/cmake-tools.sh
+source tools/cmake-tools.sh
+build_tool_targets "$src" "$build" "$dl" "$quiet" "${TARGETS[@]}"
 ui_header=$build/tools/ui/ui.h
 if [ "$ui" = 1 ] && ! grep -q '^#define LLAMA_UI_HAS_ASSETS 1' "$ui_header"; then
     die "llama-server was built without its web UI: scripts/ui-assets.cmake did not embed $ui_dist ($ui_header)"

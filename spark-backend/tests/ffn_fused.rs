@@ -5,9 +5,11 @@
 
 mod ffn_helpers;
 
-use ffn_helpers::{assert_close, batch, op_case, ref_up, up_scale, OpCase, Rng, Weights};
+use ffn_helpers::{
+    assert_close, batch, op_case, ref_up, up_scale, with_ffn_weights, OpCase, Rng, Weights,
+};
 use spark_backend::ffn::cpu_ops::{spark_ffn_fused, spark_ffn_sum};
-use spark_backend::ffn::{self, fused, tiling, two_stage, FfnWeights};
+use spark_backend::ffn::{self, fused, tiling, two_stage};
 use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
 use spark_backend::stats;
@@ -77,17 +79,9 @@ fn fused_path_matches_float64_for_every_type_shape_and_chunk_count() {
                 for p in chunk_counts(f) {
                     let what = format!("{ty:?} D={d} r={r} F={f} T={n_tokens} P={p}");
                     let mut out = vec![0f32; n_tokens * d];
-                    let kept = fused::sparse_ffn_fused(
-                        &batch(&h, d, n_tokens),
-                        &FfnWeights {
-                            k1: &k1.matrix(),
-                            k2: &k2.matrix(),
-                            v: &v.matrix(),
-                            cutoff: Cutoff::TopK(k),
-                        },
-                        p,
-                        &mut out,
-                    )
+                    let kept = with_ffn_weights(&k1, &k2, &v, Cutoff::TopK(k), |w| {
+                        fused::sparse_ffn_fused(&batch(&h, d, n_tokens), w, p, &mut out)
+                    })
                     .unwrap();
                     assert_eq!(kept as usize, want_kept, "{what}: kept");
                     assert_close(&out, &want, &mag, rel, &what);
@@ -108,29 +102,14 @@ fn fused_and_two_stage_paths_agree_and_dense_when_k_at_least_f() {
         let h = rng.normals(n_tokens * d, 1.0);
         for k in [20, f, f + 5] {
             let mut two = vec![0f32; n_tokens * d];
-            let kept_two = two_stage::sparse_ffn(
-                &batch(&h, d, n_tokens),
-                &FfnWeights {
-                    k1: &k1.matrix(),
-                    k2: &k2.matrix(),
-                    v: &v.matrix(),
-                    cutoff: Cutoff::TopK(k),
-                },
-                &mut two,
-            )
+            let kept_two = with_ffn_weights(&k1, &k2, &v, Cutoff::TopK(k), |w| {
+                two_stage::sparse_ffn(&batch(&h, d, n_tokens), w, &mut two)
+            })
             .unwrap();
             let mut one = vec![0f32; n_tokens * d];
-            let kept_one = fused::sparse_ffn_fused(
-                &batch(&h, d, n_tokens),
-                &FfnWeights {
-                    k1: &k1.matrix(),
-                    k2: &k2.matrix(),
-                    v: &v.matrix(),
-                    cutoff: Cutoff::TopK(k),
-                },
-                16,
-                &mut one,
-            )
+            let kept_one = with_ffn_weights(&k1, &k2, &v, Cutoff::TopK(k), |w| {
+                fused::sparse_ffn_fused(&batch(&h, d, n_tokens), w, 16, &mut one)
+            })
             .unwrap();
             assert_eq!(kept_one, kept_two, "{ty:?} k={k}");
             if k >= f {
@@ -164,17 +143,9 @@ fn batch_tokens_get_exactly_what_they_get_alone() {
         let p = tiling::default_chunks(f);
         let run = |h: &[f32], n: usize| {
             let mut out = vec![0f32; n * d];
-            fused::sparse_ffn_fused(
-                &batch(h, d, n),
-                &FfnWeights {
-                    k1: &k1.matrix(),
-                    k2: &k2.matrix(),
-                    v: &v.matrix(),
-                    cutoff: Cutoff::TopK((f / 8).max(1)),
-                },
-                p,
-                &mut out,
-            )
+            with_ffn_weights(&k1, &k2, &v, Cutoff::TopK((f / 8).max(1)), |w| {
+                fused::sparse_ffn_fused(&batch(h, d, n), w, p, &mut out)
+            })
             .unwrap();
             out
         };
@@ -241,17 +212,9 @@ fn ops_are_bit_identical_for_any_thread_count_and_equal_the_serial_path() {
                     );
                 }
                 let mut serial = vec![0f32; n * d];
-                fused::sparse_ffn_fused(
-                    &batch(&h, d, n),
-                    &FfnWeights {
-                        k1: &k1.matrix(),
-                        k2: &k2.matrix(),
-                        v: &v.matrix(),
-                        cutoff: Cutoff::TopK(k),
-                    },
-                    p,
-                    &mut serial,
-                )
+                with_ffn_weights(&k1, &k2, &v, Cutoff::TopK(k), |w| {
+                    fused::sparse_ffn_fused(&batch(&h, d, n), w, p, &mut serial)
+                })
                 .unwrap();
                 assert_eq!(
                     serial, o1,

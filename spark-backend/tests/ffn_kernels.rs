@@ -5,10 +5,11 @@
 mod ffn_helpers;
 
 use ffn_helpers::{
-    assert_close, batch, op_case, ref_down, ref_scores, ref_up, up_scale, OpCase, Rng, Weights,
+    assert_close, batch, op_case, ref_down, ref_scores, ref_up, up_scale, with_ffn_weights, OpCase,
+    Rng, Weights,
 };
 use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_up};
-use spark_backend::ffn::{self, two_stage, FfnWeights, Scratch, UpInputs};
+use spark_backend::ffn::{self, two_stage, Scratch, UpInputs};
 use spark_backend::params::OpParams;
 use spark_backend::rows::{quant, RowType};
 use spark_backend::stats;
@@ -140,16 +141,9 @@ fn serial_ffn_matches_float64_end_to_end_for_f32() {
         let v = Weights::random(&mut rng, RowType::F32, d, f, 0.3);
         let h = rng.normals(n_tokens * d, 1.0);
         let mut out = vec![0f32; n_tokens * d];
-        let kept = two_stage::sparse_ffn(
-            &batch(&h, d, n_tokens),
-            &FfnWeights {
-                k1: &k1.matrix(),
-                k2: &k2.matrix(),
-                v: &v.matrix(),
-                cutoff: Cutoff::TopK(k),
-            },
-            &mut out,
-        )
+        let kept = with_ffn_weights(&k1, &k2, &v, Cutoff::TopK(k), |w| {
+            two_stage::sparse_ffn(&batch(&h, d, n_tokens), w, &mut out)
+        })
         .unwrap();
         // Reference entirely in f64 from h.
         let s64 = ref_scores(&h, d, n_tokens, &k1);
@@ -515,29 +509,15 @@ fn batch_union_loads_each_row_once_and_matches_single_token_calls() {
         let v = Weights::random(&mut rng, ty, d, f, 0.3);
         let h = rng.normals(n_tokens * d, 1.0);
         let mut batched = vec![0f32; n_tokens * d];
-        two_stage::sparse_ffn(
-            &batch(&h, d, n_tokens),
-            &FfnWeights {
-                k1: &k1.matrix(),
-                k2: &k2.matrix(),
-                v: &v.matrix(),
-                cutoff: Cutoff::TopK(20),
-            },
-            &mut batched,
-        )
+        with_ffn_weights(&k1, &k2, &v, Cutoff::TopK(20), |w| {
+            two_stage::sparse_ffn(&batch(&h, d, n_tokens), w, &mut batched)
+        })
         .unwrap();
         for t in 0..n_tokens {
             let mut one = vec![0f32; d];
-            two_stage::sparse_ffn(
-                &batch(&h[t * d..(t + 1) * d], d, 1),
-                &FfnWeights {
-                    k1: &k1.matrix(),
-                    k2: &k2.matrix(),
-                    v: &v.matrix(),
-                    cutoff: Cutoff::TopK(20),
-                },
-                &mut one,
-            )
+            with_ffn_weights(&k1, &k2, &v, Cutoff::TopK(20), |w| {
+                two_stage::sparse_ffn(&batch(&h[t * d..(t + 1) * d], d, 1), w, &mut one)
+            })
             .unwrap();
             assert_eq!(&batched[t * d..(t + 1) * d], &one[..], "{ty:?} token {t}");
         }

@@ -273,3 +273,26 @@ impl Kernels {
         }
     }
 }
+
+/// Entry points of a table that enable an instruction set's features and call a generic body:
+/// each becomes an `unsafe fn` with `#[target_feature(enable = $features)]`, whose contract is
+/// that the running CPU has the features (`arch::table` hands out a table only then) and whose
+/// body checks the lengths it relies on.
+///
+/// ```ignore
+/// target_feature_entries! { "avx2,fma,f16c";
+///     pub(crate) dot_f32(row: &[u8], x: &[f32]) -> f32 => dot_impl::<F32>(row, x);
+/// }
+/// ```
+macro_rules! target_feature_entries {
+    ($features:literal; $($(#[$attr:meta])* $vis:vis $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:expr;)*) => {$(
+        $(#[$attr])*
+        #[target_feature(enable = $features)]
+        $vis unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: the features are enabled on this function (its table's promise); the body
+            // checks the lengths it relies on.
+            unsafe { $body }
+        }
+    )*};
+}
+pub(crate) use target_feature_entries;

@@ -4,38 +4,23 @@
 // u32 kernel (0 scores, 1 select, 2 output, 3 reduce), u32 grid x, y, z, u32 block x, u32 args
 // size, the args bytes with the ten address fields given as offsets into the memory image.
 // Writes the memory image after the launches to the output file.
-#include "emu.h"
+#include "job.h"
 #include "../../src/attention/attn.cu"
 
 #include <cstdio>
 #include <cstdlib>
 
-static void die(const char* m) {
-    std::fprintf(stderr, "attn_emu: %s\n", m);
-    std::exit(2);
-}
-
-template <class T>
-static T take(std::FILE* f) {
-    T v;
-    if (std::fread(&v, sizeof v, 1, f) != 1) die("short job file");
-    return v;
-}
+using job::die;
+using job::take;
 
 int main(int argc, char** argv) {
-    if (argc != 3) die("usage: attn_emu JOB OUT");
-    std::FILE* f = std::fopen(argv[1], "rb");
-    if (!f) die("cannot open job");
-    const auto size = take<unsigned long long>(f);
-    std::vector<unsigned char> mem(size + 64);
-    // 64-byte aligned base, as device allocations are (at least) 256-byte aligned.
-    unsigned char* base = mem.data() + (64 - (reinterpret_cast<uintptr_t>(mem.data()) % 64)) % 64;
-    if (size && std::fread(base, 1, size, f) != size) die("short memory image");
+    job::Job j = job::open(argc, argv, "attn_emu");
+    std::FILE* f = j.f;
+    unsigned char* base = j.base;
+    const auto size = j.size;
     const auto n = take<unsigned>(f);
     for (unsigned i = 0; i < n; ++i) {
-        const auto kernel = take<unsigned>(f);
-        EmuDim grid{take<unsigned>(f), take<unsigned>(f), take<unsigned>(f)};
-        EmuDim block{take<unsigned>(f), 1, 1};
+        const auto [kernel, grid, block] = job::launch(f);
         if (take<unsigned>(f) != sizeof(SparkAttnArgs)) die("args size differs from struct SparkAttnArgs");
         SparkAttnArgs a = take<SparkAttnArgs>(f);
         unsigned long long* addr[] = {&a.q, &a.k, &a.v, &a.mask, &a.dst, &a.scores, &a.list, &a.count, &a.norm, &a.partial};
@@ -48,9 +33,6 @@ int main(int argc, char** argv) {
             default: die("unknown kernel");
         }
     }
-    std::fclose(f);
-    std::FILE* o = std::fopen(argv[2], "wb");
-    if (!o || std::fwrite(base, 1, size, o) != size) die("cannot write output");
-    std::fclose(o);
+    job::finish(j, argv);
     return 0;
 }

@@ -8,23 +8,14 @@
 // as an offset into the image, 1 int, 2 i64, 3 double: the variants of ffn::cuda_plan::Arg) and its
 // u64 bits. The kinds must match the kernel's parameter types (checked). Writes the memory
 // image after the launches to the output file.
-#include "emu.h"
+#include "job.h"
 #include "../../src/ffn/ffn.cu"
 
 #include <cstdio>
 #include <cstdlib>
 
-static void die(const char* m) {
-    std::fprintf(stderr, "ffn_emu: %s\n", m);
-    std::exit(2);
-}
-
-template <class T>
-static T take(std::FILE* f) {
-    T v;
-    if (std::fread(&v, sizeof v, 1, f) != 1) die("short job file");
-    return v;
-}
+using job::die;
+using job::take;
 
 struct Args {
     std::vector<std::pair<unsigned, unsigned long long>> a;
@@ -50,18 +41,13 @@ struct Args {
 };
 
 int main(int argc, char** argv) {
-    if (argc != 3) die("usage: ffn_emu JOB OUT");
-    std::FILE* f = std::fopen(argv[1], "rb");
-    if (!f) die("cannot open job");
-    const auto size = take<unsigned long long>(f);
-    std::vector<unsigned char> mem(size + 64);
-    unsigned char* base = mem.data() + (64 - (reinterpret_cast<uintptr_t>(mem.data()) % 64)) % 64;
-    if (size && std::fread(base, 1, size, f) != size) die("short memory image");
+    job::Job j = job::open(argc, argv, "ffn_emu");
+    std::FILE* f = j.f;
+    unsigned char* base = j.base;
+    const auto size = j.size;
     const auto n = take<unsigned>(f);
     for (unsigned l = 0; l < n; ++l) {
-        const auto kernel = take<unsigned>(f);
-        EmuDim grid{take<unsigned>(f), take<unsigned>(f), take<unsigned>(f)};
-        EmuDim block{take<unsigned>(f), 1, 1};
+        const auto [kernel, grid, block] = job::launch(f);
         Args a{{}, base, size};
         const auto na = take<unsigned>(f);
         for (unsigned i = 0; i < na; ++i) {
@@ -111,9 +97,6 @@ int main(int argc, char** argv) {
             default: die("unknown kernel");
         }
     }
-    std::fclose(f);
-    std::FILE* o = std::fopen(argv[2], "wb");
-    if (!o || std::fwrite(base, 1, size, o) != size) die("cannot write output");
-    std::fclose(o);
+    job::finish(j, argv);
     return 0;
 }

@@ -5,7 +5,7 @@
 
 use llama_cpp_sys_2 as sys;
 use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
-use spark_backend::ffn::Batch;
+use spark_backend::ffn::{Batch, FfnWeights};
 use spark_backend::params::OpParams;
 use spark_backend::rows::{quant, RowMatrix, RowType};
 use spark_backend::topk::Cutoff;
@@ -106,6 +106,24 @@ impl Weights {
             .iter()
             .map(|&v| f64::from(v))
     }
+}
+
+/// Runs `f` on the `FfnWeights` over the matrices of K1, K2 and V with `cutoff` (the matrices
+/// borrow the weights, so they live in this call).
+pub fn with_ffn_weights<R>(
+    k1: &Weights,
+    k2: &Weights,
+    v: &Weights,
+    cutoff: Cutoff,
+    f: impl FnOnce(&FfnWeights<'_>) -> R,
+) -> R {
+    let (m1, m2, mv) = (k1.matrix(), k2.matrix(), v.matrix());
+    f(&FfnWeights {
+        k1: &m1,
+        k2: &m2,
+        v: &mv,
+        cutoff,
+    })
 }
 
 /// Two-pass f64 mean and unbiased standard deviation of `x` (all entries).

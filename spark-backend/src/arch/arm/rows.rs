@@ -3,6 +3,7 @@
 //! for axpy (the generic version's bits). f16 is widened by `FCVTL` (base AArch64 Advanced
 //! SIMD; Rust's f16 vector types are not stable, hence `asm!`), bf16 by a 16-bit shift.
 
+use crate::arch::table::target_feature_entries;
 use std::arch::aarch64::*;
 use std::arch::asm;
 
@@ -168,43 +169,13 @@ unsafe fn to_f32_impl<T: Load4>(row: &[u8], out: &mut [f32]) {
 
 // The entry points: `unsafe` because they require NEON, which `arch::table` checks before
 // handing out the table (every AArch64 CPU has it).
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
-    // SAFETY: NEON enabled on this function; lengths checked inside.
-    unsafe { dot_impl::<F32>(row, x) }
-}
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-    // SAFETY: as above.
-    unsafe { dot_impl::<F16>(row, x) }
-}
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
-    // SAFETY: as above.
-    unsafe { dot_impl::<Bf16>(row, x) }
-}
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn axpy_f32(row: &[u8], alpha: f32, y: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { axpy_impl::<F32>(row, alpha, y) }
-}
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn axpy_f16(row: &[u8], alpha: f32, y: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { axpy_impl::<F16>(row, alpha, y) }
-}
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn axpy_bf16(row: &[u8], alpha: f32, y: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { axpy_impl::<Bf16>(row, alpha, y) }
-}
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn f16_to_f32(row: &[u8], out: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { to_f32_impl::<F16>(row, out) }
-}
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn bf16_to_f32(row: &[u8], out: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { to_f32_impl::<Bf16>(row, out) }
+target_feature_entries! { "neon";
+    pub(crate) dot_f32(row: &[u8], x: &[f32]) -> f32 => dot_impl::<F32>(row, x);
+    pub(crate) dot_f16(row: &[u8], x: &[f32]) -> f32 => dot_impl::<F16>(row, x);
+    pub(crate) dot_bf16(row: &[u8], x: &[f32]) -> f32 => dot_impl::<Bf16>(row, x);
+    pub(crate) axpy_f32(row: &[u8], alpha: f32, y: &mut [f32]) => axpy_impl::<F32>(row, alpha, y);
+    pub(crate) axpy_f16(row: &[u8], alpha: f32, y: &mut [f32]) => axpy_impl::<F16>(row, alpha, y);
+    pub(crate) axpy_bf16(row: &[u8], alpha: f32, y: &mut [f32]) => axpy_impl::<Bf16>(row, alpha, y);
+    pub(crate) f16_to_f32(row: &[u8], out: &mut [f32]) => to_f32_impl::<F16>(row, out);
+    pub(crate) bf16_to_f32(row: &[u8], out: &mut [f32]) => to_f32_impl::<Bf16>(row, out);
 }

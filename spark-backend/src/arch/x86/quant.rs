@@ -6,6 +6,7 @@
 //! alpha), so results equal the generic version (ggml's `to_float`, then an f32 axpy) bit for
 //! bit.
 
+use crate::arch::table::target_feature_entries;
 use crate::kernel_types::Start;
 use std::arch::x86_64::*;
 
@@ -132,26 +133,35 @@ unsafe fn to_f32_blocks(
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_load(p: *const u8) -> [__m256; 4] {
-    // SAFETY: forwarded contract.
-    unsafe { q8_0_block(p) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_load(p: *const u8) -> [__m256; 4] {
-    // SAFETY: forwarded contract.
-    unsafe { q4_0_block(p) }
-}
-
-/// `y += alpha * row` for a q8_0 row of `y.len()` elements (a multiple of 32).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; lengths are checked.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn axpy_q8_0(row: &[u8], alpha: f32, y: &mut [f32]) {
-    // SAFETY: features enabled here; lengths checked inside.
-    unsafe { axpy_blocks(row, alpha, y, Q8_0_BYTES, q8_0_load) }
+target_feature_entries! { "avx2,fma,f16c";
+    /// One q8_0 block's 32 weights as four vectors (`p`: the block's first byte).
+    q8_0_load(p: *const u8) -> [__m256; 4] => q8_0_block(p);
+    /// One q4_0 block's 32 weights as four vectors.
+    q4_0_load(p: *const u8) -> [__m256; 4] => q4_0_block(p);
+    /// `y += alpha * row` for a q8_0 row of `y.len()` elements (a multiple of 32).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; lengths are checked.
+    pub(crate) axpy_q8_0(row: &[u8], alpha: f32, y: &mut [f32]) =>
+        axpy_blocks(row, alpha, y, Q8_0_BYTES, q8_0_load);
+    /// `y += alpha * row` for a q4_0 row of `y.len()` elements (a multiple of 32).
+    ///
+    /// # Safety
+    /// As for [`axpy_q8_0`].
+    pub(crate) axpy_q4_0(row: &[u8], alpha: f32, y: &mut [f32]) =>
+        axpy_blocks(row, alpha, y, Q4_0_BYTES, q4_0_load);
+    /// A q8_0 row of `out.len()` elements to f32.
+    ///
+    /// # Safety
+    /// As for [`axpy_q8_0`].
+    pub(crate) to_f32_q8_0(row: &[u8], out: &mut [f32]) =>
+        to_f32_blocks(row, out, Q8_0_BYTES, q8_0_load);
+    /// A q4_0 row of `out.len()` elements to f32.
+    ///
+    /// # Safety
+    /// As for [`axpy_q8_0`].
+    pub(crate) to_f32_q4_0(row: &[u8], out: &mut [f32]) =>
+        to_f32_blocks(row, out, Q4_0_BYTES, q4_0_load);
 }
 
 /// `y += alphas[0] * rows[0] + ... + alphas[3] * rows[3]` for four q8_0 rows of `y.len()`
@@ -280,36 +290,6 @@ pub(crate) unsafe fn axpy_q8_0_folded(rows: &[&[u8]], alphas: &[f32], y: &mut [f
             ),
         }
     }
-}
-
-/// `y += alpha * row` for a q4_0 row of `y.len()` elements (a multiple of 32).
-///
-/// # Safety
-/// As for [`axpy_q8_0`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn axpy_q4_0(row: &[u8], alpha: f32, y: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { axpy_blocks(row, alpha, y, Q4_0_BYTES, q4_0_load) }
-}
-
-/// A q8_0 row of `out.len()` elements to f32.
-///
-/// # Safety
-/// As for [`axpy_q8_0`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn to_f32_q8_0(row: &[u8], out: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { to_f32_blocks(row, out, Q8_0_BYTES, q8_0_load) }
-}
-
-/// A q4_0 row of `out.len()` elements to f32.
-///
-/// # Safety
-/// As for [`axpy_q8_0`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn to_f32_q4_0(row: &[u8], out: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { to_f32_blocks(row, out, Q4_0_BYTES, q4_0_load) }
 }
 
 /// Bytes per q6_K block: ql[128], qh[64], scales[16] (int8), d (f16); 256 weights.

@@ -2,6 +2,7 @@
 //! per step in four accumulators for dots (a fixed order, so reproducible), one FMA per element
 //! for axpy (the generic version's bits).
 
+use crate::arch::table::target_feature_entries;
 use std::arch::x86_64::*;
 
 /// Horizontal sum of 8 lanes in a fixed order.
@@ -162,43 +163,13 @@ unsafe fn to_f32_impl<T: Load8>(row: &[u8], out: &mut [f32]) {
 
 // The entry points: `unsafe` because they require AVX2+FMA+F16C, which `arch::table` checks
 // before handing out the table.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
-    // SAFETY: features enabled on this function; lengths checked inside.
-    unsafe { dot_impl::<F32>(row, x) }
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-    // SAFETY: as above.
-    unsafe { dot_impl::<F16>(row, x) }
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
-    // SAFETY: as above.
-    unsafe { dot_impl::<Bf16>(row, x) }
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn axpy_f32(row: &[u8], alpha: f32, y: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { axpy_impl::<F32>(row, alpha, y) }
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn axpy_f16(row: &[u8], alpha: f32, y: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { axpy_impl::<F16>(row, alpha, y) }
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn axpy_bf16(row: &[u8], alpha: f32, y: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { axpy_impl::<Bf16>(row, alpha, y) }
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn f16_to_f32(row: &[u8], out: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { to_f32_impl::<F16>(row, out) }
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn bf16_to_f32(row: &[u8], out: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { to_f32_impl::<Bf16>(row, out) }
+target_feature_entries! { "avx2,fma,f16c";
+    pub(crate) dot_f32(row: &[u8], x: &[f32]) -> f32 => dot_impl::<F32>(row, x);
+    pub(crate) dot_f16(row: &[u8], x: &[f32]) -> f32 => dot_impl::<F16>(row, x);
+    pub(crate) dot_bf16(row: &[u8], x: &[f32]) -> f32 => dot_impl::<Bf16>(row, x);
+    pub(crate) axpy_f32(row: &[u8], alpha: f32, y: &mut [f32]) => axpy_impl::<F32>(row, alpha, y);
+    pub(crate) axpy_f16(row: &[u8], alpha: f32, y: &mut [f32]) => axpy_impl::<F16>(row, alpha, y);
+    pub(crate) axpy_bf16(row: &[u8], alpha: f32, y: &mut [f32]) => axpy_impl::<Bf16>(row, alpha, y);
+    pub(crate) f16_to_f32(row: &[u8], out: &mut [f32]) => to_f32_impl::<F16>(row, out);
+    pub(crate) bf16_to_f32(row: &[u8], out: &mut [f32]) => to_f32_impl::<Bf16>(row, out);
 }
