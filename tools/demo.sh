@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The demo: on a fresh machine, install what is needed, build, convert the shipped Spark model
+# The demo: on a fresh machine, install what building needs (tools/setup.sh --build: cmake,
+# libclang-dev, git; nothing of the test suite's), build, convert the shipped Spark model
 # (models/spark-shakespeare.npz, trained by tools/train/) to GGUF, and generate text with the
 # sparse kernels, printing tokens/s and the measured sparsity per layer.
 # Usage: bash tools/demo.sh [PROMPT]
@@ -8,7 +9,7 @@ cd "$(dirname "$0")/.."
 prompt="${1:-ROMEO:
 }"
 
-bash tools/setup.sh
+bash tools/setup.sh --build
 echo "demo: building (the first build compiles llama.cpp, ~5 min on 2 cores)"
 cargo build --quiet --bin spark --bin spark-convert
 

@@ -20,9 +20,21 @@
 # web UI (Debian 12's nodejs is 18; upstream.sh says so and has --no-ui).
 # Each dependency is detected the way its user finds it, not by a loose file-name match.
 #
+#
+# Usage: bash tools/setup.sh [--build]
+#   (no option)  everything above: what tests/run.sh needs.
+#   --build      only what building the workspace needs (cmake, libclang-dev, git): what
+#                README's demo (tools/demo.sh) uses; no browser, no aarch64 toolchain, no venv.
+#
 # A change to this script is verified from a new machine's state: tools/README.md, "Set-up".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+case "${1:-}" in
+    "") ;;
+    --build) build_only=1 ;;
+    *) echo "usage: bash tools/setup.sh [--build]" >&2; exit 2 ;;
+esac
 
 # The directories clang-sys searches for libclang (build/common.rs and build/dynamic.rs of
 # clang-sys): $LIBCLANG_PATH, `llvm-config --libdir`, then the usual system directories.
@@ -57,8 +69,10 @@ command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v git >/dev/null 2>&1 || need_apt+=(git)
 # The browser test's: Debian's Chromium and its WebDriver (same source package, same version).
 need_browser=()
-command -v chromium >/dev/null 2>&1 || need_browser+=(chromium)
-command -v chromedriver >/dev/null 2>&1 || need_browser+=(chromium-driver)
+if [ "$build_only" = 0 ]; then
+    command -v chromium >/dev/null 2>&1 || need_browser+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || need_browser+=(chromium-driver)
+fi
 # The aarch64 cross build's (tools/arm-env.sh says how each is used). Debian's rustc must be
 # new enough for the workspace (Cargo.toml's rust-version) and must compile for aarch64 with its
 # arm64 standard library: checked by compiling an empty crate, as the build will.
@@ -80,7 +94,7 @@ aarch64_std_ok() {
 need_arm=()
 # Only on x86-64 hosts: on an ARM machine the ordinary build is the ARM build (README, "ARM CPUs").
 cross_host=0
-[ "$(uname -m)" = x86_64 ] && cross_host=1
+[ "$(uname -m)" = x86_64 ] && [ "$build_only" = 0 ] && cross_host=1
 if [ "$cross_host" = 1 ]; then
     debian_rustc_ok || need_arm+=(rustc-web)
     [ -x /usr/bin/cargo ] || need_arm+=(cargo-web)
@@ -117,8 +131,10 @@ if [ ${#installing[@]} -gt 0 ]; then
     command -v cmake >/dev/null 2>&1 || { echo "setup: cmake still missing" >&2; exit 1; }
     have_libclang || { echo "setup: libclang.so still missing after apt-get" >&2; exit 1; }
     have_clang_headers || { echo "setup: clang's stddef.h still missing" >&2; exit 1; }
-    command -v chromium >/dev/null 2>&1 || { echo "setup: chromium still missing" >&2; exit 1; }
-    command -v chromedriver >/dev/null 2>&1 || { echo "setup: chromedriver still missing" >&2; exit 1; }
+    if [ "$build_only" = 0 ]; then
+        command -v chromium >/dev/null 2>&1 || { echo "setup: chromium still missing" >&2; exit 1; }
+        command -v chromedriver >/dev/null 2>&1 || { echo "setup: chromedriver still missing" >&2; exit 1; }
+    fi
     if [ "$cross_host" = 1 ]; then
         debian_rustc_ok || { echo "setup: /usr/bin/rustc (rustc-web) missing or older than $rust_version" >&2; exit 1; }
         [ -x /usr/bin/cargo ] || { echo "setup: /usr/bin/cargo (cargo-web) still missing" >&2; exit 1; }
@@ -129,12 +145,18 @@ if [ ${#installing[@]} -gt 0 ]; then
         [ -e /usr/lib/aarch64-linux-gnu/libstdc++.so.6 ] || { echo "setup: libstdc++6:arm64 still missing" >&2; exit 1; }
     fi
     echo "setup: installed ${installing[*]}"
+elif [ "$build_only" = 1 ]; then
+    echo "setup: cmake, libclang and git present, nothing to install with apt-get"
 elif [ "$cross_host" = 1 ]; then
     echo "setup: cmake, libclang, git, chromium, chromedriver and the aarch64 cross toolchain with qemu present, nothing to install with apt-get"
 else
     echo "setup: cmake, libclang, git, chromium and chromedriver present, nothing to install with apt-get"
 fi
 
+if [ "$build_only" = 1 ]; then
+    echo "setup: done (--build: what building needs)"
+    exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"
     python3 -m venv .venv
