@@ -9,11 +9,16 @@
 #      (what is_aarch64_feature_detected! reads); each must be what its name promises, or the
 #      runs below would not test what they say.
 #   2. kernels: spark-backend's unit tests and integration tests for aarch64 (cargo test
-#      --no-run, then each test program through qemu, as cargo's runner would), under every
-#      model; the op-level tests that take ~2 min each under qemu (ONCE_TESTS below) under
-#      `max` only. The test build must use the llama.cpp build of tools/arm-build.sh: with
-#      `-p spark-backend` alone cargo would resolve llama-cpp-sys-2 without the `common` and
-#      `default` features that spark-cli's llama-cpp-2 enables, a second ~9 min llama.cpp build.
+#      --no-run, then each test program through qemu, as cargo's runner would). Every program
+#      runs under ONCE_CPU (cortex-a57, the model with the fewest features: an instruction the
+#      build must not use is a SIGILL there); under the other models every program but the three
+#      that compare whole kernel families with the generic table, ~1-2 min each under qemu
+#      (ONCE_TESTS below). Those would run the same code again: Spark has one AArch64 table
+#      (NEON; the unit test arch::tests::one_aarch64_table fails if a second appears, whose
+#      models would then need them) and ggml is built for plain ARMv8.0 (tools/arm-build.sh
+#      checks GGML_CPU_ARM_ARCH), so no model changes which instructions they run. The test
+#      build uses the llama.cpp build of tools/arm-build.sh (checked below: one build per
+#      target).
 #   3. end to end: pytest tests/python/arm/test_arm.py (the shipped model through the aarch64
 #      spark-convert, spark run, spark eval and llama-completion with the plugin, against the
 #      x86 build in target/debug; tests/run.sh runs it as part of the whole pytest run).
@@ -28,12 +33,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-# Integration tests run under `max` only (test target names of spark-backend/tests/): each
-# compares whole ops with float64 for every weight type, shape and thread count, ~2 min under
-# qemu on 2 cores. The kernel tables themselves (every table the CPU has against the generic
-# one, bit for bit: ffn_rows and the unit tests) run under every model.
-ONCE_TESTS=(ffn_kernels ffn_fused)
-ONCE_CPU=max
+# Integration tests run under ONCE_CPU only (test target names of spark-backend/tests/):
+# ffn_rows compares every table the CPU has with the generic one, bit for bit, for every weight
+# type; ffn_kernels and ffn_fused compare whole ops with float64 for every weight type, shape
+# and thread count. ~1-2 min each under qemu on 2 cores. The other programs, the unit tests
+# among them (kernel choice, SPARK_ISA), run under every model.
+ONCE_TESTS=(ffn_rows ffn_kernels ffn_fused)
+ONCE_CPU=cortex-a57
 
 parts=()
 quiet=0
@@ -43,7 +49,7 @@ for arg in "$@"; do
         --kernels) parts+=(kernels) ;;
         --e2e) parts+=(e2e) ;;
         --quiet) quiet=1 ;;
-        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "arm-check: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -117,13 +123,15 @@ m = json.load(sys.stdin)
 p = next(p for p in m["packages"] if p["name"] == "spark-backend")
 print("\n".join(t["name"] for t in p["targets"] if "test" in t["kind"]))')
     [ ${#names[@]} -gt 0 ] || die "cargo metadata lists no integration tests of spark-backend"
+    printf '%s\n' "${ARM_QEMU_CPUS[@]}" | grep -qx "$ONCE_CPU" \
+        || die "ONCE_CPU=$ONCE_CPU is not among ARM_QEMU_CPUS (tools/arm-env.sh): update $0"
     for name in "${ONCE_TESTS[@]}"; do
         printf '%s\n' "${names[@]}" | grep -qx "$name" \
             || die "ONCE_TESTS names '$name', which is not a test of spark-backend: update $0"
     done
     for name in "${names[@]}"; do test_args+=(--test "$name"); done
-    say "building spark-backend's tests for $ARM_TARGET (-p spark-cli for the workspace's llama.cpp features)"
-    if ! arm_cargo test -p spark-backend -p spark-cli --lib "${test_args[@]}" --no-run \
+    say "building spark-backend's tests for $ARM_TARGET"
+    if ! arm_cargo test -p spark-backend --lib "${test_args[@]}" --no-run \
             --message-format=json-render-diagnostics >"$messages" 2>"$stderr_log"; then
         grep -v '^ *\(Compiling\|Blocking\)' "$stderr_log" | tail -n 60 >&2
         die "cargo test --no-run for $ARM_TARGET failed (log: $stderr_log)"

@@ -136,6 +136,21 @@ mod tests {
         assert_eq!(Isa::detect(), *Isa::available().last().unwrap());
     }
 
+    /// tools/arm-check.sh runs the kernel-family comparisons (its ONCE_TESTS) under one QEMU
+    /// CPU model only, because with a single AArch64 table every model runs the same kernels.
+    /// A second table (dotprod, SVE, ...) would be chosen on some models alone: give those
+    /// models the comparisons too, then update this list.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn one_aarch64_table() {
+        assert_eq!(
+            Isa::ALL,
+            &[Isa::Generic, Isa::Neon],
+            "a new AArch64 table: run tools/arm-check.sh's ONCE_TESTS under the QEMU CPU \
+             models that choose it"
+        );
+    }
+
     #[test]
     fn spark_isa_picks_a_supported_lower_set_and_refuses_others() {
         assert_eq!(choose(None), Isa::detect());
