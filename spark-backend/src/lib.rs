@@ -11,9 +11,17 @@
 //! ops also run on the GPU through CUDA launchers ([`cuda`]).
 //!
 //! # Modules, by feature
-//! - [`ffn`]: the sparse FFN, all of it: shared inputs and activation (`mod.rs`), the CPU
-//!   kernels of its two paths (`fused.rs`, `two_stage.rs`), which path and how many chunks a
-//!   ubatch gets (`tiling.rs`), the shape rules of its ops (`shapes.rs`), the ggml custom ops
+//! Imports go one way: `kernel_types` <- `arch` <- the features (`rows`, `topk`, `attention`,
+//! `ffn`) <- the ops and the registry (`tools/module-graph.py` prints the file-level graph and
+//! fails on a cycle).
+//! - [`kernel_types`]: the types every CPU kernel takes (row types, KV-cache rows, query and
+//!   score blocks), below everything else.
+//! - [`arch`]: every SIMD kernel, one table per instruction set (`arch/table.rs`: the `Kernels`
+//!   table, exhaustive per-type lookups and the one choice of table per process;
+//!   `arch/generic`, `arch/x86`, `arch/arm`, one file per kernel family in each).
+//! - [`ffn`]: the sparse FFN, all of it: what both paths share (`shared.rs`), the CPU kernels
+//!   of its two paths (`fused.rs`, `two_stage.rs`), which path and how many chunks a ubatch
+//!   gets (`tiling.rs`), the shape rules of its ops (`shapes.rs`), the ggml custom ops
 //!   (`cpu_ops.rs`), the CUDA plans (`cuda_plan.rs`), kernels (`ffn.cu`) and launchers
 //!   (`cuda_launch.rs`).
 //! - [`attention`]: the sparse attention, all of it: the call and its checks (`layout.rs`), the
@@ -22,26 +30,25 @@
 //!   (`cuda_launch.rs`).
 //! - [`rows`]: weight rows in ggml's storage types and their dot/axpy (quantized rows through
 //!   ggml's type traits in `quant.rs`); [`topk`]: the statistical top-k both ops use.
-//! - [`arch`]: every SIMD kernel, one table per instruction set (`arch/generic`, `arch/x86`,
-//!   `arch/arm`, one file per kernel family in each), and the one choice of table per process.
-//! - [`op`]: the entry protocol of every CPU op (checks, shared chunk counter, NaN on failure);
-//!   [`tensor`]: views of ggml tensors; [`params`]: the graph's parameter structs; `error`:
-//!   [`KernelError`]; `ffi`: no unwinding across the C boundary.
+//! - [`cpu_op`]: the entry protocol of every CPU op (checks, shared chunk counter, NaN on
+//!   failure); [`tensor`]: views of ggml tensors; [`params`]: the graph's parameter structs;
+//!   `error`: [`KernelError`]; `ffi`: no unwinding across the C boundary.
 //! - [`cuda`]: what the CUDA launchers share (the hook, NVRTC and its options, the driver, the
 //!   launch protocol, metadata checks).
-//! - [`registry`]: what the backend exports (the registry entry, the procs the graph resolves,
-//!   the op table of CUDA launchers); `plugin`: the cdylib's `ggml_backend_init` and its
-//!   version check; [`stats`]: per-layer statistics.
+//! - [`registry`]: what the backend exports: one table of ops (`registry::OPS`: name, CPU
+//!   function, CUDA launcher) from which the procs the graph resolves, the RPC registration and
+//!   the launcher table derive; `plugin`: the cdylib's `ggml_backend_init` and its version
+//!   check; [`stats`]: per-layer statistics.
 //!
 //! # Public surface
 //! Everything else is crate-private. For the `spark` CLI: [`registry::register`] and
 //! [`stats`]'s `LayerStats`, `reset`, `snapshot`, `TABLE_HEADER`, `table_row`. For llama.cpp and
 //! the plugin loader: the exported C symbols (`ggml_backend_init`, the `spark_*` ops) and the
-//! procs of [`registry::proc_address`] (with `ffn::tiling`'s `FfnTiling` mirror). For the tests and benches: the kernels and references
-//! they check ([`ffn`], [`attention`], [`rows`], [`topk`]), the ops' C entry points
-//! (`ffn::cpu_ops`, `attention::cpu_op`), the CUDA plans (`ffn::cuda_plan`, `attention::cuda_plan`), the
-//! registration and NVRTC seams of [`cuda`], `cpu_op::fault` (feature `fault-injection`),
-//! [`tensor::TensorView`] and [`params`].
+//! procs of [`registry::proc_address`] (with `ffn::tiling`'s `FfnTiling` mirror). For the tests
+//! and benches: the kernels and references they check ([`ffn`], [`attention`], [`rows`],
+//! [`topk`]), the ops' C entry points (`ffn::cpu_ops`, `attention::cpu_op`), the CUDA plans
+//! (`ffn::cuda_plan`, `attention::cuda_plan`), the registration and NVRTC seams of [`cuda`],
+//! `cpu_op::fault` (feature `fault-injection`), [`tensor::TensorView`] and [`params`].
 
 // The docs are written for the crate's maintainers and link the crate-private items they
 // describe: read them with `cargo doc --document-private-items`.
