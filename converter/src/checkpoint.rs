@@ -30,7 +30,7 @@ pub fn layer_entry(l: u64, what: &str) -> String {
 
 /// Per-layer entry suffixes.
 pub mod entry {
-    /// Pre-attention norm scale [D].
+    /// Pre-attention norm scale `[D]`.
     pub const PRE_ATTENTION_NORM: &str = "pre_attention_norm/scale";
     /// Query projection [N, D, H].
     pub const Q_EINSUM: &str = "attn/q_einsum/w";
@@ -38,9 +38,9 @@ pub mod entry {
     pub const KV_EINSUM: &str = "attn/kv_einsum/w";
     /// Output projection [N, H, D].
     pub const ATTN_VEC_EINSUM: &str = "attn/attn_vec_einsum/w";
-    /// Post-attention norm scale [D].
+    /// Post-attention norm scale `[D]`.
     pub const POST_ATTENTION_NORM: &str = "post_attention_norm/scale";
-    /// Pre-FFN norm scale [D].
+    /// Pre-FFN norm scale `[D]`.
     pub const PRE_FFW_NORM: &str = "pre_ffw_norm/scale";
     /// Fused Spark K [D, F].
     pub const SPARK_IN: &str = "mlp/spark_in";
@@ -52,7 +52,7 @@ pub mod entry {
     pub const GATING_EINSUM: &str = "mlp/gating_einsum";
     /// V (Spark) or down projection (dense) [F, D].
     pub const LINEAR: &str = "mlp/linear";
-    /// Post-FFN norm scale [D].
+    /// Post-FFN norm scale `[D]`.
     pub const POST_FFW_NORM: &str = "post_ffw_norm/scale";
 }
 
@@ -72,9 +72,9 @@ pub struct TensorSource {
 /// How a dense checkpoint stores `gating_einsum`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatingLayout {
-    /// [2, D, F] (x @ w[i]).
+    /// [2, D, F] (`x @ w[i]`).
     DF,
-    /// [2, F, D] (w[i] @ x).
+    /// [2, F, D] (`w[i] @ x`).
     FD,
 }
 

@@ -12,7 +12,7 @@ pub(crate) const GGML_TYPE_F32: u32 = sys::GGML_TYPE_F32;
 pub struct TensorView {
     /// ggml type id (`GGML_TYPE_*`).
     pub ty: u32,
-    /// Elements per dimension, ne[0] fastest.
+    /// Elements per dimension, `ne[0]` fastest.
     pub ne: [usize; 4],
     /// Byte strides per dimension.
     pub nb: [usize; 4],
@@ -46,7 +46,7 @@ impl TensorView {
         })
     }
 
-    /// Number of rows (ne[1] * ne[2] * ne[3]).
+    /// Number of rows (`ne[1] * ne[2] * ne[3]`).
     pub(crate) fn n_rows(&self) -> usize {
         self.ne[1] * self.ne[2] * self.ne[3]
     }

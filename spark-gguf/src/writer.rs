@@ -2,7 +2,7 @@
 //!
 //! The header, metadata and tensor infos (with offsets computed from the plan) are written first;
 //! tensor data then follows in plan order, whole or in chunks, so a model never needs to sit in
-//! memory. Output goes through an [`AtomicFile`](crate::atomic::AtomicFile): a uniquely named
+//! memory. Output goes through an [`crate::atomic::AtomicFile`]: a uniquely named
 //! temporary file next to the destination which `finish` fsyncs and renames into place; an error
 //! or a drop before `finish` leaves nothing behind. On request ([`GgufWriter::write_manifest`])
 //! the tensor data is hashed as it is written and a `llama-gguf-hash` manifest is committed with

@@ -71,7 +71,7 @@ pub struct AttnArgs {
     pub(crate) scores: u64,
     /// Scratch: i32 kept positions [Qs, n_kv].
     pub(crate) list: u64,
-    /// Scratch: i32 |S| [Qs].
+    /// Scratch: i32 |S| `[Qs]`.
     pub(crate) count: u64,
     /// Scratch: f32 (max, 1/z) [Qs, 2].
     pub(crate) norm: u64,
@@ -205,7 +205,7 @@ pub struct ScratchLayout {
     pub(crate) scores: usize,
     /// i32 [Qs, n_kv].
     pub list: usize,
-    /// i32 [Qs].
+    /// i32 `[Qs]`.
     pub count: usize,
     /// f32 [Qs, 2].
     pub(crate) norm: usize,

@@ -124,7 +124,7 @@ unsafe fn weight<'a>(v: &TensorView, name: &'static str) -> Result<RowMatrix<'a>
         .map_err(|e| KernelError::Shape(format!("{name}: {e}")))
 }
 
-/// An f32 tensor's rows as one slice (rows at stride nb[1]).
+/// An f32 tensor's rows as one slice (rows at stride `nb[1]`).
 ///
 /// # Safety
 /// `v` describes a live f32 tensor whose data covers `ne[1]` rows at stride `nb[1]`.

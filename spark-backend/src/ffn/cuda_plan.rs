@@ -377,9 +377,9 @@ const MAX_GRID_YZ: usize = 65_535;
 /// (as device allocations are). A buffer an op does not use has no bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScratchLayout {
-    /// f32 [T]: each token's threshold.
+    /// f32 `[T]`: each token's threshold.
     pub theta: usize,
-    /// u32 [T]: each token's kept count (copied to the host only for statistics).
+    /// u32 `[T]`: each token's kept count (copied to the host only for statistics).
     pub kept: usize,
     /// f32 [F, T]: the gated values u, neuron-major (`spark_ffn_fused`; `spark_ffn_up` writes
     /// them into dst).

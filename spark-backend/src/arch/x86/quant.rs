@@ -292,7 +292,7 @@ pub(crate) unsafe fn axpy_q8_0_folded(rows: &[&[u8]], alphas: &[f32], y: &mut [f
     }
 }
 
-/// Bytes per q6_K block: ql[128], qh[64], scales[16] (int8), d (f16); 256 weights.
+/// Bytes per q6_K block: `ql[128]`, `qh[64]`, `scales[16]` (int8), d (f16); 256 weights.
 const Q6_K_BYTES: usize = 210;
 
 /// Unpacks one q6_K block into 256 signed 6-bit values (-32..31) in ggml's element order, and
