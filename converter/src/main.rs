@@ -23,7 +23,8 @@ struct Cli {
     /// IN.npz OUT.gguf (or only OUT.gguf with --synthetic).
     #[arg(value_name = "PATHS", num_args = 1..=2, required = true)]
     paths: Vec<PathBuf>,
-    /// Write a random-weight model instead: spark-gemma2-2b, gemma2-2b, tiny or tiny-dense.
+    /// Write a random-weight model instead: spark-gemma2-2b, gemma2-2b, spark-gemma2-9b,
+    /// gemma2-9b, tiny or tiny-dense.
     #[arg(long, value_name = "PRESET")]
     synthetic: Option<String>,
     /// Seed of the synthetic weights.

@@ -19,7 +19,14 @@ use crate::progress::Progress;
 use crate::tokenizer::synthetic_vocab;
 
 /// Names of the presets.
-pub const PRESETS: &[&str] = &["spark-gemma2-2b", "gemma2-2b", "tiny", "tiny-dense"];
+pub const PRESETS: &[&str] = &[
+    "spark-gemma2-2b",
+    "gemma2-2b",
+    "spark-gemma2-9b",
+    "gemma2-9b",
+    "tiny",
+    "tiny-dense",
+];
 
 /// Elements per generated chunk (a function of nothing but this constant and the row length).
 const CHUNK_ELEMS: usize = 1 << 20;
@@ -79,6 +86,23 @@ fn gemma2_2b(d_ff: u32, spark: bool) -> ModelConfig {
     }
 }
 
+/// Gemma-2 9B's shapes (D 3584, 42 layers, 16 query and 8 KV heads of width 256, dense FFN width
+/// 14336). The paper trained a 2B only; the Spark widths follow the 2B preset's proportions: F
+/// 1.5x the dense width (13824 = 1.5 x 9216 there), k_f 8 % of F, r_f 1536 (the 2B's r_f / D =
+/// 1024 / 2304, rounded to a multiple of 256 so that K1 and K2 rows fill whole k-quant blocks),
+/// k_a and r_a as the 2B's (the same head width).
+fn gemma2_9b(d_ff: u32, spark: bool) -> ModelConfig {
+    ModelConfig {
+        d_model: 3584,
+        n_layers: 42,
+        n_heads: 16,
+        n_kv_heads: 8,
+        ffn_k: spark.then_some(1720),
+        ffn_r: spark.then_some(1536),
+        ..gemma2_2b(d_ff, spark)
+    }
+}
+
 fn tiny(spark: bool) -> ModelConfig {
     ModelConfig {
         vocab_size: 512,
@@ -104,6 +128,8 @@ pub fn preset(name: &str) -> Result<(Arch, ModelConfig)> {
     Ok(match name {
         "spark-gemma2-2b" => (SPARK_ARCH, gemma2_2b(13824, true)),
         "gemma2-2b" => (GEMMA2_ARCH, gemma2_2b(9216, false)),
+        "spark-gemma2-9b" => (SPARK_ARCH, gemma2_9b(21504, true)),
+        "gemma2-9b" => (GEMMA2_ARCH, gemma2_9b(14336, false)),
         "tiny" => (SPARK_ARCH, tiny(true)),
         "tiny-dense" => (GEMMA2_ARCH, tiny(false)),
         _ => {
@@ -266,6 +292,20 @@ mod tests {
             (13824, Some(1106), Some(1024), Some(256), Some(128))
         );
         assert_eq!(preset("gemma2-2b").unwrap().1.d_ff, 9216);
+        let (_, c) = preset("spark-gemma2-9b").unwrap();
+        assert_eq!(
+            (c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim),
+            (3584, 42, 16, 8, 256)
+        );
+        assert_eq!(
+            (c.d_ff, c.ffn_k, c.ffn_r, c.attn_k, c.attn_r),
+            (21504, Some(1720), Some(1536), Some(256), Some(128))
+        );
+        let (_, c) = preset("gemma2-9b").unwrap();
+        assert_eq!(
+            (c.d_model, c.n_layers, c.d_ff, c.ffn_k),
+            (3584, 42, 14336, None)
+        );
         assert!(preset("huge").is_err());
     }
 

@@ -158,7 +158,10 @@ void llama_model_spark_gemma2::load_arch_hparams(llama_model_loader & ml) {
     }
 
     switch (hparams.n_layer()) {
+        // the layer counts of Gemma-2's sizes (upstream's gemma2 names them the same way)
         case 26: type = LLM_TYPE_2B; break;
+        case 42: type = LLM_TYPE_9B; break;
+        case 46: type = LLM_TYPE_27B; break;
         default: type = LLM_TYPE_UNKNOWN;
     }
 }
