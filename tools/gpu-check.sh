@@ -20,8 +20,10 @@
 #            SPARK_STATS=1 keep-rate tables CPU vs GPU; GGML_SCHED_DEBUG=2 shows on which
 #            backend every GGML_OP_CUSTOM node ran (prefill and decode)
 #   bench    llama-bench -ngl 99 -fa 0, Spark vs stock Gemma-2 2B (synthetic, spark-convert
-#            --synthetic; q8_0 and q4_0) at -p 512 -n 128 -d 0,512,4096 -r 3; both q8_0
+#            --synthetic; q8_0 and q4_0) at -p 512 -n 128 -d 0,512,4096 -r 3, each decode ratio
+#            beside tools/predict-ratio.py's prediction (tools/gpu-bench-table.py); both q8_0
 #            models' decode without CUDA graphs
+#   bench9b  the same for the 9B presets (spark-gemma2-9b, gemma2-9b: ~10 GB each in q8_0)
 #   prof     device-to-device copy bandwidth (PyTorch), then each Spark kernel's time and DRAM
 #            bytes (nsys if it works here, else ncu) against it
 #   batched  tools/bench-batched.sh -npl 1,4,16 -- -ngl 99 (llama-batched-bench, q8_0)
@@ -32,21 +34,22 @@
 # "spark-backend: CUDA kernels registered" line missing, or a GGML_OP_CUSTOM node scheduled on
 # the CPU under -ngl 99). Exit 2: passed so far, but a phase was skipped for time (run again).
 #
-# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,prof,batched,scaling]
+# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,bench9b,prof,batched,scaling]
 #                                [--budget SECONDS] [--redo]
 #   --budget   stop starting phases that would not end within SECONDS of the start (default 570,
 #              inside a 10-minute slot)
 #   --redo     ignore the kept sections and run every phase again (the build stays incremental)
 # Tunables (environment): GPU_CHECK_CHUNKS (40 perplexity chunks of 256 tokens),
 # GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_UB_CHUNKS (8: the -ub 1/8 rows),
-# GPU_CHECK_BENCH_REPS (3),
-# GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), CUDA_ARCH (from nvidia-smi); for gpu-pack.sh's prebuild:
-# GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU, portable CPU code).
+# GPU_CHECK_BENCH_REPS (3), GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), GPU_CHECK_KERNELS ("31,25":
+# Spark's and stock's kernels per layer per decode step for the predictions, the 2B's on the H200
+# 2026-11-27), CUDA_ARCH (from nvidia-smi); for gpu-pack.sh's prebuild: GPU_CHECK_WORK
+# (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU, portable CPU code).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 
-phases=build,correct,bench,prof,batched,scaling budget=570 redo=0
+phases=build,correct,bench,bench9b,prof,batched,scaling budget=570 redo=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --phases) phases=$2; shift ;;
@@ -78,7 +81,7 @@ fail() { failures+=("$1"); say "FAIL: $1"; }
 left() { echo $((deadline - SECONDS)); }
 # Saves the logs into $OUT after every phase: what is there when a time limit kills the command
 # still comes back.
-save_logs() { tar -C "$work" -czf "$out/gpu-logs.tar.gz.tmp" logs bench.json bench-nographs.json scaling.json prof 2>/dev/null
+save_logs() { tar -C "$work" -czf "$out/gpu-logs.tar.gz.tmp" logs bench.json bench-9b.json bench-nographs.json scaling.json prof 2>/dev/null
               mv -f "$out/gpu-logs.tar.gz.tmp" "$out/gpu-logs.tar.gz"; }
 has_phase() { [[ ",$phases," == *",$1,"* ]]; }
 
@@ -284,7 +287,7 @@ build_need=420
 run_phase build "$build_need" phase_build
 if [ ! -x "$bin/llama-perplexity" ] || [ ! -f "$work/sections/build.done" ]; then
     # the other phases need the build
-    for p in correct bench prof batched scaling; do has_phase "$p" && skipped+=("$p"); done
+    for p in correct bench bench9b prof batched scaling; do has_phase "$p" && skipped+=("$p"); done
     phases=build
 fi
 
@@ -462,47 +465,45 @@ synthetic_model() {
     esac || { rm -f "$m/$p-$t.gguf"; fail "bench: the synthetic $p $t model failed (logs/synthetic.log)"; return 1; }
 }
 
-# bench_table JSON: llama-bench's JSON of Spark and stock models (file names PRESET-TYPE.gguf)
-# as one row per type, test, depth and thread count with the Spark/stock ratio
+# bench_table JSON: llama-bench's JSON of Spark and stock models (file names PRESET-TYPE.gguf) as
+# one row per model, type, test, depth and thread count with the Spark/stock ratio and, beside
+# each decode ratio, tools/predict-ratio.py's prediction for the same files (bytes per step plus
+# GPU_CHECK_KERNELS kernels per layer; gguf-py from the carry's gguf wheel)
 bench_table() {
-    python3 - "$1" <<'EOF'
-import json, os, sys
-rows = json.load(open(sys.argv[1]))
-res = {}
-for r in rows:
-    name = os.path.basename(r["model_filename"]).removesuffix(".gguf")
-    kind, typ = name.rsplit("-", 1)
-    test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-    res[(typ, test, r["n_depth"], r["n_threads"], kind)] = (r["avg_ts"], r["stddev_ts"])
-print("| type | test | depth | threads | Spark t/s | stock Gemma-2 t/s | Spark/stock |")
-print("|---|---|---|---|---|---|---|")
-for key in sorted(k for k in res if k[4] == "spark-gemma2-2b"):
-    s = res[key]
-    g = res.get(key[:4] + ("gemma2-2b",))
-    ratio = f"**{s[0] / g[0]:.2f}x**" if g else "?"
-    gs = f"{g[0]:.2f} +/- {g[1]:.2f}" if g else "?"
-    print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {s[0]:.2f} +/- {s[1]:.2f} | {gs} | {ratio} |")
-EOF
+    local wheel
+    wheel=$(ls "$carry"/gguf-*.whl 2>/dev/null | head -1)
+    if [ -n "$wheel" ] && [ ! -d "$work/gguf-py/gguf" ]; then
+        python3 -m zipfile -e "$wheel" "$work/gguf-py" || say "bench: cannot unpack $wheel (no predictions)"
+    fi
+    PYTHONPATH="$work/gguf-py${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/tools/gpu-bench-table.py" \
+        "$1" --kernels "${GPU_CHECK_KERNELS:-31,25}"
 }
 
-phase_bench() {
-    local t p models=()
+# bench_llama SIZE JSON: llama-bench -ngl 99 of the Spark and stock models of SIZE (2b, 9b) in
+# every type of bench_types, the plugin loaded (the stock models never call it), into JSON
+bench_llama() {
+    local size=$1 json=$2 t p models=()
     for t in $bench_types; do
-        for p in spark-gemma2-2b gemma2-2b; do
+        for p in "spark-gemma2-$size" "gemma2-$size"; do
             synthetic_model "$p" "$t" || return 1
             models+=(-m "$work/models/$p-$t.gguf")
         done
     done
     local reps=${GPU_CHECK_BENCH_REPS:-3}
-    say "llama-bench -ngl 99 -fa 0 -p 512 -n 128 -d 0,512,4096 -r $reps, plugin loaded (the stock models never call it)"
+    say "llama-bench ($size) -ngl 99 -fa 0 -p 512 -n 128 -d 0,512,4096 -r $reps, plugin loaded (the stock models never call it)"
     if ! GGML_BACKEND_PATH=$plugin timeout "$(( $(left) - 10 ))" "$bin/llama-bench" "${models[@]}" \
             -ngl 99 -fa 0 -p 512 -n 128 -d 0,512,4096 -r "$reps" -o json \
-            >"$work/bench.json" 2>"$logs/bench.log"; then
-        tail -n 5 "$logs/bench.log" | emit
-        fail "bench: llama-bench failed or ran out of time (logs/bench.log)"; return 1
+            >"$json" 2>"$logs/bench-$size.log"; then
+        tail -n 5 "$logs/bench-$size.log" | emit
+        fail "bench: llama-bench ($size) failed or ran out of time (logs/bench-$size.log)"; return 1
     fi
-    bench_table "$work/bench.json" | emit
-    grep -m2 'spark-backend' "$logs/bench.log" | sed 's/^/plugin: /' | emit
+    bench_table "$json" | emit
+    grep -m2 'spark-backend' "$logs/bench-$size.log" | sed 's/^/plugin: /' | emit
+}
+
+phase_bench() {
+    bench_llama 2b "$work/bench.json" || return 1
+    local reps=${GPU_CHECK_BENCH_REPS:-3}
     # What CUDA graphs give each model's decode: the same test with GGML_CUDA_DISABLE_GRAPHS=1
     local q8=(-m "$work/models/spark-gemma2-2b-q8_0.gguf" -m "$work/models/gemma2-2b-q8_0.gguf")
     if [ -f "$work/models/gemma2-2b-q8_0.gguf" ] && GGML_BACKEND_PATH=$plugin GGML_CUDA_DISABLE_GRAPHS=1 \
@@ -523,6 +524,18 @@ for t in $bench_types; do
     for p in spark-gemma2-2b gemma2-2b; do [ -f "$work/models/$p-$t.gguf" ] || bench_need=$((bench_need + 15)); done
 done
 run_phase bench "$bench_need" phase_bench
+
+# --- bench9b: the same for Gemma-2 9B shapes, where an H100/H200 step is bound by bytes ---------
+phase_bench9b() {
+    bench_llama 9b "$work/bench-9b.json"
+}
+# estimates (not yet seen on a GPU): llama-bench ~90 s; a 9B q8_0 file ~45 s to write (9.8 GB),
+# a q4_0 one ~45 s more to quantize
+bench9b_need=90
+for t in $bench_types; do
+    for p in spark-gemma2-9b gemma2-9b; do [ -f "$work/models/$p-$t.gguf" ] || bench9b_need=$((bench9b_need + 45)); done
+done
+run_phase bench9b "$bench9b_need" phase_bench9b
 
 # --- prof --------------------------------------------------------------------------------------
 phase_prof() {

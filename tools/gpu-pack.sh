@@ -114,6 +114,13 @@ tar -C "$stage" -czf "$carry/llama-src.tar.gz.tmp" \
     --exclude=llama.cpp/pocs --exclude=llama.cpp/tools/ui --exclude='*.py' llama.cpp
 mv -f "$carry/llama-src.tar.gz.tmp" "$carry/llama-src.tar.gz"
 rm -rf "$stage"
+# gguf-py, the .venv's version as a wheel (pure Python; the GPU machine has numpy, PyYAML and
+# tqdm): tools/predict-ratio.py reads the bench models' tensors with it there
+gguf_version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("gguf"))') \
+    || die "no gguf in .venv: run bash tools/setup.sh"
+rm -f "$carry"/gguf-*.whl
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: "gguf==$gguf_version" -d "$carry" \
+    || die "pip could not download gguf==$gguf_version"
 
 # 4. The binaries (symbols stripped; the plugin keeps its dynamic symbols) and the manifest.
 rm -f "$carry/llama-src.tgz"   # an earlier session's name for the source tarball
