@@ -181,3 +181,146 @@ fn a_layout_that_disagrees_with_ggml_fails_to_compile() {
     .expect_err("a wrong q8_0 layout must not compile");
     assert!(e.contains("q8_0 layout"), "{e}");
 }
+
+/// What ptxas -v says of one function: its register count and spilled bytes.
+#[derive(Debug, Default)]
+struct PtxasInfo {
+    registers: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+}
+
+/// The number before `what` in `line` ("0 bytes spill stores" -> 0 for "bytes spill stores").
+fn number_before(line: &str, what: &str) -> Option<u32> {
+    let head = &line[..line.find(what)?];
+    head.split([' ', ','])
+        .rev()
+        .find(|w| !w.is_empty())?
+        .parse()
+        .ok()
+}
+
+/// Parses ptxas -v's report: "Function properties for F" followed by "N bytes stack frame, N
+/// bytes spill stores, N bytes spill loads"; "Compiling entry function 'F'" followed by "Used N
+/// registers". Device functions that were not inlined have properties too.
+fn parse_ptxas_report(report: &str) -> std::collections::BTreeMap<String, PtxasInfo> {
+    let mut out = std::collections::BTreeMap::<String, PtxasInfo>::new();
+    let mut current: Option<String> = None;
+    for line in report.lines() {
+        if let Some(f) = line.split("Function properties for ").nth(1) {
+            current = Some(f.trim().to_owned());
+        } else if let Some(f) = line.split("Compiling entry function '").nth(1) {
+            current = f.split('\'').next().map(str::to_owned);
+        }
+        let Some(f) = current.clone() else { continue };
+        let info = out.entry(f).or_default();
+        if let Some(n) = number_before(line, "bytes spill stores") {
+            info.spill_stores = n;
+        }
+        if let Some(n) = number_before(line, "bytes spill loads") {
+            info.spill_loads = n;
+        }
+        if let Some(n) = number_before(line, "registers") {
+            info.registers = n;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_ptxas_report_parser_reads_spills_and_registers() {
+    let report = "ptxas info    : 0 bytes gmem\n\
+        ptxas info    : Compiling entry function 'k_a' for 'sm_90'\n\
+        ptxas info    : Function properties for k_a\n    \
+        8 bytes stack frame, 12 bytes spill stores, 4 bytes spill loads\n\
+        ptxas info    : Used 255 registers, used 1 barriers, 380 bytes cmem[0]\n\
+        ptxas info    : Compiling entry function 'k_b' for 'sm_90'\n\
+        ptxas info    : Function properties for k_b\n    \
+        0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+        ptxas info    : Used 32 registers, used 0 barriers, 380 bytes cmem[0]\n";
+    let got = parse_ptxas_report(report);
+    let a = &got["k_a"];
+    assert_eq!((a.registers, a.spill_stores, a.spill_loads), (255, 12, 4));
+    let b = &got["k_b"];
+    assert_eq!((b.registers, b.spill_stores, b.spill_loads), (32, 0, 0));
+    assert_eq!(got.len(), 2, "{got:?}");
+}
+
+/// The `.entry` names of a PTX text.
+fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| l.split(".entry ").nth(1))
+        .map(|rest| rest.split(['(', ' ']).next().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// Every kernel of every .cu file, as NVRTC's PTX for compute_75/80/90 with the launchers'
+/// options, assembled by ptxas for the same sm: no register spills (a spill turns register
+/// traffic into local-memory traffic, which a bandwidth-bound kernel cannot afford). ptxas is
+/// CUDA 13.0's from PyPI (`$SPARK_CUDA_TOOLKIT/bin/ptxas`, `source target/cuda-tools/env.sh`),
+/// the assembler NVRTC and the driver run on the same PTX. Each kernel's registers are printed
+/// (`--nocapture`).
+#[test]
+fn no_kernel_spills_registers_on_sm_75_80_90() {
+    require_nvrtc();
+    let toolkit = std::env::var("SPARK_CUDA_TOOLKIT").unwrap_or_else(|_| {
+        panic!("SPARK_CUDA_TOOLKIT is not set: `source target/cuda-tools/env.sh` (tools/cuda-tools.sh)")
+    });
+    let ptxas = Path::new(&toolkit).join("bin").join("ptxas");
+    for (name, text) in files("cu") {
+        let source = CudaSource {
+            name: leak(name.clone()),
+            text: leak(text),
+        };
+        for (major, minor) in ARCHS {
+            let target = Target {
+                major,
+                minor,
+                cubin: false,
+            };
+            let image = compile(&source, target)
+                .unwrap_or_else(|e| panic!("{name} for {}: {e}", target.arch()));
+            let ptx = String::from_utf8_lossy(&image.bytes)
+                .trim_end_matches('\0')
+                .to_owned();
+            let sm = format!("sm_{major}{minor}");
+            let path = std::env::temp_dir().join(format!(
+                "spark-ptxas-{}-{}-{sm}.ptx",
+                std::process::id(),
+                name.trim_end_matches(".cu")
+            ));
+            std::fs::write(&path, &ptx).expect("write the PTX");
+            let run = std::process::Command::new(&ptxas)
+                .args(["-v", &format!("-arch={sm}"), "-o", "/dev/null"])
+                .arg(&path)
+                .output();
+            let _ = std::fs::remove_file(&path);
+            let run = run.unwrap_or_else(|e| panic!("{}: {e}", ptxas.display()));
+            let report = String::from_utf8_lossy(&run.stderr).into_owned()
+                + &String::from_utf8_lossy(&run.stdout);
+            assert!(run.status.success(), "ptxas {name} {sm}:\n{report}");
+            let info = parse_ptxas_report(&report);
+            let entries = ptx_entries(&ptx);
+            assert!(!entries.is_empty(), "{name}: no .entry in the PTX");
+            for entry in &entries {
+                let k = info.get(entry).unwrap_or_else(|| {
+                    panic!("{name} {sm}: ptxas said nothing of {entry}:\n{report}")
+                });
+                println!("{sm} {entry}: {} registers", k.registers);
+                assert!(
+                    k.registers > 0,
+                    "{name} {sm} {entry}: no register count in\n{report}"
+                );
+            }
+            for (f, k) in &info {
+                assert_eq!(
+                    (k.spill_stores, k.spill_loads),
+                    (0, 0),
+                    "{name} {sm}: {f} spills registers ({} bytes stored, {} loaded)",
+                    k.spill_stores,
+                    k.spill_loads
+                );
+            }
+        }
+    }
+}
