@@ -253,6 +253,21 @@ def test_llama_cpp_python_greedy_text_equals_upstreams(model, local_text):
 # 5. ggml RPC
 
 
+def rpc_client_completion(model, server, ngl: str):
+    """llama-completion with the plugin, `--rpc` to `server` with `-ngl ngl` (at -lv 4): its
+    greedy text and run; fails the test with both logs when the client fails or the server dies."""
+    text, res = uh.llama_completion(model, PROMPT, N_PREDICT, True, "--rpc", server.endpoint,
+                                    "-ngl", ngl, "-lv", "4", check=False)
+    alive = server.proc.poll() is None
+    if res.returncode != 0 or not alive:
+        pytest.fail(res.explain(
+            f"llama-completion --rpc {server.endpoint} -ngl {ngl} failed (exit status "
+            f"{uh.exit_status(res.returncode)}; server "
+            f"{'running' if alive else 'exited ' + uh.exit_status(server.proc.returncode)})\n"
+            + server.explain("the server")), pytrace=False)
+    return text, res
+
+
 def test_rpc_server_with_the_plugin_runs_the_sparse_layers(model, local_text, tmp_path):
     """rpc-server with the plugin (test_rpc.py's start_rpc_server), llama-completion with the
     plugin, `--rpc HOST:PORT -ngl 99`: every layer on the server, the local greedy text, the
@@ -261,15 +276,7 @@ def test_rpc_server_with_the_plugin_runs_the_sparse_layers(model, local_text, tm
     rpc = load_upstream_test("test_rpc")
     server = rpc.start_rpc_server(tmp_path, with_plugin=True)
     try:
-        text, res = uh.llama_completion(model, PROMPT, N_PREDICT, True, "--rpc", server.endpoint,
-                                        "-ngl", "99", "-lv", "4", check=False)
-        alive = server.proc.poll() is None
-        if res.returncode != 0 or not alive:
-            pytest.fail(res.explain(
-                f"llama-completion --rpc {server.endpoint} -ngl 99 failed (exit status "
-                f"{uh.exit_status(res.returncode)}; server "
-                f"{'running' if alive else 'exited ' + uh.exit_status(server.proc.returncode)})\n"
-                + server.explain("the server")), pytrace=False)
+        text, res = rpc_client_completion(model, server, "99")
     finally:
         server_log = server.stop()
     assert re.search(rf"RPC\d+\[{re.escape(server.endpoint)}\] model buffer size", res.stderr), \
@@ -285,6 +292,36 @@ def test_rpc_server_with_the_plugin_runs_the_sparse_layers(model, local_text, tm
         f"the client ran Spark kernels for layers {sorted(client.rows)} although every layer is "
         f"on the RPC server")
     assert_sparse_rows(server_log, server.explain, "rpc-server at SIGTERM")
+
+
+def test_layers_on_a_device_without_the_spark_ops_keep_upstreams_graph(model, local_text, tmp_path):
+    """An rpc-server without the plugin stands for any device that cannot run the Spark ops
+    (Vulkan, Metal, SYCL, a CUDA build without the launchers): llama-completion with the plugin
+    puts the last layers there (`-ngl` so that sparse layers 5..9 are on the server and 0..4 on
+    the CPU). Those five keep upstream's graph on the server, said in one load line, instead of
+    running the Spark ops on the client with their weights copied back at every evaluation: the
+    client's table has rows 0..4 only, the text is the local one."""
+    rpc = load_upstream_test("test_rpc")
+    server = rpc.start_rpc_server(tmp_path, with_plugin=False)
+    try:
+        # -ngl N puts layers n_layer + 1 - N .. on the device (the output layer counts as one)
+        _, probe = uh.llama_completion(model, PROMPT, 1, True, "-lv", "4")
+        n_layer = int(re.search(r"n_layer\s*=\s*(\d+)", probe.stderr).group(1))
+        on_cpu = 5
+        text, res = rpc_client_completion(model, server, str(n_layer + 1 - on_cpu))
+    finally:
+        server.stop()
+    said = re.findall(r"Spark: sparse FFN layers (\d+)-(\d+) are on (\S+), which does not run "
+                      r"the Spark ops: they keep upstream's graph there", res.stderr)
+    assert said == [(str(on_cpu), str(N_LAYER_SPARSE - 1), f"RPC0[{server.endpoint}]")], \
+        res.explain(f"the load line for layers {on_cpu}..{N_LAYER_SPARSE - 1}: got {said}")
+    print(f"\nrpc, layers {on_cpu}.. on a server without the plugin: {text!r} ({res.seconds:.2f} s)")
+    assert text == local_text[True], res.explain(
+        f"text {text!r} != local llama-completion's {local_text[True]!r}")
+    client = uh.parse_stats(res.stderr)
+    assert sorted(client.rows) == list(range(on_cpu)), res.explain(
+        f"the client ran Spark kernels for layers {sorted(client.rows)}, want 0..{on_cpu - 1}: "
+        f"the layers on the server must keep upstream's graph there")
 
 
 # ---------------------------------------------------------------------------------------------

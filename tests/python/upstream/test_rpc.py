@@ -179,6 +179,11 @@ def test_rpc_server_without_the_plugin_keeps_the_spark_nodes_local(shipped_f32, 
     assert remote == local, (remote, local)
     assert_stats_table(remote_res.stderr, N_LAYERS, TARGET_KEEP, explain=remote_res.explain)
     assert "spark-stats" not in server_log, server.explain("a server without the plugin printed")
+    # and the client says so, once per load (spark-gemma2's load_tensors)
+    said = re.findall(r"spark-gemma2: layers (\d+)-(\d+) are on (\S+), which does not run the "
+                      r"Spark ops: their Spark nodes run on the CPU", remote_res.stderr)
+    assert said == [("0", str(N_LAYERS - 1), f"RPC0[{server.endpoint}]")], remote_res.explain(
+        f"the load line for layers 0..{N_LAYERS - 1} on the server without the plugin: {said}")
 
 
 def test_two_servers_and_the_client_split_the_layers(shipped_f32, servers):

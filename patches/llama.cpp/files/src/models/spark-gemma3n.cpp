@@ -115,6 +115,39 @@ static ggml_backend_buffer_type_t spark_down_buft(const ggml_tensor * down) {
     return ggml_backend_buft_is_host(buft) ? ggml_backend_cpu_buffer_type() : buft;
 }
 
+// Whether layer il's sparse FFN runs on the Spark ops: every op it may use (the fused and the
+// two-stage path's) runs where W_up and W_down are (V goes beside W_down)
+static bool spark_ffn_runs_on_layer_device(const llama_layer & layer) {
+    for (const char * op : { "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" }) {
+        ggml_custom_op_t fun = spark_kernel(op);
+        if (fun == nullptr) {
+            continue;  // a path the backend does not offer; spark_build_sparse_ffn says so when asked
+        }
+        if (!spark_op_runs_on_weight_device(layer.ffn_up, fun) || !spark_op_runs_on_weight_device(layer.ffn_down, fun)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// One line per device whose layers keep upstream's graph: "layers 0-9 (Vulkan0)"
+static void spark_say_upstream_layers(const std::vector<bool> & sparse, const std::vector<llama_layer> & layers) {
+    for (size_t il = 0; il < sparse.size();) {
+        if (sparse[il]) {
+            ++il;
+            continue;
+        }
+        const char * where = ggml_backend_buffer_name(layers[il].ffn_down->buffer);
+        size_t end = il + 1;
+        while (end < sparse.size() && !sparse[end] && strcmp(ggml_backend_buffer_name(layers[end].ffn_down->buffer), where) == 0) {
+            ++end;
+        }
+        LLAMA_LOG_INFO("%s: Spark: sparse FFN layers %zu-%zu are on %s, which does not run the Spark ops: "
+                       "they keep upstream's graph there\n", __func__, il, end - 1, where);
+        il = end;
+    }
+}
+
 bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
     if (!llama_model_base::load_tensors(ml)) {
         return false;
@@ -125,9 +158,22 @@ bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
     const int n_sparse = std::min<int>(n_layer_sparsity, (int) hparams.n_layer());
     spark_ffn_down_nm.assign(n_sparse, nullptr);
 
+    // 0. which layers the Spark ops run: those whose weights sit where the ops run (the CPU, or
+    //    a device whose backend runs them); the others keep upstream's graph on their device
+    std::vector<bool> sparse(n_sparse);
+    for (int il = 0; il < n_sparse; ++il) {
+        sparse[il] = spark_ffn_runs_on_layer_device(layers[il]);
+    }
+    if (!ml.no_alloc) {  // not in the memory-fit pass, whose placements are trials
+        spark_say_upstream_layers(sparse, layers);
+    }
+
     // 1. the tensors, one context per buffer type (V sits where its layer's other weights are)
     std::vector<std::pair<ggml_backend_buffer_type_t, ggml_context_ptr>> ctxs;
     for (int il = 0; il < n_sparse; ++il) {
+        if (!sparse[il]) {
+            continue;
+        }
         const ggml_tensor * down = layers[il].ffn_down;
         const ggml_backend_buffer_type_t buft = spark_down_buft(down);
         auto it = std::find_if(ctxs.begin(), ctxs.end(), [&](const auto & c) { return c.first == buft; });
@@ -168,18 +214,24 @@ bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
     std::vector<float> nm;
     std::vector<uint8_t> stored;
     size_t total = 0;
+    int first = -1, last = -1;  // the layers with a V
     for (int il = 0; il < n_sparse; ++il) {
         ggml_tensor * v = spark_ffn_down_nm[il];
+        if (v == nullptr) {
+            continue;
+        }
+        first = first < 0 ? il : first;
+        last  = il;
         spark_transpose_to_f32(layers[il].ffn_down, nm);
         stored.resize(ggml_nbytes(v));
         ggml_quantize_chunk(v->type, nm.data(), stored.data(), 0, v->ne[1], v->ne[0], nullptr);
         ggml_backend_tensor_set(v, stored.data(), 0, stored.size());
         total += ggml_nbytes(v);
     }
-    if (n_sparse > 0) {
-        LLAMA_LOG_INFO("%s: Spark: neuron-major ffn_down of layers 0-%d (%s), %.2f MiB in %s\n", __func__, n_sparse - 1,
-                       ggml_type_name(spark_ffn_down_nm[0]->type), total / 1024.0 / 1024.0,
-                       ggml_backend_buffer_name(spark_ffn_down_nm[0]->buffer));
+    if (first >= 0) {
+        const ggml_tensor * v = spark_ffn_down_nm[first];
+        LLAMA_LOG_INFO("%s: Spark: neuron-major ffn_down of layers %d-%d (%s), %.2f MiB in %s\n", __func__, first, last,
+                       ggml_type_name(v->type), total / 1024.0 / 1024.0, ggml_backend_buffer_name(v->buffer));
     }
     return true;
 }
@@ -190,7 +242,7 @@ bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
 
 ggml_tensor * llama_model_gemma3n::graph::build_spark_ffn(ggml_tensor * cur, int il) {
     const auto & g3n = static_cast<const llama_model_gemma3n &>(model);
-    if (il >= (int) g3n.spark_ffn_down_nm.size() || !spark_sparse_ffn_available()) {
+    if (il >= (int) g3n.spark_ffn_down_nm.size() || g3n.spark_ffn_down_nm[il] == nullptr || !spark_sparse_ffn_available()) {
         return nullptr;
     }
     if (loras != nullptr && !loras->empty()) {

@@ -39,6 +39,35 @@ ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor *
     return node;
 }
 
+bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t fun) {
+    if (fun == nullptr) {
+        return false;
+    }
+    if (weight->buffer == nullptr) {
+        return true;  // not placed (yet): nothing to say of it, the graph stays as it was
+    }
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(weight->buffer);
+    if (ggml_backend_buft_is_host(buft)) {
+        return true;
+    }
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    if (dev == nullptr) {
+        return false;
+    }
+    // a node of the op over one placeholder source: the backends that run Spark ops decide by
+    // the op's function alone (patch 0008's launcher table, patch 0009's named ops)
+    ggml_init_params params = { 2 * ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(params);
+    if (ctx == nullptr) {
+        return false;
+    }
+    ggml_tensor * arg  = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1);
+    ggml_tensor * node = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, 1, 1, 1, &arg, 1, fun, 1, nullptr);
+    const bool runs = ggml_backend_dev_supports_op(dev, node);
+    ggml_free(ctx);
+    return runs;
+}
+
 void spark_ffn_warn_dense(const char * why) {
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {

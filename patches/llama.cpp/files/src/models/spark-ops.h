@@ -23,6 +23,13 @@ ggml_custom_op_t spark_kernel(const char * name);
 ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor ** args, int n_args,
                          int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, const spark_op_params & p);
 
+// Whether the Spark custom op `fun` runs where `weight` lives: true for a host buffer (the CPU
+// runs every Spark op), for a weight without a buffer, and for a device whose backend says it supports a node of `fun` (ggml-cuda
+// with the plugin's CUDA launchers, an rpc-server with the plugin); false for the others (Vulkan,
+// Metal, SYCL, HIP, a CUDA build without the launchers, an rpc-server without the plugin), where
+// the scheduler would run the node on the CPU and copy the weight to it at every evaluation.
+bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t fun);
+
 // says once per process why a sparse FFN is not built ("<why>: the FFN runs on the dense graph")
 void spark_ffn_warn_dense(const char * why);
 
