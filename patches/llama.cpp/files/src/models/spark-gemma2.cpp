@@ -32,7 +32,6 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -502,35 +501,18 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_sparse(
 // plugin): ggml runs those layers' Spark nodes on the CPU, copying what they read from the
 // device at every evaluation. One line per run of such layers on one device.
 static void spark_say_layers_off_the_spark_devices(const llama_model_spark_gemma2 & model) {
-    std::vector<ggml_custom_op_t> ops;
-    for (const char * name : { "spark_attn", "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" }) {
-        if (ggml_custom_op_t fun = spark_kernel(name)) {
-            ops.push_back(fun);
-        }
-    }
-    const int n_layer = (int) model.layers.size();
-    auto off = [&](int il) {
+    std::vector<bool> off(model.layers.size());
+    for (size_t il = 0; il < off.size(); ++il) {
         const auto & layer = model.layers[il];
-        return std::any_of(ops.begin(), ops.end(), [&](ggml_custom_op_t fun) {
-            return !spark_op_runs_on_weight_device(layer.ffn_up, fun) || !spark_op_runs_on_weight_device(layer.ffn_down, fun);
-        });
-    };
-    for (int il = 0; il < n_layer;) {
-        if (!off(il)) {
-            ++il;
-            continue;
-        }
-        const char * where = ggml_backend_buffer_name(model.layers[il].ffn_up->buffer);
-        int end = il + 1;
-        while (end < n_layer && off(end) && strcmp(ggml_backend_buffer_name(model.layers[end].ffn_up->buffer), where) == 0) {
-            ++end;
-        }
+        off[il] = !spark_ops_run_where({ "spark_attn", "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
+                                       { layer.ffn_up, layer.ffn_down });
+    }
+    spark_each_run_off(off, [&](int il) { return model.layers[il].ffn_up; }, [](int first, int last, const char * where) {
         LLAMA_LOG_WARN("spark-gemma2: layers %d-%d are on %s, which does not run the Spark ops: their Spark nodes run "
                        "on the CPU and copy what they read from there at every evaluation (a lower -ngl keeps them on "
                        "the CPU; a CUDA build with the plugin's CUDA kernels or an rpc-server with the plugin runs "
-                       "them there)\n", il, end - 1, where);
-        il = end;
-    }
+                       "them there)\n", first, last, where);
+    });
 }
 
 bool llama_model_spark_gemma2::load_tensors(llama_model_loader & ml) {

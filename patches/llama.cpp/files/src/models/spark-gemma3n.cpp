@@ -115,39 +115,6 @@ static ggml_backend_buffer_type_t spark_down_buft(const ggml_tensor * down) {
     return ggml_backend_buft_is_host(buft) ? ggml_backend_cpu_buffer_type() : buft;
 }
 
-// Whether layer il's sparse FFN runs on the Spark ops: every op it may use (the fused and the
-// two-stage path's) runs where W_up and W_down are (V goes beside W_down)
-static bool spark_ffn_runs_on_layer_device(const llama_layer & layer) {
-    for (const char * op : { "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" }) {
-        ggml_custom_op_t fun = spark_kernel(op);
-        if (fun == nullptr) {
-            continue;  // a path the backend does not offer; spark_build_sparse_ffn says so when asked
-        }
-        if (!spark_op_runs_on_weight_device(layer.ffn_up, fun) || !spark_op_runs_on_weight_device(layer.ffn_down, fun)) {
-            return false;
-        }
-    }
-    return true;
-}
-
-// One line per device whose layers keep upstream's graph: "layers 0-9 (Vulkan0)"
-static void spark_say_upstream_layers(const std::vector<bool> & sparse, const std::vector<llama_layer> & layers) {
-    for (size_t il = 0; il < sparse.size();) {
-        if (sparse[il]) {
-            ++il;
-            continue;
-        }
-        const char * where = ggml_backend_buffer_name(layers[il].ffn_down->buffer);
-        size_t end = il + 1;
-        while (end < sparse.size() && !sparse[end] && strcmp(ggml_backend_buffer_name(layers[end].ffn_down->buffer), where) == 0) {
-            ++end;
-        }
-        LLAMA_LOG_INFO("%s: Spark: sparse FFN layers %zu-%zu are on %s, which does not run the Spark ops: "
-                       "they keep upstream's graph there\n", __func__, il, end - 1, where);
-        il = end;
-    }
-}
-
 bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
     if (!llama_model_base::load_tensors(ml)) {
         return false;
@@ -158,20 +125,24 @@ bool llama_model_gemma3n::load_tensors(llama_model_loader & ml) {
     const int n_sparse = std::min<int>(n_layer_sparsity, (int) hparams.n_layer());
     spark_ffn_down_nm.assign(n_sparse, nullptr);
 
-    // 0. which layers the Spark ops run: those whose weights sit where the ops run (the CPU, or
-    //    a device whose backend runs them); the others keep upstream's graph on their device
-    std::vector<bool> sparse(n_sparse);
+    // 0. which layers keep upstream's graph on their device: those whose W_up and W_down (V
+    //    goes beside it) sit where an FFN op of either path does not run
+    std::vector<bool> upstream(n_sparse);
     for (int il = 0; il < n_sparse; ++il) {
-        sparse[il] = spark_ffn_runs_on_layer_device(layers[il]);
+        upstream[il] = !spark_ops_run_where({ "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
+                                            { layers[il].ffn_up, layers[il].ffn_down });
     }
     if (!ml.no_alloc) {  // not in the memory-fit pass, whose placements are trials
-        spark_say_upstream_layers(sparse, layers);
+        spark_each_run_off(upstream, [&](int il) { return layers[il].ffn_down; }, [](int first, int last, const char * where) {
+            LLAMA_LOG_INFO("%s: Spark: sparse FFN layers %d-%d are on %s, which does not run the Spark ops: "
+                           "they keep upstream's graph there\n", "load_tensors", first, last, where);
+        });
     }
 
     // 1. the tensors, one context per buffer type (V sits where its layer's other weights are)
     std::vector<std::pair<ggml_backend_buffer_type_t, ggml_context_ptr>> ctxs;
     for (int il = 0; il < n_sparse; ++il) {
-        if (!sparse[il]) {
+        if (upstream[il]) {
             continue;
         }
         const ggml_tensor * down = layers[il].ffn_down;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 void * spark_proc(const char * name) {
     ggml_backend_reg_t reg = ggml_backend_reg_by_name("Spark");
@@ -39,12 +40,10 @@ ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor *
     return node;
 }
 
-bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t fun) {
-    if (fun == nullptr) {
-        return false;
-    }
+// whether ggml would run a node of the Spark op `fun` where `weight` lives (spark_ops_run_where)
+static bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t fun) {
     if (weight->buffer == nullptr) {
-        return true;  // not placed (yet): nothing to say of it, the graph stays as it was
+        return true;
     }
     ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(weight->buffer);
     if (ggml_backend_buft_is_host(buft)) {
@@ -54,8 +53,8 @@ bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t
     if (dev == nullptr) {
         return false;
     }
-    // a node of the op over one placeholder source: the backends that run Spark ops decide by
-    // the op's function alone (patch 0008's launcher table, patch 0009's named ops)
+    // the backends that run Spark ops decide by the op's function alone (patch 0008's launcher
+    // table, patch 0009's named ops), so a one-element source stands in for the op's real ones
     ggml_init_params params = { 2 * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(params);
     if (ctx == nullptr) {
@@ -66,6 +65,39 @@ bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t
     const bool runs = ggml_backend_dev_supports_op(dev, node);
     ggml_free(ctx);
     return runs;
+}
+
+bool spark_ops_run_where(std::initializer_list<const char *> ops, std::initializer_list<const ggml_tensor *> weights) {
+    for (const char * name : ops) {
+        ggml_custom_op_t fun = spark_kernel(name);
+        if (fun == nullptr) {
+            continue;  // not exported: the graph never builds it
+        }
+        for (const ggml_tensor * w : weights) {
+            if (!spark_op_runs_on_weight_device(w, fun)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+void spark_each_run_off(const std::vector<bool> & off, const std::function<const ggml_tensor *(int)> & weight,
+                        const std::function<void(int, int, const char *)> & say) {
+    const int n = (int) off.size();
+    for (int il = 0; il < n;) {
+        if (!off[il]) {
+            ++il;
+            continue;
+        }
+        const char * where = ggml_backend_buffer_name(weight(il)->buffer);
+        int end = il + 1;
+        while (end < n && off[end] && strcmp(ggml_backend_buffer_name(weight(end)->buffer), where) == 0) {
+            ++end;
+        }
+        say(il, end - 1, where);
+        il = end;
+    }
 }
 
 void spark_ffn_warn_dense(const char * why) {

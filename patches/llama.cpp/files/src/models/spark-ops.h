@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
+#include <vector>
 
 // a proc of the "Spark" ggml backend registry entry (registered in-process or loaded with
 // GGML_BACKEND_PATH), or nullptr (no such entry, or no such proc)
@@ -23,12 +25,19 @@ ggml_custom_op_t spark_kernel(const char * name);
 ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor ** args, int n_args,
                          int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, const spark_op_params & p);
 
-// Whether the Spark custom op `fun` runs where `weight` lives: true for a host buffer (the CPU
-// runs every Spark op), for a weight without a buffer, and for a device whose backend says it supports a node of `fun` (ggml-cuda
-// with the plugin's CUDA launchers, an rpc-server with the plugin); false for the others (Vulkan,
-// Metal, SYCL, HIP, a CUDA build without the launchers, an rpc-server without the plugin), where
-// the scheduler would run the node on the CPU and copy the weight to it at every evaluation.
-bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t fun);
+// Whether every Spark op named in `ops` that the backend exports runs where each of `weights`
+// lives: on a host buffer (the CPU runs every Spark op), on a weight without a buffer (not
+// placed yet), or on a device whose backend says it supports a node of the op (ggml-cuda with the
+// plugin's CUDA launchers, an rpc-server with the plugin). False for the others (Vulkan, Metal,
+// SYCL, HIP, a CUDA build without the launchers, an rpc-server without the plugin), where the
+// scheduler would run the node on the CPU and copy the weights to it at every evaluation.
+bool spark_ops_run_where(std::initializer_list<const char *> ops, std::initializer_list<const ggml_tensor *> weights);
+
+// Calls say(first, last, buffer name) once for each run of consecutive layers first..last that
+// `off` marks and whose weight(il) sits in one buffer: the load lines of the layers that do not
+// run the Spark ops.
+void spark_each_run_off(const std::vector<bool> & off, const std::function<const ggml_tensor *(int)> & weight,
+                        const std::function<void(int, int, const char *)> & say);
 
 // says once per process why a sparse FFN is not built ("<why>: the FFN runs on the dense graph")
 void spark_ffn_warn_dense(const char * why);
