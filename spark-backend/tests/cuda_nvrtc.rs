@@ -137,14 +137,7 @@ fn the_ffn_module_defines_every_kernel_the_launchers_use() {
     )
     .unwrap();
     let text = String::from_utf8_lossy(&ptx.bytes);
-    for kernel in [
-        "spark_ffn_threshold",
-        "spark_ffn_up",
-        "spark_ffn_compact",
-        "spark_ffn_v_sparse",
-        "spark_ffn_v_tiled",
-        "spark_ffn_sum",
-    ] {
+    for kernel in spark_backend::ffn::cuda_plan::FfnKernel::ALL.map(|k| k.name()) {
         assert!(
             text.contains(&format!(".entry {kernel}(")),
             "{kernel} missing from the PTX"

@@ -62,7 +62,7 @@ unsafe fn enqueue(gpu: &Gpu, launches: &[Launch]) -> Result<(), String> {
 
 /// Runs a plan that thresholds tokens (`spark_ffn_fused`, `spark_ffn_up`): one scratch
 /// allocation of `layout`, the plan's launches over it, and when `crate::cuda::device_stats`
-/// is on the kept counts (u32 [T] at `layout.kept`) added to the statistics table (waits for
+/// is on the kept counts (`layout.kept_len` u32 at `layout.kept`) added to the statistics table (waits for
 /// the stream: only in that mode).
 ///
 /// # Safety
@@ -78,8 +78,11 @@ unsafe fn run_stage(
     // SAFETY: per the contract; the scratch holds layout.total bytes at base.
     unsafe { enqueue(gpu, &launches(base)?)? };
     if crate::cuda::device_stats() && !launch::capturing(gpu)? {
-        let counts =
-            launch::copy_counts(gpu, &scratch, layout.kept..layout.kept + 4 * st.n_tokens)?;
+        let counts = launch::copy_counts(
+            gpu,
+            &scratch,
+            layout.kept..layout.kept + 4 * layout.kept_len,
+        )?;
         let total = launch::sum_counts(gpu, &counts)?;
         stats::record_ffn(st.layer, total, st.n_tokens as u64, st.f as u64);
     }

@@ -13,11 +13,15 @@
 //! (tests/cuda_emu) runs these very launches through g++.
 //!
 //! Per op, the kernels enqueued on ggml's stream:
-//! - `spark_ffn_fused`: threshold (one block per token) -> up (one warp per neuron; gated
-//!   values `u` [F, T] in scratch, exact zeros) -> for T <= [`SPARSE_MAX_TOKENS`] compaction per
-//!   (token, chunk) and a V accumulation over the compacted neurons (one thread per output
-//!   value), else the tiled V accumulation (32 tokens x 64 columns per block; V rows no token
-//!   of the tile uses are skipped). Both accumulate the same products in the same order.
+//! - `spark_ffn_fused`, T <= [`SPARSE_MAX_TOKENS`] (decode): two kernels. Select-up (32
+//!   neurons per block; every block computes its token's threshold itself, then the up dots
+//!   of its active neurons: gated values `u` [F, T] in scratch, exact zeros), then gather (per
+//!   128 columns, token and chunk: the chunk's nonzero u compacted in shared memory, one
+//!   thread per output value over the active V rows).
+//! - `spark_ffn_fused`, more tokens: threshold (one block per token) -> up (one warp per
+//!   neuron) -> the tiled V accumulation (32 tokens x 64 columns per block; V rows no token of
+//!   the tile uses are skipped). Both paths give bit-identical u and accumulate the same
+//!   products in the same order.
 //! - `spark_ffn_up`: threshold -> up, straight into dst.
 //! - `spark_ffn_down`: the tiled V accumulation over all F neurons (one chunk).
 //! - `spark_ffn_sum`: one thread per output value, partials added in chunk order.
@@ -26,7 +30,9 @@
 //! enqueue these plans.
 
 use super::shapes::{self, StageDims};
-use crate::cuda::check::{expect_f32_rows, weight, GpuWeight};
+/// A weight as the kernels read it (type, address, row stride, shape).
+pub use crate::cuda::check::GpuWeight;
+use crate::cuda::check::{expect_f32_rows, weight};
 use crate::cuda::CudaSource;
 use crate::tensor::{views, TensorView};
 use crate::topk::Cutoff;
@@ -44,8 +50,14 @@ pub(crate) const KERNELS: CudaSource = CudaSource {
 /// accumulation above (where nearly every V row is active for some token of a tile).
 pub const SPARSE_MAX_TOKENS: usize = 8;
 
-/// Threads per block of every FFN kernel but the threshold.
+/// Threads per block of every FFN kernel but the threshold and the gather.
 pub(crate) const THREADS: u32 = 256;
+
+/// Neurons per block of `spark_ffn_select_up` (`SPARK_SELECT_NEURONS` in ffn.cu).
+pub const SELECT_NEURONS: usize = 32;
+
+/// Threads per block of `spark_ffn_gather` (`SPARK_GATHER_THREADS`): one output column each.
+pub(crate) const GATHER_THREADS: u32 = 128;
 
 /// Threads per block of `spark_ffn_threshold` (`SPARK_THRESHOLD_THREADS` in ffn.cu): one block
 /// per token computes the statistics of all F scores, so the block is as wide as CUDA allows.
@@ -278,10 +290,10 @@ pub enum FfnKernel {
     Threshold,
     /// `spark_ffn_up`.
     Up,
-    /// `spark_ffn_compact`.
-    Compact,
-    /// `spark_ffn_v_sparse`.
-    VSparse,
+    /// `spark_ffn_select_up`.
+    SelectUp,
+    /// `spark_ffn_gather`.
+    Gather,
     /// `spark_ffn_v_tiled`.
     VTiled,
     /// `spark_ffn_sum`.
@@ -293,8 +305,8 @@ impl FfnKernel {
     pub const ALL: [FfnKernel; 6] = [
         FfnKernel::Threshold,
         FfnKernel::Up,
-        FfnKernel::Compact,
-        FfnKernel::VSparse,
+        FfnKernel::SelectUp,
+        FfnKernel::Gather,
         FfnKernel::VTiled,
         FfnKernel::Sum,
     ];
@@ -303,6 +315,7 @@ impl FfnKernel {
     pub fn threads(self) -> u32 {
         match self {
             FfnKernel::Threshold => THRESHOLD_THREADS,
+            FfnKernel::Gather => GATHER_THREADS,
             _ => THREADS,
         }
     }
@@ -312,8 +325,8 @@ impl FfnKernel {
         match self {
             FfnKernel::Threshold => "spark_ffn_threshold",
             FfnKernel::Up => "spark_ffn_up",
-            FfnKernel::Compact => "spark_ffn_compact",
-            FfnKernel::VSparse => "spark_ffn_v_sparse",
+            FfnKernel::SelectUp => "spark_ffn_select_up",
+            FfnKernel::Gather => "spark_ffn_gather",
             FfnKernel::VTiled => "spark_ffn_v_tiled",
             FfnKernel::Sum => "spark_ffn_sum",
         }
@@ -379,25 +392,23 @@ const MAX_GRID_YZ: usize = 65_535;
 pub struct ScratchLayout {
     /// f32 `[T]`: each token's threshold.
     pub theta: usize,
-    /// u32 `[T]`: each token's kept count (copied to the host only for statistics).
+    /// u32 `[kept_len]`: kept counts whose sum is the op's (copied to the host only for
+    /// statistics): one per token, or with select-up one per (token, block).
     pub kept: usize,
+    /// How many u32 counts `kept` holds.
+    pub kept_len: usize,
     /// f32 [F, T]: the gated values u, neuron-major (`spark_ffn_fused`; `spark_ffn_up` writes
     /// them into dst).
     pub u: usize,
-    /// u32 [T, F]: per token, the nonzero-u neurons of each chunk, compacted at the chunk's
-    /// first neuron (`spark_ffn_fused` with T <= [`SPARSE_MAX_TOKENS`]).
-    pub idx: usize,
-    /// u32 [T, P]: how many neurons each (token, chunk) compacted (as `idx`).
-    pub count: usize,
     /// Bytes in all (at least 4).
     pub total: usize,
 }
 
 impl ScratchLayout {
-    /// Buffers of `[theta, kept, u, idx, count]` bytes, in that order.
-    fn new(bytes: [usize; 5]) -> Self {
+    /// Thresholds of `n_tokens`, `kept_len` kept counts and `u_bytes` bytes of u, in that order.
+    fn new(n_tokens: usize, kept_len: usize, u_bytes: usize) -> Self {
         let mut end = 0usize;
-        let [theta, kept, u, idx, count] = bytes.map(|b| {
+        let [theta, kept, u] = [4 * n_tokens, 4 * kept_len, u_bytes].map(|b| {
             let at = end.next_multiple_of(256);
             end = at + b;
             at
@@ -405,9 +416,8 @@ impl ScratchLayout {
         Self {
             theta,
             kept,
+            kept_len,
             u,
-            idx,
-            count,
             total: end.max(4),
         }
     }
@@ -452,6 +462,44 @@ impl StagePlan {
             ],
         );
         Ok([threshold, up])
+    }
+
+    /// Select-up (T <= [`SPARSE_MAX_TOKENS`]): thresholds computed per block, u [F, T] at `u`;
+    /// token thresholds at `theta` and per-(token, block) kept counts at `kept`
+    /// ([`Self::select_blocks`] per token).
+    fn select_up_launch(&self, theta: u64, kept: u64, u: u64) -> Result<Launch, String> {
+        let (f, t) = (int("F", self.f)?, int("n_tokens", self.n_tokens)?);
+        let (r_f, d2) = (int("r_f", self.r_f())?, int("K2 columns", self.k2.cols)?);
+        Ok(launch(
+            FfnKernel::SelectUp,
+            (
+                grid("neuron blocks", self.select_blocks(), MAX_GRID_X)?,
+                grid("tokens", self.n_tokens, MAX_GRID_YZ)?,
+                1,
+            ),
+            vec![
+                Arg::Ptr(self.s),
+                f,
+                t,
+                Arg::I32(i32::from(self.dense())),
+                Arg::F64(self.z()),
+                Arg::Ptr(self.h),
+                Arg::I64(self.h_stride as i64),
+                r_f,
+                Arg::Ptr(self.k2.ptr),
+                Arg::I64(self.k2.row_stride as i64),
+                Arg::I32(self.k2.ty as i32),
+                d2,
+                Arg::Ptr(u),
+                Arg::Ptr(theta),
+                Arg::Ptr(kept),
+            ],
+        ))
+    }
+
+    /// Blocks of select-up per token: [`SELECT_NEURONS`] neurons each.
+    pub fn select_blocks(&self) -> usize {
+        self.f.div_ceil(SELECT_NEURONS)
     }
 }
 
@@ -499,18 +547,16 @@ fn v_tiled(
 }
 
 impl FusedPlan {
-    /// The scratch of [`launches`](Self::launches): thresholds, kept counts and u, and for T <=
-    /// [`SPARSE_MAX_TOKENS`] the compacted neuron lists.
+    /// The scratch of [`launches`](Self::launches): thresholds, kept counts (per token and
+    /// select-up block for T <= [`SPARSE_MAX_TOKENS`], else per token) and u.
     pub fn scratch(&self) -> ScratchLayout {
-        let (f, t, p) = (self.stage.f, self.stage.n_tokens, self.p);
-        let sparse = t <= SPARSE_MAX_TOKENS;
-        ScratchLayout::new([
-            4 * t,
-            4 * t,
-            4 * f * t,
-            if sparse { 4 * f * t } else { 0 },
-            if sparse { 4 * p * t } else { 0 },
-        ])
+        let (f, t) = (self.stage.f, self.stage.n_tokens);
+        let kept = if t <= SPARSE_MAX_TOKENS {
+            t * self.stage.select_blocks()
+        } else {
+            t
+        };
+        ScratchLayout::new(t, kept, 4 * f * t)
     }
 
     /// The launch sequence with [`scratch`](Self::scratch) at device address `scratch`.
@@ -520,49 +566,42 @@ impl FusedPlan {
         let sc = self.scratch();
         let at = |off: usize| scratch + off as u64;
         let u = at(sc.u);
-        let mut out = Vec::from(st.launches(at(sc.theta), at(sc.kept), u)?);
-        if t <= SPARSE_MAX_TOKENS {
-            let (fi, ti, pi, di) = (
-                int("F", f)?,
-                int("n_tokens", t)?,
-                int("P", p)?,
-                int("D", d)?,
-            );
-            let (idx, count) = (Arg::Ptr(at(sc.idx)), Arg::Ptr(at(sc.count)));
-            out.push(launch(
-                FfnKernel::Compact,
-                (
-                    grid("chunks", p, MAX_GRID_X)?,
-                    grid("tokens", t, MAX_GRID_YZ)?,
-                    1,
-                ),
-                vec![Arg::Ptr(u), fi, ti, pi, idx, count],
-            ));
-            out.push(launch(
-                FfnKernel::VSparse,
-                (
-                    grid("column blocks", d.div_ceil(256), MAX_GRID_X)?,
-                    grid("tokens", t, MAX_GRID_YZ)?,
-                    grid("chunks", p, MAX_GRID_YZ)?,
-                ),
-                vec![
-                    Arg::Ptr(u),
-                    fi,
-                    ti,
-                    pi,
-                    idx,
-                    count,
-                    Arg::Ptr(self.v.ptr),
-                    Arg::I64(self.v.row_stride as i64),
-                    Arg::I32(self.v.ty as i32),
-                    di,
-                    Arg::Ptr(self.out),
-                ],
-            ));
-        } else {
+        if t > SPARSE_MAX_TOKENS {
+            let mut out = Vec::from(st.launches(at(sc.theta), at(sc.kept), u)?);
             out.push(v_tiled(u, f, t, p, &self.v, self.out, d, d * t)?);
+            return Ok(out);
         }
-        Ok(out)
+        let select = st.select_up_launch(at(sc.theta), at(sc.kept), u)?;
+        let (fi, ti, pi, di) = (
+            int("F", f)?,
+            int("n_tokens", t)?,
+            int("P", p)?,
+            int("D", d)?,
+        );
+        let gather = launch(
+            FfnKernel::Gather,
+            (
+                grid(
+                    "column blocks",
+                    d.div_ceil(GATHER_THREADS as usize),
+                    MAX_GRID_X,
+                )?,
+                grid("tokens", t, MAX_GRID_YZ)?,
+                grid("chunks", p, MAX_GRID_YZ)?,
+            ),
+            vec![
+                Arg::Ptr(u),
+                fi,
+                ti,
+                pi,
+                Arg::Ptr(self.v.ptr),
+                Arg::I64(self.v.row_stride as i64),
+                Arg::I32(self.v.ty as i32),
+                di,
+                Arg::Ptr(self.out),
+            ],
+        );
+        Ok(vec![select, gather])
     }
 }
 
@@ -570,7 +609,7 @@ impl UpPlan {
     /// The scratch of [`launches`](Self::launches): thresholds and kept counts.
     pub fn scratch(&self) -> ScratchLayout {
         let t = self.stage.n_tokens;
-        ScratchLayout::new([4 * t, 4 * t, 0, 0, 0])
+        ScratchLayout::new(t, t, 0)
     }
 
     /// The launch sequence with [`scratch`](Self::scratch) at device address `scratch`: u

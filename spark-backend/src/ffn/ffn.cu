@@ -14,6 +14,23 @@ __device__ __forceinline__ u32 spark_kept(float v, int dense, float th) {
     return a != 0.0f ? 1u : 0u;
 }
 
+// theta from the per-warp shifted sums (red1, red2) and finite counts (redi) of nw warps, added
+// in warp order (SPEC 1: mean and unbiased std in f64), rounded down to f32 so that
+// v > theta_f32 exactly when v > theta (topk::threshold). Called by one thread.
+__device__ __forceinline__ float spark_theta_of_warps(const double * red1, const double * red2, const int * redi,
+                                                      int nw, double shift, double q) {
+    double t1 = 0.0, t2 = 0.0;
+    int total = 0;
+    for (int w = 0; w < nw; ++w) { t1 += red1[w]; t2 += red2[w]; total += redi[w]; }
+    const double nf = (double)total;
+    const double mean_shifted = t1 / nf;
+    double var = 0.0;
+    if (total >= 2) var = fmax((t2 - t1 * mean_shifted) / (nf - 1.0), 0.0);
+    const double sd = sqrt(var);
+    const double mean = shift + mean_shifted;
+    return __double2float_rd(sd == 0.0 ? mean : mean + sd * q);
+}
+
 // Per token t (one block each): the statistical top-k threshold of s[t*F .. t*F + F) (SPEC 1:
 // mean and unbiased std over the finite scores, in f64, shifted by the first finite score as
 // spark-backend's topk::mean_std), rounded down to f32 like topk::threshold, and the number of
@@ -98,17 +115,7 @@ spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, 
         if (lane == 0) { red1[warp] = s1; red2[warp] = s2; redi[warp] = cnt; }
         __syncthreads();
         if (tid == 0) {
-            double t1 = 0.0, t2 = 0.0;
-            int total = 0;
-            for (int w = 0; w < nw; ++w) { t1 += red1[w]; t2 += red2[w]; total += redi[w]; }
-            const double nf = (double)total;
-            const double mean_shifted = t1 / nf;
-            double var = 0.0;
-            if (total >= 2) var = fmax((t2 - t1 * mean_shifted) / (nf - 1.0), 0.0);
-            const double sd = sqrt(var);
-            const double mean = shift + mean_shifted;
-            // theta rounded down to f32: v > theta_f32 exactly when v > theta (topk::threshold)
-            th = __double2float_rd(sd == 0.0 ? mean : mean + sd * q);
+            th = spark_theta_of_warps(red1, red2, redi, nw, shift, q);
             theta[t] = th;
         }
         __syncthreads();
@@ -174,41 +181,106 @@ spark_ffn_up(const float * s, int F, int T, const float * theta, int dense,
     }
 }
 
-#define SPARK_COMPACT_THREADS 256
-
-// For token t (blockIdx.y) and chunk c (blockIdx.x) = neurons [c*F/P, (c+1)*F/P): the neurons
-// with u[j*T + t] != 0 in increasing order, at idx[t*F + c*F/P ..], their number at
-// count[t*P + c]. Each thread scans a contiguous range; offsets by an exclusive scan in shared
-// memory (deterministic). block 256.
-extern "C" __global__ void __launch_bounds__(SPARK_COMPACT_THREADS)
-spark_ffn_compact(const float * u, int F, int T, int P, u32 * idx, u32 * count) {
-    __shared__ u32 scan[SPARK_COMPACT_THREADS];
-    const int c = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
-    const int lo = (int)((i64)c * F / P), hi = (int)((i64)(c + 1) * F / P);
-    const int len = hi - lo;
-    const int per = (len + SPARK_COMPACT_THREADS - 1) / SPARK_COMPACT_THREADS;
-    const int a = min(lo + tid * per, hi), b = min(a + per, hi);
-    u32 mine = 0;
-    for (int j = a; j < b; ++j) mine += u[(i64)j * T + t] != 0.0f ? 1u : 0u;
-    scan[tid] = mine;
+// The statistical top-k threshold of the row x (F scores) computed by every thread of a block
+// of NT threads, as spark_ffn_threshold computes it (first finite score as the shift, f64
+// sums thread-strided, warp butterflies, warps in order), read twice from memory instead of
+// held in registers; +inf when no score is finite (nothing kept). Not for dense cutoffs.
+// Every thread of the block must call it (it synchronizes the block).
+template <int NT>
+__device__ __forceinline__ float spark_block_theta(const float * x, int F, double q) {
+    __shared__ double red1[NT / 32];
+    __shared__ double red2[NT / 32];
+    __shared__ int redi[NT / 32];
+    __shared__ float th;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    int first = F;
+    for (int j = tid; j < F; j += NT) {
+        if (isfinite(x[j])) { first = j; break; }
+    }
+    for (int m = 16; m > 0; m >>= 1) first = min(first, __shfl_xor_sync(SPARK_FULL_MASK, first, m));
+    if (lane == 0) redi[warp] = first;
     __syncthreads();
-    for (int off = 1; off < SPARK_COMPACT_THREADS; off <<= 1) {
-        const u32 add = tid >= off ? scan[tid - off] : 0u;
-        __syncthreads();
-        scan[tid] += add;
-        __syncthreads();
+    first = F;
+    for (int w = 0; w < NT / 32; ++w) first = min(first, redi[w]);
+    if (first == F) return __int_as_float(0x7f800000); // uniform across the block
+    const double shift = (double)x[first];
+    double s1 = 0.0, s2 = 0.0;
+    int cnt = 0;
+    for (int j = tid; j < F; j += NT) {
+        const float xv = x[j];
+        if (isfinite(xv)) {
+            const double d = (double)xv - shift;
+            s1 += d;
+            s2 += d * d;
+            cnt += 1;
+        }
     }
-    u32 pos = scan[tid] - mine; // exclusive
-    u32 * out = idx + (i64)t * F + lo;
-    for (int j = a; j < b; ++j) {
-        if (u[(i64)j * T + t] != 0.0f) out[pos++] = (u32)j;
-    }
-    if (tid == SPARK_COMPACT_THREADS - 1) count[(i64)t * P + c] = scan[tid];
+    s1 = spark_warp_sum_f64(s1);
+    s2 = spark_warp_sum_f64(s2);
+    for (int m = 16; m > 0; m >>= 1) cnt += __shfl_xor_sync(SPARK_FULL_MASK, cnt, m);
+    __syncthreads(); // every thread has read redi (the first finite scores)
+    if (lane == 0) { red1[warp] = s1; red2[warp] = s2; redi[warp] = cnt; }
+    __syncthreads();
+    if (tid == 0) th = spark_theta_of_warps(red1, red2, redi, NT / 32, shift, q);
+    __syncthreads();
+    return th;
 }
 
-#define SPARK_SPARSE_THREADS 256
-// Compacted entries (neuron, u value) staged in shared memory per step of spark_ffn_v_sparse.
-#define SPARK_SPARSE_STAGE 512
+#define SPARK_SELECT_THREADS 256
+// Neurons per block of spark_ffn_select_up: 4 per warp.
+#define SPARK_SELECT_NEURONS 32
+
+// Few tokens (the fused path's decode kernels, T <= 8), threshold and up in one launch: block
+// (b, t) computes token t's threshold itself (spark_block_theta; every block of the token gets
+// the same value) and then, as spark_ffn_up does, u[j*T + t] = gelu(s_tj - theta_t) *
+// (K2_j . h_t[r_f:]) for its 32 neurons j (exact 0 for dropped ones; dense: gelu(s_tj) * dot):
+// warp w takes neurons 4w .. 4w+3 of the block, its lanes 0-3 test them and the warp computes
+// the active ones' dots in order. Same products and sums as spark_ffn_threshold + spark_ffn_up,
+// so u is bit-identical to theirs. theta[t] (block 0) and kept[t * gridDim.x + b] (the block's
+// count of nonzero activations) are written when those pointers are not null (statistics).
+// grid: (ceil(F / 32), T), block 256.
+extern "C" __global__ void __launch_bounds__(SPARK_SELECT_THREADS)
+spark_ffn_select_up(const float * s, int F, int T, int dense, double q,
+                    const u8 * h, i64 h_stride, int r_f, const u8 * k2, i64 k2_stride, int k2_type, int d2,
+                    float * u, float * theta, u32 * kept) {
+    __shared__ int nact[SPARK_SELECT_THREADS / 32];
+    const int t = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float * x = s + (i64)t * F;
+    const float th = dense ? -__int_as_float(0x7f800000) : spark_block_theta<SPARK_SELECT_THREADS>(x, F, q);
+    const int per = SPARK_SELECT_NEURONS / (SPARK_SELECT_THREADS / 32);
+    const int j = blockIdx.x * SPARK_SELECT_NEURONS + warp * per + lane; // lanes < per only
+    float a = 0.0f;
+    if (lane < per && j < F) {
+        const float v = x[j];
+        a = dense ? spark_gelu_tanh(v) : (v > th ? spark_gelu_tanh(v - th) : 0.0f);
+    }
+    const u32 live = __ballot_sync(SPARK_FULL_MASK, a != 0.0f);
+    u32 active = live;
+    float val = 0.0f;
+    const float * hx = (const float *)(h + (i64)t * h_stride) + r_f;
+    while (active) {
+        const int b = __ffs(active) - 1;
+        active &= active - 1;
+        const u8 * row = k2 + (i64)(blockIdx.x * SPARK_SELECT_NEURONS + warp * per + b) * k2_stride;
+        const float dot = spark_row_dot(row, k2_type, hx, d2, lane);
+        if (lane == b) val = a * dot;
+    }
+    if (lane < per && j < F) u[(i64)j * T + t] = val;
+    if (kept) {
+        if (lane == 0) nact[warp] = __popc(live);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int n = 0;
+            for (int w = 0; w < SPARK_SELECT_THREADS / 32; ++w) n += nact[w];
+            kept[(i64)t * gridDim.x + blockIdx.x] = (u32)n;
+        }
+    }
+    if (theta && blockIdx.x == 0 && threadIdx.x == 0) theta[t] = th;
+}
+
+#define SPARK_GATHER_THREADS 128
+// Neurons of a chunk one step of spark_ffn_gather examines (4 rounds of 128).
+#define SPARK_GATHER_STAGE 512
 
 // acc + sum over the m staged entries e, in order, of us[e] * V_{js[e]}[d], V rows of type TY
 // (SPARK_UNROLL rows' loads in flight before their multiply-adds).
@@ -232,32 +304,46 @@ __device__ __forceinline__ float spark_v_axpy(int ty, float acc, const float * u
     SPARK_DISPATCH_TYPE(ty, spark_v_axpy_t, acc, us, js, m, v, v_stride, d)
 }
 
-// Fused path, few tokens: partial[(c*T + t)*D + d] = sum over the compacted neurons j of chunk c
-// for token t, in increasing order, of u[j*T + t] * V_j[d] (one thread per output value). The
-// block stages the compacted neurons and their u values in shared memory (SPARK_SPARSE_STAGE at
-// a time), so each thread's loop issues only independent V loads.
-// grid: (ceil(D / 256), T, P), block 256.
-extern "C" __global__ void __launch_bounds__(SPARK_SPARSE_THREADS)
-spark_ffn_v_sparse(const float * u, int F, int T, int P, const u32 * idx, const u32 * count,
-                   const u8 * v, i64 v_stride, int v_type, int D, float * out) {
-    __shared__ float us[SPARK_SPARSE_STAGE];
-    __shared__ u32 js[SPARK_SPARSE_STAGE];
-    const int d = blockIdx.x * SPARK_SPARSE_THREADS + threadIdx.x;
+// Few tokens (the fused path, T <= 8): out[(c*T + t)*D + d] = sum over the neurons j of chunk c
+// ([c*F/P, (c+1)*F/P)) with u[j*T + t] != 0, in increasing order, of u * V_j[d]: one thread per
+// output value, one block per (128 columns, token, chunk). The block compacts its chunk's
+// nonzero u in steps of 512 neurons (ballots, then the warps' counts in order) into shared
+// memory, so each thread's loop issues only independent V loads; only active V rows are read.
+// Same products in the same order as spark_ffn_v_tiled. grid: (ceil(D / 128), T, P), block 128.
+extern "C" __global__ void __launch_bounds__(SPARK_GATHER_THREADS)
+spark_ffn_gather(const float * u, int F, int T, int P, const u8 * v, i64 v_stride, int v_type, int D,
+                 float * out) {
+    __shared__ float us[SPARK_GATHER_STAGE];
+    __shared__ u32 js[SPARK_GATHER_STAGE];
+    __shared__ int wcount[SPARK_GATHER_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int d = blockIdx.x * SPARK_GATHER_THREADS + tid;
     const int t = blockIdx.y, c = blockIdx.z;
-    const int lo = (int)((i64)c * F / P);
-    const int n = (int)count[(i64)t * P + c];
-    const u32 * list = idx + (i64)t * F + lo;
+    const int lo = (int)((i64)c * F / P), hi = (int)((i64)(c + 1) * F / P);
     float acc = 0.0f;
-    for (int e0 = 0; e0 < n; e0 += SPARK_SPARSE_STAGE) {
-        const int m = min(SPARK_SPARSE_STAGE, n - e0);
-        __syncthreads(); // the previous step's entries are read
-        for (int e = threadIdx.x; e < m; e += SPARK_SPARSE_THREADS) {
-            const u32 j = list[e0 + e];
-            js[e] = j;
-            us[e] = u[(i64)j * T + t];
+    for (int j0 = lo; j0 < hi; j0 += SPARK_GATHER_STAGE) {
+        int m = 0; // entries staged so far in this step (uniform)
+        for (int r = 0; r < SPARK_GATHER_STAGE && j0 + r < hi; r += SPARK_GATHER_THREADS) {
+            const int j = j0 + r + tid;
+            const float uv = j < hi ? u[(i64)j * T + t] : 0.0f;
+            const u32 mask = __ballot_sync(SPARK_FULL_MASK, uv != 0.0f);
+            if (lane == 0) wcount[warp] = __popc(mask);
+            __syncthreads();
+            int before = m, round = 0;
+            for (int w = 0; w < SPARK_GATHER_THREADS / 32; ++w) {
+                if (w < warp) before += wcount[w];
+                round += wcount[w];
+            }
+            if (uv != 0.0f) {
+                const int e = before + __popc(mask & ((1u << lane) - 1u));
+                js[e] = (u32)j;
+                us[e] = uv;
+            }
+            m += round;
+            __syncthreads(); // wcount is read by every thread before the next round writes it
         }
-        __syncthreads();
         if (d < D) acc = spark_v_axpy(v_type, acc, us, js, m, v, v_stride, d);
+        __syncthreads(); // the entries are read before the next step stages its own
     }
     if (d < D) out[((i64)c * T + t) * D + d] = acc;
 }
@@ -270,7 +356,7 @@ spark_ffn_v_sparse(const float * u, int F, int T, int P, const u32 * idx, const 
 // P = 1 for spark_ffn_down) in increasing order with u[j*T + t] != 0 of u * V_j[d]. A block
 // computes 32 tokens x 64 columns; it stages 32 neurons' u (32 x 32) and V values (32 x 64,
 // dequantized once) in shared memory per step and skips V rows that no token of the tile uses.
-// Same products in the same order as spark_ffn_v_sparse, so a token's result does not depend
+// Same products in the same order as spark_ffn_gather, so a token's result does not depend
 // on the path or on the other tokens. grid: (ceil(D / 64), ceil(T / 32), P), block 256.
 extern "C" __global__ void __launch_bounds__(256)
 spark_ffn_v_tiled(const float * u, int F, int T, int P, const u8 * v, i64 v_stride, int v_type,

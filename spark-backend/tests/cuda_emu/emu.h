@@ -1,6 +1,7 @@
 // A CPU emulation of the small part of CUDA C that src/attention/attn.cu and src/ffn/ffn.cu use, so that g++ can compile
 // the kernel file unchanged and run it (tests/cuda_emu/main.rs). Not fast, not general:
-// - one std::thread per CUDA thread of a block, blocks one after another;
+// - one std::thread per CUDA thread of a block, blocks one after another (in order, or shuffled:
+//   emu_block_order);
 // - `__shared__` is static storage (one block at a time), `__syncthreads` a std::barrier;
 // - warp shuffles and ballots go through a per-warp exchange buffer and a per-warp barrier, so
 //   every lane of a warp must reach them together (as the kernels guarantee);
@@ -138,34 +139,60 @@ inline float spark_h2f(unsigned short h) {
     return f;
 }
 
-// Runs body() (a kernel call) as each thread of grid x block (block.y = block.z = 1), blocks in
-// order.
+// The order the blocks of a grid run in: 0 runs them in order (x fastest, then y, then z);
+// any other value a permutation of them drawn from that seed (the same for the same seed and
+// grid). A kernel whose output depends on the order blocks run in (or on which runs last) gives
+// different images under different seeds (tests/cuda_emu/ffn.rs runs each launch sequence twice).
+inline unsigned long long emu_block_order = 0;
+
+// The blocks of grid in the order emu_block_order says, as linear indices.
+inline std::vector<unsigned long long> emu_blocks(EmuDim grid) {
+    const unsigned long long n = (unsigned long long)grid.x * grid.y * grid.z;
+    std::vector<unsigned long long> order(n);
+    for (unsigned long long i = 0; i < n; ++i) order[i] = i;
+    unsigned long long x = emu_block_order;
+    for (unsigned long long i = n; x != 0 && i > 1; --i) { // Fisher-Yates, splitmix64 draws
+        x += 0x9e3779b97f4a7c15ull;
+        unsigned long long z = x;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        std::swap(order[i - 1], order[z % i]);
+    }
+    return order;
+}
+
+// Runs body() (a kernel call) as each thread of grid x block (block.y = block.z = 1), blocks one
+// after another in emu_blocks' order: one std::thread per thread of a block, each running its
+// part of every block, with a barrier between blocks (the next block's threads start once the
+// last thread of the previous one has returned).
 template <class Body>
 inline void emu_run(EmuDim grid, EmuDim block, const Body& body) {
     gridDim = grid;
     blockDim = block;
     const unsigned nt = block.x;
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
-                std::barrier<> bar(nt);
-                emu_block_barrier = &bar;
-                emu_warps.clear();
-                for (unsigned w = 0; w < (nt + 31) / 32; ++w) emu_warps.push_back(std::make_unique<EmuWarp>());
-                emu_or_slots.assign(nt, 0);
-                std::vector<std::thread> threads;
-                threads.reserve(nt);
-                for (unsigned t = 0; t < nt; ++t)
-                    threads.emplace_back([=, &body] {
-                        threadIdx = EmuDim{t, 0, 0};
-                        blockIdx = EmuDim{bx, by, bz};
-                        body();
-                    });
-                for (auto& th : threads) th.join();
+    const std::vector<unsigned long long> order = emu_blocks(grid);
+    std::barrier<> bar(nt);
+    std::barrier<> between(nt);
+    emu_block_barrier = &bar;
+    emu_warps.clear();
+    for (unsigned w = 0; w < (nt + 31) / 32; ++w) emu_warps.push_back(std::make_unique<EmuWarp>());
+    emu_or_slots.assign(nt, 0);
+    std::vector<std::thread> threads;
+    threads.reserve(nt);
+    for (unsigned t = 0; t < nt; ++t)
+        threads.emplace_back([=, &body, &order, &between] {
+            threadIdx = EmuDim{t, 0, 0};
+            for (const unsigned long long b : order) {
+                blockIdx = EmuDim{unsigned(b % grid.x), unsigned(b / grid.x % grid.y), unsigned(b / grid.x / grid.y)};
+                body();
+                between.arrive_and_wait();
             }
+        });
+    for (auto& th : threads) th.join();
 }
 
-// Runs kernel(args) over grid x block (block.y = block.z = 1), blocks in order.
+// Runs kernel(args) over grid x block (block.y = block.z = 1), blocks in emu_blocks' order.
 template <class Args>
 inline void emu_launch(void (*kernel)(const Args), EmuDim grid, EmuDim block, const Args& args) {
     emu_run(grid, block, [&] { kernel(args); });

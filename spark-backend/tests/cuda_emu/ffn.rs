@@ -8,9 +8,11 @@
 //! plans' own launch sequences (`launches`: kernel, grid, block, arguments in order) run over
 //! it: the same launches the GPU launchers enqueue (src/ffn/cuda_launch.rs).
 //!
-//! Checked per case: the kept-neuron set of every token (the nonzero entries of u, the compacted
-//! lists and the threshold kernel's kept counts) equals the CPU op's exactly; u, the chunk
-//! partials and the outputs agree to f32 rounding (see [`TOL`]).
+//! Checked per case: the kept-neuron set of every token (the nonzero entries of u and the
+//! kernels' kept counts) equals the CPU op's exactly, the thresholds bit for bit; u, the chunk
+//! partials and the outputs agree to f32 rounding (see [`TOL`]); the decode path's u (select-up)
+//! is the threshold + up kernels' bit for bit; and every launch sequence leaves the same memory
+//! image, bit for bit, when its blocks run in a shuffled order (`super::same_in_any_block_order`).
 
 use super::ffn_helpers::{op_params, Ggml, Rng, Weights, GEMMA3N_STD_MUL};
 use llama_cpp_sys_2 as sys;
@@ -66,6 +68,7 @@ fn emulator() -> Option<&'static PathBuf> {
 
 /// A memory image: regions at 256-byte aligned offsets (offset 0 unused), with the host
 /// range each copies (for translating the plans' addresses).
+#[derive(Clone)]
 struct Image {
     bytes: Vec<u8>,
     map: Vec<(u64, usize, usize)>, // (host address, length, offset)
@@ -133,7 +136,9 @@ fn emulate(exe: &PathBuf, img: &Image, launches: &[Launch]) -> Vec<u8> {
             job.extend_from_slice(&bits.to_le_bytes());
         }
     }
-    super::run_job(exe, "ffn", &job)
+    let mem = super::run_job(exe, "ffn", &job, 0);
+    super::same_in_any_block_order(exe, "ffn", &job, &mem);
+    mem
 }
 
 fn f32s(mem: &[u8], off: u64, n: usize) -> Vec<f32> {
@@ -366,6 +371,21 @@ fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
         .fold(0f64, f64::max)
 }
 
+/// u [F, T] as the threshold and up kernels compute it (`spark_ffn_up`'s launches) for `fp`'s
+/// stage, emulated over `img` (already translated addresses).
+fn staged_u(exe: &PathBuf, img: &Image, fp: &check::FusedPlan) -> Vec<f32> {
+    let mut img = img.clone();
+    let n = fp.stage.f * fp.stage.n_tokens;
+    let out = img.push(&vec![0xff; 4 * n]);
+    let up = check::UpPlan {
+        stage: fp.stage,
+        out,
+    };
+    let base = img.scratch(up.scratch().total);
+    let mem = emulate(exe, &img, &up.launches(base).expect("up launches"));
+    f32s(&mem, out, n)
+}
+
 /// spark_ffn_fused (P chunks) + spark_ffn_sum, emulated vs CPU.
 fn check_fused(name: &str, c: &Case, p: usize) {
     let Some(exe) = emulator() else { return };
@@ -417,27 +437,22 @@ fn check_fused(name: &str, c: &Case, p: usize) {
     let gpu_u = f32s(&mem, at(layout.u), f * t);
     let want = c.kept(&cpu_u);
     assert_eq!(c.kept(&gpu_u), want, "{name}: kept neurons (u != 0)");
-    let counts = u32s(&mem, at(layout.kept), t);
+    // per token (tiled path) or per token and select-up block (decode path)
+    let counts = u32s(&mem, at(layout.kept), layout.kept_len);
+    let per_token = layout.kept_len / t;
     for (tt, w) in want.iter().enumerate() {
-        assert_eq!(
-            counts[tt] as usize,
-            w.len(),
-            "{name}: kept count of token {tt}"
-        );
+        let n: u32 = counts[tt * per_token..(tt + 1) * per_token].iter().sum();
+        assert_eq!(n as usize, w.len(), "{name}: kept count of token {tt}");
     }
     if t <= SPARSE_MAX_TOKENS {
-        let idx = u32s(&mem, at(layout.idx), f * t);
-        let cnt = u32s(&mem, at(layout.count), p * t);
-        for (tt, w) in want.iter().enumerate() {
-            let mut list = Vec::new();
-            for ch in 0..p {
-                let lo = ch * f / p;
-                let n = cnt[tt * p + ch] as usize;
-                assert!(n <= (ch + 1) * f / p - lo, "{name}: count {n}");
-                list.extend_from_slice(&idx[tt * f + lo..tt * f + lo + n]);
-            }
-            assert_eq!(&list, w, "{name}: compacted neurons of token {tt}");
-        }
+        // select-up computes each token's threshold per block: its u must be the staged
+        // path's (threshold + up kernels) bit for bit
+        let staged = staged_u(exe, &img, &fp);
+        let same = gpu_u
+            .iter()
+            .zip(&staged)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{name}: select-up's u differs from threshold + up's");
     }
     check_theta(name, c, &mem, at(layout.theta));
     let (uval, utight, ucpu) = c.u_ref();
@@ -482,7 +497,7 @@ fn check_fused(name: &str, c: &Case, p: usize) {
     eprintln!(
         "cuda_emu ffn {name}: fused T={t} P={p} {} launches ({}), kept {kept}/{}; max err/tol (f64, CPU) u {:.1e} {:.1e} partials {:.1e} {:.1e} out {:.1e} {:.1e}; max rel err vs CPU u {:.1e} out {:.1e}",
         launches.len(),
-        if t <= SPARSE_MAX_TOKENS { "compact + sparse" } else { "tiled" },
+        if t <= SPARSE_MAX_TOKENS { "select-up + gather" } else { "threshold + up + tiled" },
         f * t,
         wu[0],
         wu[1],

@@ -3,7 +3,7 @@
 // src/cuda on the include path (ffn.cu includes "common.cuh").
 //
 // Job file (little-endian): u64 memory size, the memory image; u32 launch count; per launch:
-// u32 kernel (its index in FfnKernel::ALL: 0 threshold, 1 up, 2 compact, 3 v_sparse, 4 v_tiled,
+// u32 kernel (its index in FfnKernel::ALL: 0 threshold, 1 up, 2 select_up, 3 gather, 4 v_tiled,
 // 5 sum), u32 grid x, y, z, u32 block x, u32 argument count, per argument u32 kind (0 address
 // as an offset into the image, 1 int, 2 i64, 3 double: the variants of ffn::cuda_plan::Arg) and its
 // u64 bits. The kinds must match the kernel's parameter types (checked). Writes the memory
@@ -69,16 +69,18 @@ int main(int argc, char** argv) {
                 });
                 break;
             case 2:
-                a.count(6);
+                a.count(15);
                 emu_run(grid, block, [&] {
-                    spark_ffn_compact(a.p<const float>(0), a.i(1), a.i(2), a.i(3), a.p<u32>(4), a.p<u32>(5));
+                    spark_ffn_select_up(a.p<const float>(0), a.i(1), a.i(2), a.i(3), a.f(4), a.p<const u8>(5), a.l(6),
+                                        a.i(7), a.p<const u8>(8), a.l(9), a.i(10), a.i(11), a.p<float>(12),
+                                        a.p<float>(13), a.p<u32>(14));
                 });
                 break;
             case 3:
-                a.count(11);
+                a.count(9);
                 emu_run(grid, block, [&] {
-                    spark_ffn_v_sparse(a.p<const float>(0), a.i(1), a.i(2), a.i(3), a.p<const u32>(4),
-                                       a.p<const u32>(5), a.p<const u8>(6), a.l(7), a.i(8), a.i(9), a.p<float>(10));
+                    spark_ffn_gather(a.p<const float>(0), a.i(1), a.i(2), a.i(3), a.p<const u8>(4), a.l(5), a.i(6),
+                                     a.i(7), a.p<float>(8));
                 });
                 break;
             case 4:

@@ -37,12 +37,18 @@ struct Job {
     unsigned long long size = 0;
 };
 
-// Opens argv[1] (`name JOB OUT` is the usage) and reads its memory image.
+// Opens argv[1] (`name JOB OUT [ORDER]` is the usage; ORDER, a decimal seed, sets
+// emu_block_order) and reads its memory image.
 inline Job open(int argc, char** argv, const char* name) {
     program = name;
-    if (argc != 3) {
-        std::fprintf(stderr, "usage: %s JOB OUT\n", name);
+    if (argc != 3 && argc != 4) {
+        std::fprintf(stderr, "usage: %s JOB OUT [ORDER]\n", name);
         std::exit(2);
+    }
+    if (argc == 4) {
+        char* end = nullptr;
+        emu_block_order = std::strtoull(argv[3], &end, 10);
+        if (end == argv[3] || *end != 0) die("ORDER is not a decimal number");
     }
     Job j;
     j.f = std::fopen(argv[1], "rb");

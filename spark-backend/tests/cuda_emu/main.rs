@@ -82,7 +82,23 @@ impl Image {
 
 /// Runs emulator `exe` on a job (memory image + launches, written to a file), returns the
 /// memory image after the launches. `name` keeps the files of different emulators apart.
-fn run_job(exe: &PathBuf, name: &str, job: &[u8]) -> Vec<u8> {
+/// A seed of a shuffled block order (emu.h `emu_block_order`).
+const SHUFFLED: u64 = 0x5eed_b10c;
+
+/// Runs `job` again with its blocks shuffled and asserts the memory image after it, scratch
+/// included, equals `in_order` (the image with blocks in order) byte for byte: no kernel's
+/// output may depend on the order its blocks run in.
+fn same_in_any_block_order(exe: &PathBuf, name: &str, job: &[u8], in_order: &[u8]) {
+    let shuffled = run_job(exe, name, job, SHUFFLED);
+    assert_eq!(shuffled.len(), in_order.len());
+    if let Some(i) = shuffled.iter().zip(in_order).position(|(a, b)| a != b) {
+        panic!("{name}: byte {i} of the memory image differs when the blocks run in another order");
+    }
+}
+
+/// Runs one job file through the emulator `exe`, its blocks in the order `order` seeds (emu.h's
+/// `emu_block_order`: 0 in order, else a shuffle); returns the memory image after the launches.
+fn run_job(exe: &PathBuf, name: &str, job: &[u8], order: u64) -> Vec<u8> {
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let tag = format!("{}_{:?}", std::process::id(), std::thread::current().id())
         .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
@@ -92,6 +108,7 @@ fn run_job(exe: &PathBuf, name: &str, job: &[u8]) -> Vec<u8> {
     let st = Command::new(exe)
         .arg(&job_path)
         .arg(&out_path)
+        .arg(order.to_string())
         .status()
         .unwrap();
     assert!(st.success(), "emulator failed: {st}");
@@ -165,7 +182,8 @@ fn run_emulated(exe: &PathBuf, case: &mut Case) -> GpuRun {
             unsafe { std::slice::from_raw_parts(std::ptr::from_ref(&l.args).cast::<u8>(), size) };
         job.extend_from_slice(raw);
     }
-    let mem = run_job(exe, "attn", &job);
+    let mem = run_job(exe, "attn", &job, 0);
+    same_in_any_block_order(exe, "attn", &job, &mem);
 
     let f32_at = |o: usize| f32::from_le_bytes(mem[o..o + 4].try_into().unwrap());
     let i32_at = |o: usize| i32::from_le_bytes(mem[o..o + 4].try_into().unwrap());
