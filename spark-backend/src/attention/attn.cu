@@ -26,6 +26,8 @@
 //   count   i32 [Qs]              |S| per query (copied to the host only for statistics)
 //   norm    f32 [Qs, 2]           (max kept score, 1 / softmax denominator) per query
 //   partial f32 [Qs, CH, H]       per-chunk outputs (only when CH > 1)
+//   done    u32 [Qs]              chunks of each query finished (only when CH > 1; zeroed by
+//                                 select, counted by output)
 //
 // 1. spark_attn_scores   grid (ceil(n_kv / P), KV * ceil(G / GB), ns * ceil(nt / TT)),
 //                        block 256 (8 warps), P = 64 positions per block.
@@ -48,9 +50,10 @@
 //    [c |S| / CH, (c + 1) |S| / CH) in sub-batches of 64 positions: each warp computes q2 . k2_j
 //    for some of them (half2 loads, xor butterfly) and w_j = softplus(.) * (expf(s1_j - mx) / z)
 //    into shared memory; then every thread accumulates its dims of w_j v_j over the sub-batch in
-//    position order (coalesced rows of the f16 V cache). CH == 1 writes dst directly.
-// 4. spark_attn_reduce   grid (Qs), block 128 (only when CH > 1): dst row = partial chunks
-//    summed in chunk order.
+//    position order (coalesced rows of the f16 V cache). CH == 1 writes dst directly; else
+//    each chunk writes its partial row, and the query's last chunk to finish (an integer
+//    atomic count in `done` after a fence) adds the CH partial rows in chunk order into dst.
+//    Which block is last varies from run to run; what it computes does not.
 //
 // Deterministic: every partition is a fixed function of the shapes and of |S|, reductions are
 // xor butterflies and ordered loops, no float atomics. One query's result depends only on its
@@ -71,7 +74,7 @@
 struct SparkAttnArgs {
     // Device addresses.
     unsigned long long q, k, v, mask, dst;
-    unsigned long long scores, list, count, norm, partial;
+    unsigned long long scores, list, count, norm, partial, done;
     // Byte strides (ggml nb) of q, k, v, mask, dst.
     long long q_nb[4], k_nb[4], v_nb[4], m_nb[4], d_nb[4];
     int head_dim, n_head, n_head_kv, n_tokens, n_kv, n_stream;
@@ -376,6 +379,7 @@ extern "C" __global__ void spark_attn_select(const SparkAttnArgs a) {
     int n, t, s;
     spark_query(a, qi, n, t, s);
     const char* mrow = spark_mask_row(a, t, n, s);
+    if (a.chunks > 1 && threadIdx.x == 0) ((unsigned int*)a.done)[qi] = 0u; // output's count
     const float* sc = (const float*)a.scores + (long long)qi * a.n_kv;
     int* list = (int*)a.list + (long long)qi * a.n_kv;
     const int nkv = a.n_kv, tid = threadIdx.x, bs = blockDim.x;
@@ -537,6 +541,43 @@ __device__ __forceinline__ void spark_accumulate_v(const SparkAttnArgs& a, const
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// 3b. The last chunk of a query (spark_attn_output, CH > 1): chunk partials -> dst, in chunk order.
+
+// Whether this block is the last of query qi's CH chunks to finish (same answer in every thread
+// of the block): its partial row is made visible device-wide (fence) before it is counted, and
+// the last block's fence orders its reads of the other rows after the count.
+__device__ __forceinline__ bool spark_last_chunk(const SparkAttnArgs& a, int qi) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads(); // every thread's row is written and fenced
+    if (threadIdx.x == 0) last = atomicAdd((unsigned int*)a.done + qi, 1u) == (unsigned int)(a.chunks - 1);
+    __syncthreads();
+    if (last) __threadfence();
+    return last != 0;
+}
+
+// dst row = query qi's CH partial rows added in chunk order (four loads in flight), read past
+// the L1 cache (the other blocks' rows were written from other SMs).
+__device__ __forceinline__ void spark_sum_chunks(const SparkAttnArgs& a, int qi, float* dst_row) {
+    const int CH = a.chunks, H = a.head_dim;
+    const float* part = (const float*)a.partial + (long long)qi * CH * H;
+    for (int d = threadIdx.x; d < H; d += blockDim.x) {
+        float sum = __ldcg(part + d);
+        int c = 1;
+        for (; c + 3 < CH; c += 4) {
+            const float p0 = __ldcg(part + (long long)c * H + d), p1 = __ldcg(part + (long long)(c + 1) * H + d);
+            const float p2 = __ldcg(part + (long long)(c + 2) * H + d), p3 = __ldcg(part + (long long)(c + 3) * H + d);
+            sum += p0;
+            sum += p1;
+            sum += p2;
+            sum += p3;
+        }
+        for (; c < CH; ++c) sum += __ldcg(part + (long long)c * H + d);
+        dst_row[d] = sum;
+    }
+}
+
 extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
     __shared__ float2 q2sh[SPARK_MAX_HEAD_DIM / 2];
     __shared__ float wsh[SPARK_SUB];
@@ -604,12 +645,8 @@ extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
     }
 
     // Write: dst directly (one chunk) or this chunk's partial row.
-    float* out;
-    if (CH == 1) {
-        out = (float*)((char*)a.dst + (long long)n * a.d_nb[1] + (long long)t * a.d_nb[2] + (long long)s * a.d_nb[3]);
-    } else {
-        out = (float*)a.partial + ((long long)qi * CH + c) * H;
-    }
+    float* dst_row = (float*)((char*)a.dst + (long long)n * a.d_nb[1] + (long long)t * a.d_nb[2] + (long long)s * a.d_nb[3]);
+    float* out = CH == 1 ? dst_row : (float*)a.partial + ((long long)qi * CH + c) * H;
     if (a.v_vec) {
 #pragma unroll
         for (int u = 0; u < SPARK_OUT_ACC / 2; ++u) {
@@ -626,29 +663,5 @@ extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
             if (d < H) out[d] = acc[u];
         }
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// 4. Chunk partials -> dst, in chunk order.
-
-extern "C" __global__ void spark_attn_reduce(const SparkAttnArgs a) {
-    const int qi = blockIdx.x, CH = a.chunks, H = a.head_dim;
-    int n, t, s;
-    spark_query(a, qi, n, t, s);
-    const float* part = (const float*)a.partial + (long long)qi * CH * H;
-    float* out = (float*)((char*)a.dst + (long long)n * a.d_nb[1] + (long long)t * a.d_nb[2] + (long long)s * a.d_nb[3]);
-    for (int d = threadIdx.x; d < H; d += blockDim.x) {
-        float sum = part[d];
-        int c = 1;
-        for (; c + 3 < CH; c += 4) { // four loads in flight, added in chunk order
-            const float p0 = part[(long long)c * H + d], p1 = part[(long long)(c + 1) * H + d];
-            const float p2 = part[(long long)(c + 2) * H + d], p3 = part[(long long)(c + 3) * H + d];
-            sum += p0;
-            sum += p1;
-            sum += p2;
-            sum += p3;
-        }
-        for (; c < CH; ++c) sum += part[(long long)c * H + d];
-        out[d] = sum;
-    }
+    if (CH > 1 && spark_last_chunk(a, qi)) spark_sum_chunks(a, qi, dst_row);
 }

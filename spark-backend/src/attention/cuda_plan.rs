@@ -37,8 +37,6 @@ pub(crate) const QUERIES_PER_BLOCK: usize = 8;
 pub(crate) const SELECT_THREADS: u32 = 256;
 /// Threads per block of `spark_attn_output`.
 pub(crate) const OUTPUT_THREADS: u32 = 128;
-/// Threads per block of `spark_attn_reduce`.
-pub(crate) const REDUCE_THREADS: u32 = 128;
 /// Accumulators per thread of `spark_attn_output` (`SPARK_OUT_ACC`): H <= this * threads.
 pub(crate) const OUTPUT_ACC: usize = 8;
 const _: () = assert!(MAX_HEAD_DIM <= OUTPUT_ACC * OUTPUT_THREADS as usize);
@@ -77,6 +75,8 @@ pub struct AttnArgs {
     pub(crate) norm: u64,
     /// Scratch: f32 chunk partials [Qs, CH, H] (0 when CH == 1).
     pub(crate) partial: u64,
+    /// Scratch: u32 chunks finished per query `[Qs]` (0 when CH == 1).
+    pub(crate) done: u64,
     /// Byte strides.
     pub(crate) q_nb: [i64; 4],
     /// Byte strides.
@@ -137,29 +137,22 @@ pub struct AttnArgs {
     pub chunks: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<AttnArgs>() == 10 * 8 + 20 * 8 + 24 * 4);
+const _: () = assert!(std::mem::size_of::<AttnArgs>() == 11 * 8 + 20 * 8 + 24 * 4);
 
-/// The four kernels of attn.cu.
+/// The three kernels of attn.cu.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
     /// `spark_attn_scores`.
     Scores,
     /// `spark_attn_select`.
     Select,
-    /// `spark_attn_output`.
+    /// `spark_attn_output` (with CH > 1, the last chunk of each query adds the chunks).
     Output,
-    /// `spark_attn_reduce`.
-    Reduce,
 }
 
 impl AttnKernel {
     /// Every kernel, in launch order.
-    pub const ALL: [AttnKernel; 4] = [
-        AttnKernel::Scores,
-        AttnKernel::Select,
-        AttnKernel::Output,
-        AttnKernel::Reduce,
-    ];
+    pub const ALL: [AttnKernel; 3] = [AttnKernel::Scores, AttnKernel::Select, AttnKernel::Output];
 
     /// The `extern "C"` name in attn.cu.
     pub fn name(self) -> &'static str {
@@ -167,7 +160,6 @@ impl AttnKernel {
             AttnKernel::Scores => "spark_attn_scores",
             AttnKernel::Select => "spark_attn_select",
             AttnKernel::Output => "spark_attn_output",
-            AttnKernel::Reduce => "spark_attn_reduce",
         }
     }
 }
@@ -211,6 +203,8 @@ pub struct ScratchLayout {
     pub(crate) norm: usize,
     /// f32 [Qs, CH, H] (CH > 1 only; else equal to `total`).
     pub(crate) partial: usize,
+    /// u32 `[Qs]`: chunks finished per query (CH > 1 only; else equal to `total`).
+    pub(crate) done: usize,
     /// Bytes in all.
     pub total: usize,
 }
@@ -354,10 +348,11 @@ impl AttnPlan {
         let count = align_up(list + 4 * qs * l.n_kv, a);
         let norm = align_up(count + 4 * qs, a);
         let partial = align_up(norm + 8 * qs, a);
-        let total = if chunks > 1 {
-            partial + 4 * qs * chunks * l.head_dim
+        let (done, total) = if chunks > 1 {
+            let done = align_up(partial + 4 * qs * chunks * l.head_dim, a);
+            (done, done + 4 * qs)
         } else {
-            partial
+            (partial, partial)
         };
         let _ = gb;
         Ok(Self {
@@ -369,6 +364,7 @@ impl AttnPlan {
                 count,
                 norm,
                 partial,
+                done,
                 total: total.max(4),
             },
             chunks,
@@ -422,6 +418,11 @@ impl AttnPlan {
             } else {
                 0
             },
+            done: if self.chunks > 1 {
+                scratch + s.done as u64
+            } else {
+                0
+            },
             q_nb: strides(&l.q, "q")?,
             k_nb: strides(&l.k, "k")?,
             v_nb: strides(&l.v, "v")?,
@@ -465,7 +466,7 @@ impl AttnPlan {
         let (gb, tt) = Self::scores_blocking(l);
         let u = |x: usize| x as u32;
         let qs = slab.ns * slab.nt * l.n_head;
-        let mut out = Vec::with_capacity(4);
+        let mut out = Vec::with_capacity(3);
         if qs == 0 {
             return Ok(out);
         }
@@ -493,14 +494,6 @@ impl AttnPlan {
             block: OUTPUT_THREADS,
             args,
         });
-        if self.chunks > 1 {
-            out.push(Launch {
-                kernel: AttnKernel::Reduce,
-                grid: (u(qs), 1, 1),
-                block: REDUCE_THREADS,
-                args,
-            });
-        }
         Ok(out)
     }
 
@@ -597,7 +590,7 @@ mod tests {
     }
 
     #[test]
-    fn decode_is_one_slab_of_four_launches() {
+    fn decode_is_one_slab_of_three_launches() {
         let p = plan(1, 1, 4096);
         assert_eq!(
             p.slabs,
@@ -616,7 +609,6 @@ mod tests {
                 (AttnKernel::Scores, (64, 4, 1)),
                 (AttnKernel::Select, (8, 1, 1)),
                 (AttnKernel::Output, (8, OUTPUT_CHUNKS as u32, 1)),
-                (AttnKernel::Reduce, (8, 1, 1)),
             ]
         );
         let a = l[0].args;

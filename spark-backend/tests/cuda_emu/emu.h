@@ -8,6 +8,7 @@
 // - f16 -> f32 in software.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <math.h>
@@ -77,6 +78,16 @@ inline unsigned __ballot_sync(unsigned, bool p) {
     w.bar.arrive_and_wait();
     return b;
 }
+
+// Integer atomics and fences: blocks run one after another here, so a fence orders nothing a
+// real GPU could reorder; what the emulation checks is the logic around them (which block is
+// last, and that the result does not depend on it: emu_block_order).
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// A load past the L1 cache (ld.global.cg).
+inline float __ldcg(const float* p) { return *p; }
 
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(unsigned x) { return __builtin_ffs(int(x)); }
