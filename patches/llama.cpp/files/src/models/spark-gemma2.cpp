@@ -288,8 +288,15 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
 
     const int64_t n_tokens_cur = cur->ne[1];
 
-    // the predictor scores are a dense product in both paths: s = K1 h[:r_f], [n_ff, n_tokens]
-    ggml_tensor * h1 = ggml_cont(ctx0, ggml_view_2d(ctx0, cur, n_ffn_r, n_tokens_cur, cur->nb[1], 0));
+    // the predictor scores are a dense product in both paths: s = K1 h[:r_f], [n_ff, n_tokens].
+    // h[:r_f] is copied contiguous only when it is not: with more than one token its rows are
+    // n_embd apart (the CPU's repacked GEMMs, AMX among them, take a contiguous src1 only); a
+    // decode step's one row is contiguous already, so it costs no copy (one kernel less per
+    // layer on a GPU)
+    ggml_tensor * h1 = ggml_view_2d(ctx0, cur, n_ffn_r, n_tokens_cur, cur->nb[1], 0);
+    if (!ggml_is_contiguous(h1)) {
+        h1 = ggml_cont(ctx0, h1);
+    }
     ggml_tensor * s  = build_lora_mm(layer.ffn_gate, h1);
     cb(s, "spark_ffn_score", il);
 
