@@ -7,8 +7,9 @@
 
 #include "spark-backend.h"
 
-/* unsafe extern "C" fn(i64, i64, i64, *mut FfnTiling) -> c_int */
-typedef int (*spark_rust_ffn_tiling_t)(int64_t n_tokens, int64_t n_ff, int64_t n_embd, struct spark_ffn_tiling * out);
+/* unsafe extern "C" fn(*const c_char, i64, i64, i64, *mut FfnTiling) -> c_int */
+typedef int (*spark_rust_ffn_tiling_t)(const char * backend, int64_t n_tokens, int64_t n_ff, int64_t n_embd,
+                                       struct spark_ffn_tiling * out);
 
 _Static_assert(__builtin_types_compatible_p(spark_ffn_tiling_t, spark_rust_ffn_tiling_t),
                "src/ffn/tiling.rs spark_ffn_tiling differs from spark_ffn_tiling_t");

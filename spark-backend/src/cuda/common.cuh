@@ -209,6 +209,20 @@ __device__ __forceinline__ float spark_row_dot(const u8 * row, int ty, const flo
     SPARK_DISPATCH_TYPE(ty, spark_row_dot_t, row, x, n, lane)
 }
 
+// Whether this block is the last of n blocks that count themselves at *counter (same answer in
+// every thread of the block; every thread must call it): the block's writes are made visible
+// device-wide (fence) before it is counted, and the last block's fence orders its reads of the
+// others' writes (read them with __ldcg, past the L1) after the count. Integer atomics only.
+__device__ __forceinline__ bool spark_last_block(u32 * counter, u32 n) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == n - 1u;
+    __syncthreads();
+    if (last) __threadfence();
+    return last != 0;
+}
+
 // gelu_tanh as spark-backend's ffn::gelu_tanh: gelu(-inf) = 0, NaN stays NaN.
 __device__ __forceinline__ float spark_gelu_tanh(float x) {
     if (x == -__int_as_float(0x7f800000)) return 0.0f;

@@ -30,6 +30,7 @@
 //! enqueue these plans.
 
 use super::shapes::{self, StageDims};
+use super::tiling;
 /// A weight as the kernels read it (type, address, row stride, shape).
 pub use crate::cuda::check::GpuWeight;
 use crate::cuda::check::{expect_f32_rows, weight};
@@ -400,15 +401,41 @@ pub struct ScratchLayout {
     /// f32 [F, T]: the gated values u, neuron-major (`spark_ffn_fused`; `spark_ffn_up` writes
     /// them into dst).
     pub u: usize,
+    /// f32 [P', T, D]: chunk partials when `spark_ffn_fused` adds its own chunks (dst of one
+    /// chunk, [`FusedPlan::own_chunks`]).
+    pub partials: usize,
+    /// u32 `[done_len]`: spark_ffn_gather's counters when it adds the chunks (zeroed by
+    /// select-up).
+    pub done: usize,
+    /// How many counters `done` holds.
+    pub done_len: usize,
     /// Bytes in all (at least 4).
     pub total: usize,
 }
 
+/// The sizes a [`ScratchLayout`] lays out.
+#[derive(Debug, Clone, Copy, Default)]
+struct ScratchSizes {
+    n_tokens: usize,
+    kept_len: usize,
+    u_bytes: usize,
+    partial_bytes: usize,
+    done_len: usize,
+}
+
 impl ScratchLayout {
-    /// Thresholds of `n_tokens`, `kept_len` kept counts and `u_bytes` bytes of u, in that order.
-    fn new(n_tokens: usize, kept_len: usize, u_bytes: usize) -> Self {
+    /// Thresholds of `n_tokens`, `kept_len` kept counts, `u_bytes` bytes of u, `partial_bytes`
+    /// of partials and `done_len` counters, in that order.
+    fn new(z: ScratchSizes) -> Self {
         let mut end = 0usize;
-        let [theta, kept, u] = [4 * n_tokens, 4 * kept_len, u_bytes].map(|b| {
+        let [theta, kept, u, partials, done] = [
+            4 * z.n_tokens,
+            4 * z.kept_len,
+            z.u_bytes,
+            z.partial_bytes,
+            4 * z.done_len,
+        ]
+        .map(|b| {
             let at = end.next_multiple_of(256);
             end = at + b;
             at
@@ -416,8 +443,11 @@ impl ScratchLayout {
         Self {
             theta,
             kept,
-            kept_len,
+            kept_len: z.kept_len,
             u,
+            partials,
+            done,
+            done_len: z.done_len,
             total: end.max(4),
         }
     }
@@ -466,8 +496,14 @@ impl StagePlan {
 
     /// Select-up (T <= [`SPARSE_MAX_TOKENS`]): thresholds computed per block, u [F, T] at `u`;
     /// token thresholds at `theta` and per-(token, block) kept counts at `kept`
-    /// ([`Self::select_blocks`] per token).
-    fn select_up_launch(&self, theta: u64, kept: u64, u: u64) -> Result<Launch, String> {
+    /// ([`Self::select_blocks`] per token); zeroes `done_len` counters at `done`.
+    fn select_up_launch(
+        &self,
+        theta: u64,
+        kept: u64,
+        u: u64,
+        (done, done_len): (u64, usize),
+    ) -> Result<Launch, String> {
         let (f, t) = (int("F", self.f)?, int("n_tokens", self.n_tokens)?);
         let (r_f, d2) = (int("r_f", self.r_f())?, int("K2 columns", self.k2.cols)?);
         Ok(launch(
@@ -493,6 +529,8 @@ impl StagePlan {
                 Arg::Ptr(u),
                 Arg::Ptr(theta),
                 Arg::Ptr(kept),
+                Arg::Ptr(done),
+                int("counters", done_len)?,
             ],
         ))
     }
@@ -547,31 +585,79 @@ fn v_tiled(
 }
 
 impl FusedPlan {
-    /// The scratch of [`launches`](Self::launches): thresholds, kept counts (per token and
-    /// select-up block for T <= [`SPARSE_MAX_TOKENS`], else per token) and u.
-    pub fn scratch(&self) -> ScratchLayout {
-        let (f, t) = (self.stage.f, self.stage.n_tokens);
-        let kept = if t <= SPARSE_MAX_TOKENS {
-            t * self.stage.select_blocks()
+    /// The chunks the kernels cut F into, and whether the op adds them itself: with a dst of one
+    /// chunk (what `spark_ffn_tiling` answers for CUDA, so that no sum node follows) the kernels
+    /// still cut F into [`tiling::default_chunks`] (16) chunks for parallelism and add them in
+    /// chunk order at the end, as spark_ffn_fused (16 chunks) + spark_ffn_sum would; with P > 1
+    /// they write the graph's P partials.
+    pub fn own_chunks(&self) -> (usize, bool) {
+        if self.p == 1 {
+            let c = tiling::default_chunks(self.stage.f);
+            (c, c > 1)
         } else {
-            t
-        };
-        ScratchLayout::new(t, kept, 4 * f * t)
+            (self.p, false)
+        }
     }
 
-    /// The launch sequence with [`scratch`](Self::scratch) at device address `scratch`.
+    /// The scratch of [`launches`](Self::launches): thresholds, kept counts (per token and
+    /// select-up block for T <= [`SPARSE_MAX_TOKENS`], else per token), u, and when the op
+    /// adds its own chunks their partials and (T <= [`SPARSE_MAX_TOKENS`]) the gather's
+    /// counters.
+    pub fn scratch(&self) -> ScratchLayout {
+        let (f, t, d) = (self.stage.f, self.stage.n_tokens, self.stage.d);
+        let sparse = t <= SPARSE_MAX_TOKENS;
+        let (chunks, own) = self.own_chunks();
+        ScratchLayout::new(ScratchSizes {
+            n_tokens: t,
+            kept_len: if sparse {
+                t * self.stage.select_blocks()
+            } else {
+                t
+            },
+            u_bytes: 4 * f * t,
+            partial_bytes: if own { 4 * chunks * t * d } else { 0 },
+            done_len: if own && sparse {
+                t * d.div_ceil(GATHER_THREADS as usize)
+            } else {
+                0
+            },
+        })
+    }
+
+    /// The launch sequence with [`scratch`](Self::scratch) at device address `scratch`: two
+    /// kernels for T <= [`SPARSE_MAX_TOKENS`] (select-up, gather), else threshold, up, the
+    /// tiled accumulation and, when the op adds its own chunks, the sum kernel.
     pub fn launches(&self, scratch: u64) -> Result<Vec<Launch>, String> {
         let st = &self.stage;
-        let (f, t, p, d) = (st.f, st.n_tokens, self.p, st.d);
+        let (f, t, d) = (st.f, st.n_tokens, st.d);
+        let (p, own) = self.own_chunks();
         let sc = self.scratch();
         let at = |off: usize| scratch + off as u64;
         let u = at(sc.u);
+        // the chunks' partials: scratch when the op adds them, else dst
+        let partials = if own { at(sc.partials) } else { self.out };
         if t > SPARSE_MAX_TOKENS {
             let mut out = Vec::from(st.launches(at(sc.theta), at(sc.kept), u)?);
-            out.push(v_tiled(u, f, t, p, &self.v, self.out, d, d * t)?);
+            out.push(v_tiled(u, f, t, p, &self.v, partials, d, d * t)?);
+            if own {
+                let sum = SumPlan {
+                    partials,
+                    d,
+                    n_tokens: t,
+                    p,
+                    out: self.out,
+                    out_row: d,
+                };
+                out.extend(sum.launches()?);
+            }
             return Ok(out);
         }
-        let select = st.select_up_launch(at(sc.theta), at(sc.kept), u)?;
+        let (done, done_len) = if own {
+            (at(sc.done), sc.done_len)
+        } else {
+            (0, 0)
+        };
+        let select = st.select_up_launch(at(sc.theta), at(sc.kept), u, (done, done_len))?;
         let (fi, ti, pi, di) = (
             int("F", f)?,
             int("n_tokens", t)?,
@@ -598,7 +684,9 @@ impl FusedPlan {
                 Arg::I64(self.v.row_stride as i64),
                 Arg::I32(self.v.ty as i32),
                 di,
-                Arg::Ptr(self.out),
+                Arg::Ptr(partials),
+                Arg::Ptr(if own { self.out } else { 0 }),
+                Arg::Ptr(done),
             ],
         );
         Ok(vec![select, gather])
@@ -609,7 +697,11 @@ impl UpPlan {
     /// The scratch of [`launches`](Self::launches): thresholds and kept counts.
     pub fn scratch(&self) -> ScratchLayout {
         let t = self.stage.n_tokens;
-        ScratchLayout::new(t, t, 0)
+        ScratchLayout::new(ScratchSizes {
+            n_tokens: t,
+            kept_len: t,
+            ..ScratchSizes::default()
+        })
     }
 
     /// The launch sequence with [`scratch`](Self::scratch) at device address `scratch`: u

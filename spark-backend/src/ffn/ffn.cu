@@ -238,11 +238,15 @@ __device__ __forceinline__ float spark_block_theta(const float * x, int F, doubl
 // the active ones' dots in order. Same products and sums as spark_ffn_threshold + spark_ffn_up,
 // so u is bit-identical to theirs. theta[t] (block 0) and kept[t * gridDim.x + b] (the block's
 // count of nonzero activations) are written when those pointers are not null (statistics).
-// grid: (ceil(F / 32), T), block 256.
+// Block (0, 0) zeroes the n_done counters at `done` (spark_ffn_gather's, when it adds the
+// chunks itself; n_done 0 otherwise). grid: (ceil(F / 32), T), block 256.
 extern "C" __global__ void __launch_bounds__(SPARK_SELECT_THREADS)
 spark_ffn_select_up(const float * s, int F, int T, int dense, double q,
                     const u8 * h, i64 h_stride, int r_f, const u8 * k2, i64 k2_stride, int k2_type, int d2,
-                    float * u, float * theta, u32 * kept) {
+                    float * u, float * theta, u32 * kept, u32 * done, int n_done) {
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+        for (int i = threadIdx.x; i < n_done; i += SPARK_SELECT_THREADS) done[i] = 0u;
+    }
     __shared__ int nact[SPARK_SELECT_THREADS / 32];
     const int t = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const float * x = s + (i64)t * F;
@@ -309,10 +313,14 @@ __device__ __forceinline__ float spark_v_axpy(int ty, float acc, const float * u
 // output value, one block per (128 columns, token, chunk). The block compacts its chunk's
 // nonzero u in steps of 512 neurons (ballots, then the warps' counts in order) into shared
 // memory, so each thread's loop issues only independent V loads; only active V rows are read.
-// Same products in the same order as spark_ffn_v_tiled. grid: (ceil(D / 128), T, P), block 128.
+// Same products in the same order as spark_ffn_v_tiled.
+// With `done` (zeroed counters, one per (token, column block)), the blocks also add the chunks:
+// each counts itself after writing its partial column block, and the last of a (token, column
+// block)'s P chunks writes sum[t*D + d] = the P partials added in chunk order (as
+// spark_ffn_sum), whichever block that is. grid: (ceil(D / 128), T, P), block 128.
 extern "C" __global__ void __launch_bounds__(SPARK_GATHER_THREADS)
 spark_ffn_gather(const float * u, int F, int T, int P, const u8 * v, i64 v_stride, int v_type, int D,
-                 float * out) {
+                 float * out, float * sum, u32 * done) {
     __shared__ float us[SPARK_GATHER_STAGE];
     __shared__ u32 js[SPARK_GATHER_STAGE];
     __shared__ int wcount[SPARK_GATHER_THREADS / 32];
@@ -346,6 +354,12 @@ spark_ffn_gather(const float * u, int F, int T, int P, const u8 * v, i64 v_strid
         __syncthreads(); // the entries are read before the next step stages its own
     }
     if (d < D) out[((i64)c * T + t) * D + d] = acc;
+    if (done && spark_last_block(done + (i64)t * gridDim.x + blockIdx.x, (u32)P) && d < D) {
+        const i64 plane = (i64)T * D, i = (i64)t * D + d;
+        float total = __ldcg(out + i);
+        for (int k = 1; k < P; ++k) total += __ldcg(out + (i64)k * plane + i);
+        sum[i] = total;
+    }
 }
 
 #define SPARK_TILE_T 32

@@ -12,7 +12,7 @@
 //! to [`UNIT_TOKENS`] tokens, 16 at a decode step) while those are at least as many as the
 //! threads, finer beyond, so that 16-64 threads all get work at Gemma-2 2B shapes.
 
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, CStr};
 use std::ops::Range;
 
 /// Ubatches of up to this many tokens take the fused path: llama.cpp's default `n_ubatch`, so
@@ -36,7 +36,8 @@ pub fn default_chunks(f: usize) -> usize {
 /// The path of a ubatch through the FFN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FfnPath {
-    /// `spark_ffn_fused` into this many partial outputs (1 <= P <= F), then `spark_ffn_sum`.
+    /// `spark_ffn_fused` into this many partial outputs (1 <= P <= F), then `spark_ffn_sum`
+    /// (with P = 1 the one partial is the output: the graph builds no sum node).
     Fused {
         /// P, the neuron chunks.
         chunks: usize,
@@ -53,6 +54,37 @@ pub fn path(n_tokens: usize, f: usize) -> FfnPath {
         }
     } else {
         FfnPath::TwoStage
+    }
+}
+
+/// Where an FFN's weights live, as the graph names it: the ggml backend registry of their
+/// device (`ggml_backend_reg_name`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightBackend {
+    /// ggml-cuda ("CUDA"), with this plugin's CUDA launchers (feature `cuda`): they cut the
+    /// neurons into [`MAX_CHUNKS`] chunks themselves and add them in their last kernel, so the
+    /// graph's fused node takes one chunk and no sum node follows (one kernel less per layer).
+    Cuda,
+    /// Any other registry (the CPU, an rpc-server, one that does not run the Spark ops), or a
+    /// CUDA device when this build has no CUDA launchers.
+    Other,
+}
+
+impl WeightBackend {
+    /// The backend of registry name `name` (`None`: not known).
+    pub fn from_registry_name(name: Option<&CStr>) -> Self {
+        match name.map(CStr::to_bytes) {
+            Some(b"CUDA") if cfg!(feature = "cuda") => WeightBackend::Cuda,
+            _ => WeightBackend::Other,
+        }
+    }
+}
+
+/// [`path`] for an FFN whose weights are on `backend`: the fused path in one chunk on CUDA.
+pub fn path_on(backend: WeightBackend, n_tokens: usize, f: usize) -> FfnPath {
+    match (path(n_tokens, f), backend) {
+        (FfnPath::Fused { .. }, WeightBackend::Cuda) => FfnPath::Fused { chunks: 1 },
+        (p, _) => p,
     }
 }
 
@@ -90,16 +122,19 @@ impl FfnTiling {
     }
 }
 
-/// C ABI `int spark_ffn_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd,
-/// struct spark_ffn_tiling * out)`: the path and chunk count of a ubatch of `n_tokens` tokens
-/// through an FFN of `n_ff` neurons and width `n_embd` ([`path`]). Writes `*out` and returns 0;
-/// returns -1 and leaves `*out` alone when `out` is null or a size is below 1. The width is
-/// part of the question (the fused path's partials are P x D x T floats) though today's answer
-/// does not depend on it.
+/// C ABI `int spark_ffn_tiling(const char * backend, int64_t n_tokens, int64_t n_ff,
+/// int64_t n_embd, struct spark_ffn_tiling * out)`: the path and chunk count of a ubatch of
+/// `n_tokens` tokens through an FFN of `n_ff` neurons and width `n_embd` whose weights are on
+/// the device of ggml backend registry `backend` (NULL: not known) ([`path_on`]). Writes `*out`
+/// and returns 0; returns -1 and leaves `*out` alone when `out` is null or a size is below 1.
+/// The width is part of the question (the fused path's partials are P x D x T floats) though
+/// today's answer does not depend on it.
 ///
 /// # Safety
-/// `out` must be null or valid for writing one `FfnTiling`.
+/// `backend` must be null or a NUL-terminated string; `out` null or valid for writing one
+/// `FfnTiling`.
 pub unsafe extern "C" fn spark_ffn_tiling(
+    backend: *const c_char,
     n_tokens: i64,
     n_ff: i64,
     n_embd: i64,
@@ -113,7 +148,10 @@ pub unsafe extern "C" fn spark_ffn_tiling(
         if out.is_null() {
             return -1;
         }
-        let Some(tiling) = FfnTiling::of(path(t, f)) else {
+        // SAFETY: null or NUL-terminated (contract).
+        let name = (!backend.is_null()).then(|| unsafe { CStr::from_ptr(backend) });
+        let on = WeightBackend::from_registry_name(name);
+        let Some(tiling) = FfnTiling::of(path_on(on, t, f)) else {
             return -1;
         };
         // SAFETY: non-null and writable per the contract; unaligned write for safety.
@@ -318,7 +356,7 @@ mod tests {
             n_chunk: -7,
         };
         // SAFETY: `t` is writable.
-        let rc = unsafe { spark_ffn_tiling(n_tokens, n_ff, n_embd, &mut t) };
+        let rc = unsafe { spark_ffn_tiling(c"CPU".as_ptr(), n_tokens, n_ff, n_embd, &mut t) };
         match rc {
             0 => Some(t),
             -1 => {
@@ -546,8 +584,41 @@ mod tests {
         }
         // SAFETY: a null `out` is part of the contract.
         assert_eq!(
-            unsafe { spark_ffn_tiling(1, 9216, 2304, std::ptr::null_mut()) },
+            unsafe { spark_ffn_tiling(std::ptr::null(), 1, 9216, 2304, std::ptr::null_mut()) },
             -1
         );
+    }
+
+    #[test]
+    fn on_cuda_the_fused_path_takes_one_chunk_elsewhere_sixteen() {
+        let ask_on = |name: Option<&CStr>, n_tokens: i64| {
+            let mut t = FfnTiling::default();
+            let p = name.map_or(std::ptr::null(), CStr::as_ptr);
+            // SAFETY: a C string or null; `t` is writable.
+            assert_eq!(
+                unsafe { spark_ffn_tiling(p, n_tokens, 9216, 2304, &mut t) },
+                0
+            );
+            (t.path, t.n_chunk)
+        };
+        let cuda_chunks = if cfg!(feature = "cuda") { 1 } else { 16 };
+        for t in [1, 8, 9, 512] {
+            assert_eq!(
+                ask_on(Some(c"CUDA"), t),
+                (PATH_FUSED, cuda_chunks),
+                "{t} tokens"
+            );
+            for other in [
+                Some(c"CPU"),
+                Some(c"RPC"),
+                Some(c"Vulkan"),
+                Some(c"cuda"),
+                None,
+            ] {
+                assert_eq!(ask_on(other, t), (PATH_FUSED, 16), "{other:?}, {t} tokens");
+            }
+        }
+        // above the fused path's limit every backend takes the two-stage path
+        assert_eq!(ask_on(Some(c"CUDA"), 513), (PATH_TWO_STAGE, 1));
     }
 }

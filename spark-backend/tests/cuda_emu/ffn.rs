@@ -485,6 +485,23 @@ fn check_fused(name: &str, c: &Case, p: usize) {
             &c.v_err(&cpu_u, &ucpu, 0, f),
         ),
     ];
+    let (own_p, own) = fp.own_chunks();
+    if own {
+        // dst of one chunk: the op cut F into own_p chunks itself (scratch) and added them in
+        // chunk order, bit for bit as spark_ffn_sum over those partials
+        let inner = f32s(&mem, at(layout.partials), d * t * own_p);
+        for (i, &g) in gpu_part.iter().enumerate() {
+            let mut acc = inner[i];
+            for ch in 1..own_p {
+                acc += inner[ch * d * t + i];
+            }
+            assert_eq!(
+                g.to_bits(),
+                acc.to_bits(),
+                "{name}: the op's own chunk sum [{i}]"
+            );
+        }
+    }
     // spark_ffn_sum alone: the partials summed in chunk order, as the kernel must, bit for bit.
     for (i, &g) in gpu_out.iter().enumerate() {
         let mut acc = gpu_part[i];
@@ -495,7 +512,8 @@ fn check_fused(name: &str, c: &Case, p: usize) {
     }
     let kept: usize = want.iter().map(Vec::len).sum();
     eprintln!(
-        "cuda_emu ffn {name}: fused T={t} P={p} {} launches ({}), kept {kept}/{}; max err/tol (f64, CPU) u {:.1e} {:.1e} partials {:.1e} {:.1e} out {:.1e} {:.1e}; max rel err vs CPU u {:.1e} out {:.1e}",
+        "cuda_emu ffn {name}: fused T={t} P={p}{} {} launches ({}), kept {kept}/{}; max err/tol (f64, CPU) u {:.1e} {:.1e} partials {:.1e} {:.1e} out {:.1e} {:.1e}; max rel err vs CPU u {:.1e} out {:.1e}",
+        if own { format!(" (the op's own {own_p} chunks)") } else { String::new() },
         launches.len(),
         if t <= SPARSE_MAX_TOKENS { "select-up + gather" } else { "threshold + up + tiled" },
         f * t,
@@ -602,8 +620,9 @@ fn shape(ty: RowType) -> (usize, usize) {
     }
 }
 
-/// All runs of one weight type: fused T = 1 (P = 16), 3 (P = 7), 9 (P = 7, tiled) and up +
-/// down T = 5, at k = 16 of F = 200 (8 %); fused T = 3 and up + down T = 5 dense (k >= F);
+/// All runs of one weight type: fused T = 1 (P = 16), 3 (P = 7), 9 (P = 7, tiled), T = 2 and
+/// 9 with P = 1 (the op adds its own 16 chunks: CUDA's tiling) and up + down T = 5, at k = 16
+/// of F = 200 (8 %); fused T = 3 and up + down T = 5 dense (k >= F);
 /// Gemma 3n's cutoff (std multiplier Q(0.95), ~5 % kept) with r_f = 0 (K2 spans all of h):
 /// fused T = 1 and 9, up + down T = 5.
 fn all_paths(ty: RowType) {
@@ -611,7 +630,7 @@ fn all_paths(ty: RowType) {
     let f = 200;
     let tag = format!("{ty:?}");
     let top = Cutoff::TopK(16);
-    for (t, p, seed) in [(1, 16, 1), (3, 7, 2), (9, 7, 3)] {
+    for (t, p, seed) in [(1, 16, 1), (3, 7, 2), (9, 7, 3), (2, 1, 10), (9, 1, 11)] {
         let c = case(seed, ty, d, r, f, t, top);
         check_fused(&format!("{tag} k=16"), &c, p);
     }

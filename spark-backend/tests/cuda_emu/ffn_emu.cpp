@@ -32,6 +32,11 @@ struct Args {
         if (off == 0 || off >= size) die("address outside the image");
         return reinterpret_cast<T*>(base + off);
     }
+    // an address that may be 0 (a null pointer the kernel tests)
+    template <class T>
+    T* p_or_null(size_t i) const {
+        return raw(i, 0) == 0 ? nullptr : p<T>(i);
+    }
     int i(size_t k) const { return int(raw(k, 1)); }
     long long l(size_t k) const { return (long long)raw(k, 2); }
     double f(size_t k) const { return __longlong_as_double((long long)raw(k, 3)); }
@@ -69,18 +74,18 @@ int main(int argc, char** argv) {
                 });
                 break;
             case 2:
-                a.count(15);
+                a.count(17);
                 emu_run(grid, block, [&] {
                     spark_ffn_select_up(a.p<const float>(0), a.i(1), a.i(2), a.i(3), a.f(4), a.p<const u8>(5), a.l(6),
                                         a.i(7), a.p<const u8>(8), a.l(9), a.i(10), a.i(11), a.p<float>(12),
-                                        a.p<float>(13), a.p<u32>(14));
+                                        a.p<float>(13), a.p<u32>(14), a.p_or_null<u32>(15), a.i(16));
                 });
                 break;
             case 3:
-                a.count(9);
+                a.count(11);
                 emu_run(grid, block, [&] {
                     spark_ffn_gather(a.p<const float>(0), a.i(1), a.i(2), a.i(3), a.p<const u8>(4), a.l(5), a.i(6),
-                                     a.i(7), a.p<float>(8));
+                                     a.i(7), a.p<float>(8), a.p_or_null<float>(9), a.p_or_null<u32>(10));
                 });
                 break;
             case 4:

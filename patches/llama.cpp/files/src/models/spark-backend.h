@@ -14,7 +14,7 @@ struct ggml_tensor;
 
 // the two ways the sparse FFN of a ubatch runs
 enum spark_ffn_path {
-    SPARK_FFN_PATH_FUSED     = 1, // spark_ffn_fused into n_chunk partial outputs, then spark_ffn_sum
+    SPARK_FFN_PATH_FUSED     = 1, // spark_ffn_fused into n_chunk partial outputs, then spark_ffn_sum (n_chunk > 1)
     SPARK_FFN_PATH_TWO_STAGE = 2, // spark_ffn_up (gated values), then spark_ffn_down (V rows)
 };
 
@@ -25,9 +25,12 @@ struct spark_ffn_tiling {
 };
 
 // "spark_ffn_tiling": the path and chunk count of a ubatch of n_tokens tokens through an FFN of
-// n_ff neurons and width n_embd. Writes *out and returns 0, or returns -1 and leaves *out alone
-// (a size below 1, out NULL)
-typedef int (*spark_ffn_tiling_t)(int64_t n_tokens, int64_t n_ff, int64_t n_embd, struct spark_ffn_tiling * out);
+// n_ff neurons and width n_embd whose weights are on a device of the ggml backend registry named
+// `backend` ("CPU", "CUDA", "RPC", ...; NULL when not known). Writes *out and returns 0, or
+// returns -1 and leaves *out alone (a size below 1, out NULL). n_chunk 1 on the fused path: the
+// fused node's one partial is the output (no spark_ffn_sum node)
+typedef int (*spark_ffn_tiling_t)(const char * backend, int64_t n_tokens, int64_t n_ff, int64_t n_embd,
+                                  struct spark_ffn_tiling * out);
 
 // how an FFN op sets a token's threshold theta = mean + std * z over its n_ff scores (SPEC 1)
 enum spark_ffn_cutoff {

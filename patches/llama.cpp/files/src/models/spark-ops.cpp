@@ -107,7 +107,22 @@ void spark_ffn_warn_dense(const char * why) {
     }
 }
 
-bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out) {
+// the name of the backend registry of the device that holds w ("CPU" for host memory and for a
+// tensor not yet in a buffer), or nullptr when ggml does not say
+static const char * spark_weight_backend(const ggml_tensor * w) {
+    if (w == nullptr || w->buffer == nullptr) {
+        return "CPU";
+    }
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
+    if (ggml_backend_buft_is_host(buft)) {
+        return "CPU";
+    }
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+    return reg ? ggml_backend_reg_name(reg) : nullptr;
+}
+
+bool spark_ffn_ask_tiling(const ggml_tensor * w, int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out) {
     if (ggml_backend_reg_by_name("Spark") == nullptr) {
         return false;
     }
@@ -116,7 +131,7 @@ bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_
         spark_ffn_warn_dense("the Spark backend does not export spark_ffn_tiling (built for another llama.cpp?)");
         return false;
     }
-    if (tiling(n_tokens, n_ff, n_embd, &out) != 0) {
+    if (tiling(spark_weight_backend(w), n_tokens, n_ff, n_embd, &out) != 0) {
         spark_ffn_warn_dense("spark_ffn_tiling refused the ubatch");
         return false;
     }
@@ -133,7 +148,7 @@ ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_t
                                      const std::function<void(ggml_tensor *, const char *)> & name) {
     const int64_t n_ff = s->ne[0], n_embd = h->ne[0], n_tokens = h->ne[1];
     spark_ffn_tiling tiling = {};
-    if (!spark_ffn_ask_tiling(std::max<int64_t>(n_tokens, 1), n_ff, n_embd, tiling)) {
+    if (!spark_ffn_ask_tiling(k2, std::max<int64_t>(n_tokens, 1), n_ff, n_embd, tiling)) {
         return nullptr;
     }
     if (tiling.path == SPARK_FFN_PATH_FUSED) {
@@ -147,6 +162,11 @@ ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_t
         // chunks of n_ff); the sum adds them in chunk order, so no result depends on the threads
         ggml_tensor * fused_args[4] = { s, h, k2, v };
         ggml_tensor * partial = spark_node(ctx, fused_kernel, fused_args, 4, n_embd, n_tokens, tiling.n_chunk, 1, p);
+        if (tiling.n_chunk == 1) {  // the one partial is the output (CUDA adds its chunks itself)
+            ggml_tensor * out = ggml_reshape_2d(ctx, partial, n_embd, n_tokens);
+            name(out, "spark_ffn_sparse");
+            return out;
+        }
         name(partial, "spark_ffn_partial");
         ggml_tensor * out = spark_node(ctx, sum_kernel, &partial, 1, n_embd, n_tokens, 1, 1, p);
         name(out, "spark_ffn_sparse");

@@ -43,17 +43,18 @@ void spark_each_run_off(const std::vector<bool> & off, const std::function<const
 void spark_ffn_warn_dense(const char * why);
 
 // How the sparse FFN of a ubatch runs (path and chunk count) is the Spark backend's decision:
-// the graph asks spark_ffn_tiling and builds the nodes of the answer, so none of the kernels'
-// tiling constants is written in a graph. False for the dense graph: no "Spark" entry
+// the graph asks spark_ffn_tiling, naming the backend registry of the device that holds the
+// FFN's weight `w` ("CPU" for host memory), and builds the nodes of the answer, so none of the
+// kernels' tiling constants is written in a graph. False for the dense graph: no "Spark" entry
 // (silently), or one that does not answer (a backend without spark_ffn_tiling) or answers
 // something invalid (with one warning).
-bool spark_ffn_ask_tiling(int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out);
+bool spark_ffn_ask_tiling(const ggml_tensor * w, int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out);
 
 // The sparse FFN's nodes: out [n_embd, n_tokens] = sum over each token's kept neurons j of
 // gelu_tanh(s_j - theta) (K2_j . h[r_f:]) V_j, for scores s [n_ff, n_tokens], activations
 // h [n_embd, n_tokens], K2 [n_embd - r_f, n_ff] and V [n_embd, n_ff] (neuron-major), the
 // threshold set by p. The nodes are those of the path spark_ffn_tiling answers for the ubatch
-// (a graph of no tokens, a reserve probe, gets a one-token ubatch's nodes, so that it holds
+// and the device of K2 (one chunk: the fused node is the output, no sum node) (a graph of no tokens, a reserve probe, gets a one-token ubatch's nodes, so that it holds
 // the ops of the graphs that run); name(node, label) names the intermediate nodes and the
 // output ("spark_ffn_sparse") as the caller's graph callback does. nullptr when the backend
 // cannot run it (said once): the caller builds its dense FFN.
