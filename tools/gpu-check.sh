@@ -28,13 +28,16 @@
 #            bytes (nsys if it works here, else ncu) against it
 #   batched  tools/bench-batched.sh -npl 1,4,16 -- -ngl 99 (llama-batched-bench, q8_0)
 #   scaling  the CPU alone (GPU hidden): tools/bench-scaling.sh -t 4,8,16, decode at depth 512
+#   gemma3n  Gemma 3n's sparse layers (tools/gemma3n-synth.py, tiny or GPU_CHECK_GEMMA3N_PRESET=e2b)
+#            with -ngl 99: the same text as upstream's graph, the plugin's rows 0-9, custom nodes
+#            on CUDA, llama-bench with and without the plugin
 #
 # Fails (exit 1) when the build fails, the GPU run's KL divergence or top-1 agreement is out of
 # bounds, SPARK_STATS differ, or the Spark kernels did not run on the GPU (the plugin's
 # "spark-backend: CUDA kernels registered" line missing, or a GGML_OP_CUSTOM node scheduled on
 # the CPU under -ngl 99). Exit 2: passed so far, but a phase was skipped for time (run again).
 #
-# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,bench9b,prof,batched,scaling]
+# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,bench9b,prof,batched,scaling,gemma3n]
 #                                [--budget SECONDS] [--redo]
 #   --budget   stop starting phases that would not end within SECONDS of the start (default 570,
 #              inside a 10-minute slot)
@@ -43,20 +46,20 @@
 # GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_UB_CHUNKS (8: the -ub 1/8 rows),
 # GPU_CHECK_BENCH_REPS (3), GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), GPU_CHECK_KERNELS ("26,25":
 # Spark's and stock's kernels per layer per decode step for the predictions: 31 on the H200
-# 2026-11-27, 26 since select-up + gather, the in-op chunk sums and no h[:r_f] copy), CUDA_ARCH (from
-# nvidia-smi); for gpu-pack.sh's prebuild: GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1
-# (build only, no GPU, portable CPU code).
+# 2026-11-27, 26 since select-up + gather, the in-op chunk sums and no h[:r_f] copy),
+# GPU_CHECK_GEMMA3N_PRESET (tiny), CUDA_ARCH (from nvidia-smi); for gpu-pack.sh's prebuild:
+# GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU, portable CPU code).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 
-phases=build,correct,bench,bench9b,prof,batched,scaling budget=570 redo=0
+phases=build,correct,bench,bench9b,prof,batched,scaling,gemma3n budget=570 redo=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --phases) phases=$2; shift ;;
         --budget) budget=$2; shift ;;
         --redo) redo=1 ;;
-        -h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -651,6 +654,68 @@ phase_scaling() {
     bench_table "$work/scaling.json" | emit
 }
 run_phase scaling 150 phase_scaling
+
+# --- gemma3n: Gemma 3n's sparse layers on the GPU (issue 43 item 5) ---------------------------
+# tools/gemma3n-synth.py's Gemma 3n (GPU_CHECK_GEMMA3N_PRESET: tiny, the default, or e2b for the
+# real E2B text model's shapes, ~4.7 GB in q8_0), made here with numpy and the carry's gguf
+# wheel, every layer on the GPU: llama-completion's greedy text with the plugin must equal
+# upstream's gemma3n graph (the same binary without the plugin; f32, as
+# tests/python/gemma3n/test_sparse_ffn.py checks on the CPU), the plugin's table must have rows
+# for layers 0-9 only (its kernels ran) and GGML_SCHED_DEBUG=2 every custom node on CUDA; then
+# llama-bench -p 512 -n 128 of the q8_0 file with and without the plugin, and their ratio (the
+# tiny model is bound by launches: the ratio says what the plugin costs per layer, not what a
+# real E2B gains).
+gemma3n_model() {
+    local t=$1 preset=${GPU_CHECK_GEMMA3N_PRESET:-tiny}
+    local out=$work/models/gemma3n-$preset-$t.gguf
+    [ -f "$out" ] || PYTHONPATH="$work/gguf-py${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/tools/gemma3n-synth.py" \
+        "$preset" "$out" --outtype "$t" --seed 1 --quiet >>"$logs/gemma3n-synth.log" 2>&1 \
+        || { rm -f "$out"; fail "gemma3n: tools/gemma3n-synth.py $preset $t failed (logs/gemma3n-synth.log)"; return 1; }
+    echo "$out"
+}
+
+phase_gemma3n() {
+    local wheel f32 q8 prompt="First Citizen: Before we proceed any further, hear me speak."
+    wheel=$(ls "$carry"/gguf-*.whl 2>/dev/null | head -1)
+    [ -d "$work/gguf-py/gguf" ] || python3 -m zipfile -e "$wheel" "$work/gguf-py" \
+        || { fail "gemma3n: cannot unpack the carry's gguf wheel"; return 1; }
+    f32=$(gemma3n_model f32) && q8=$(gemma3n_model q8_0) || return 1
+    local run=("$bin/llama-completion" -m "$f32" -p "$prompt" -n 24 --temp 0 --seed 1 -t "$threads"
+               -no-cnv --no-display-prompt --no-warmup -ngl 99)
+    timeout 120 "${run[@]}" >"$logs/gemma3n-stock.txt" 2>"$logs/gemma3n-stock.log" \
+        || { fail "gemma3n: llama-completion without the plugin failed (logs/gemma3n-stock.log)"; return 1; }
+    GGML_BACKEND_PATH=$plugin SPARK_STATS=1 GGML_SCHED_DEBUG=2 timeout 120 "${run[@]}" -lv 4 \
+        >"$logs/gemma3n-spark.txt" 2>"$logs/gemma3n-spark.log" \
+        || { fail "gemma3n: llama-completion with the plugin failed (logs/gemma3n-spark.log)"; return 1; }
+    if cmp -s "$logs/gemma3n-stock.txt" "$logs/gemma3n-spark.txt"; then
+        say "gemma3n f32 -ngl 99: the same text with the plugin as upstream's graph: $(head -c 80 "$logs/gemma3n-spark.txt" | tr '\n' ' ')"
+    else
+        fail "gemma3n: f32 text with the plugin differs from upstream's graph (logs/gemma3n-{spark,stock}.txt)"
+    fi
+    local rows
+    rows=$(stats_table "$logs/gemma3n-spark.log" | awk '{print $1}' | tr '\n' ' ')
+    say "gemma3n: the plugin's table has rows for layers: ${rows:-none}"
+    [ "$rows" = "0 1 2 3 4 5 6 7 8 9 " ] || fail "gemma3n: the table's rows are '${rows:-none}', want layers 0-9"
+    sched_check gemma3n "$logs/gemma3n-spark.log"
+    local reps=${GPU_CHECK_BENCH_REPS:-3} with
+    for with in no yes; do
+        local env_plugin=()
+        [ "$with" = yes ] && env_plugin=(GGML_BACKEND_PATH="$plugin")
+        env "${env_plugin[@]}" timeout "$(( $(left) - 10 ))" "$bin/llama-bench" -m "$q8" -ngl 99 -fa 0 \
+            -p 512 -n 128 -r "$reps" -o json >"$work/gemma3n-bench-$with.json" 2>"$logs/gemma3n-bench-$with.log" \
+            || { fail "gemma3n: llama-bench (plugin $with) failed (logs/gemma3n-bench-$with.log)"; return 1; }
+    done
+    python3 - "$work/gemma3n-bench-no.json" "$work/gemma3n-bench-yes.json" <<'EOF' | emit
+import json, sys
+stock, spark = (json.load(open(p)) for p in sys.argv[1:3])
+print("| test | stock t/s | with the plugin t/s | ratio |")
+print("|---|---|---|---|")
+for a, b in zip(stock, spark):
+    test = f"pp{a['n_prompt']}" if a["n_prompt"] else f"tg{a['n_gen']}"
+    print(f"| {test} | {a['avg_ts']:.2f} | {b['avg_ts']:.2f} | **{b['avg_ts'] / a['avg_ts']:.2f}x** |")
+EOF
+}
+run_phase gemma3n 90 phase_gemma3n
 
 # --- verdict -----------------------------------------------------------------------------------
 say ""
