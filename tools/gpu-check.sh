@@ -684,7 +684,7 @@ phase_gemma3n() {
                -no-cnv --no-display-prompt --no-warmup -ngl 99)
     timeout 120 "${run[@]}" >"$logs/gemma3n-stock.txt" 2>"$logs/gemma3n-stock.log" \
         || { fail "gemma3n: llama-completion without the plugin failed (logs/gemma3n-stock.log)"; return 1; }
-    GGML_BACKEND_PATH=$plugin SPARK_STATS=1 GGML_SCHED_DEBUG=2 timeout 120 "${run[@]}" -lv 4 \
+    GGML_BACKEND_PATH=$plugin SPARK_STATS=1 GGML_SCHED_DEBUG=2 timeout 120 "${run[@]}" -v \
         >"$logs/gemma3n-spark.txt" 2>"$logs/gemma3n-spark.log" \
         || { fail "gemma3n: llama-completion with the plugin failed (logs/gemma3n-spark.log)"; return 1; }
     if cmp -s "$logs/gemma3n-stock.txt" "$logs/gemma3n-spark.txt"; then
