@@ -1,7 +1,7 @@
 //! The `spark_attn` launcher ggml-cuda calls (feature `cuda`; `crate::cuda::launch::enter`):
-//! it checks its node into a `super::cuda_plan::AttnPlan`, takes one stream-ordered scratch
-//! allocation of the plan's size, enqueues the plan's launches slab after slab on ggml's
-//! stream and frees the scratch on the stream; only when `crate::cuda::device_stats` is on, it
+//! it checks its node into a `super::cuda_plan::AttnPlan`, takes the plan's size of scratch from
+//! the stream's arena (`crate::cuda::launch::scratch`), enqueues the plan's launches slab after
+//! slab on ggml's stream; only when `crate::cuda::device_stats` is on, it
 //! copies the kept counts to the host (one stream synchronization) for the statistics table.
 
 use super::cuda_plan::{AttnArgs, AttnPlan, KERNELS};
@@ -37,7 +37,7 @@ impl CudaOp for AttnPlan {
         if self.n_queries() == 0 {
             return Ok(());
         }
-        let (scratch, base) = launch::scratch(gpu, self.scratch_bytes())?;
+        let base = launch::scratch(gpu, self.scratch_bytes())?;
         let stats = crate::cuda::device_stats() && !launch::capturing(gpu)?;
         let mut counts: Vec<u8> = Vec::new();
         for slab in &self.slabs {
@@ -53,14 +53,13 @@ impl CudaOp for AttnPlan {
             if stats {
                 let qs = slab.ns * slab.nt * self.layout.n_head;
                 let off = self.scratch.count;
-                counts.extend(launch::copy_counts(gpu, &scratch, off..off + 4 * qs)?);
+                counts.extend(launch::copy_counts(gpu, base, off..off + 4 * qs)?);
             }
         }
         if stats {
             let kept = launch::sum_counts(gpu, &counts)?;
             stats::record_attn(self.layout.layer, kept, self.n_queries() as u64);
         }
-        drop(scratch); // freed on the stream, after the kernels
         Ok(())
     }
 }

@@ -173,6 +173,8 @@ fn program_log(prog: &Program) -> String {
 /// One CUDA device as the launchers use it: the primary context (the one ggml-cuda uses) and
 /// the modules compiled for it so far.
 pub(crate) struct Device {
+    /// ggml-cuda's device index, the CUDA ordinal.
+    pub(crate) ordinal: c_int,
     ctx: Arc<CudaContext>,
     target: (i32, i32),
     modules: Mutex<HashMap<&'static str, Result<Arc<CudaModule>, String>>>,
@@ -240,14 +242,15 @@ pub(crate) fn device(ordinal: c_int) -> Result<Arc<Device>, String> {
 fn open(ordinal: c_int) -> Result<Arc<Device>, String> {
     let index = usize::try_from(ordinal).map_err(|_| format!("bad device index {ordinal}"))?;
     let ctx = CudaContext::new(index).map_err(|e| format!("device {ordinal}: {e:?}"))?;
-    // SAFETY: every buffer the launchers allocate is used only on the one stream it was
-    // allocated on (ggml's stream of the call) and freed on it, so cudarc's cross-stream event
-    // tracking is not needed (and would add event records to ggml's stream).
+    // SAFETY: every buffer the launchers allocate (launch::scratch) is used only on the one
+    // stream whose arena holds it (ggml's stream of the call) and never freed, so cudarc's
+    // cross-stream event tracking is not needed (and would add event records to ggml's stream).
     unsafe { ctx.disable_event_tracking() };
     let target = ctx
         .compute_capability()
         .map_err(|e| format!("device {ordinal}: compute capability: {e:?}"))?;
     Ok(Arc::new(Device {
+        ordinal,
         ctx,
         target,
         modules: Mutex::new(HashMap::new()),

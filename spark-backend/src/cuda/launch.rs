@@ -1,6 +1,7 @@
 //! The one entry protocol of every CUDA launcher (the CUDA counterpart of `crate::cpu_op::enter`),
-//! and what every launcher does with its plan: one scratch allocation, kernel launches on
-//! ggml's stream, kept counts copied back for the statistics.
+//! and what every launcher does with its plan: scratch from the stream's [`ScratchArena`] (no
+//! allocation inside a captured CUDA graph), kernel launches on ggml's stream, kept counts
+//! copied back for the statistics.
 
 use super::driver::Gpu;
 use super::options::CudaSource;
@@ -8,11 +9,12 @@ use crate::cpu_op::{report, report_outcome};
 use crate::ffi::panic_message;
 use crate::params;
 use crate::KernelError;
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, LaunchConfig};
+use cudarc::driver::{LaunchArgs, LaunchConfig};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_int, c_void};
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
 
 /// A Spark op's CUDA launcher, as [`enter`] sees it.
 pub(crate) trait CudaOp: Sized {
@@ -180,29 +182,98 @@ pub(crate) fn capturing(gpu: &Gpu) -> Result<bool, String> {
         .map_err(|e| format!("stream capture status: {e:?}"))
 }
 
-/// One stream-ordered scratch allocation (`cuMemAllocAsync`) of `bytes` bytes and its device
-/// address; dropping it frees it on the stream, after the work enqueued before.
-pub(crate) fn scratch(gpu: &Gpu, bytes: usize) -> Result<(CudaSlice<u8>, u64), String> {
-    // SAFETY: uninitialised device memory; the plans' kernels write every scratch element
-    // before any kernel reads it.
-    let s = unsafe { gpu.stream.alloc::<u8>(bytes) }
-        .map_err(|e| format!("scratch of {bytes} bytes: {e:?}"))?;
-    let p = {
-        let (p, _sync) = s.device_ptr(&gpu.stream);
-        p
-    };
-    Ok((s, p))
+/// The scratch buffers of one ggml stream: device memory allocated with the synchronous
+/// `cuMemAlloc` (never a node of a CUDA graph that ggml-cuda is capturing, unlike the
+/// stream-ordered `cuMemAllocAsync`) and never freed: a graph ggml-cuda captured replays the
+/// addresses it was captured with, so an outgrown buffer stays alive. A call takes the newest
+/// buffer when it is large enough, else a new one ([`ScratchArena::grown`]). The launchers of
+/// one stream run their kernels in stream order, so they share the buffer without overlapping
+/// in time; every kernel writes a scratch element before reading it (the plans' contract).
+#[derive(Debug, Default)]
+pub(crate) struct ScratchArena {
+    /// (device address, bytes) of every buffer, oldest first.
+    buffers: Vec<(u64, usize)>,
 }
 
-/// Copies the bytes `range` of `scratch` (u32 counts) to the host, in stream order.
-pub(crate) fn copy_counts(
-    gpu: &Gpu,
-    scratch: &CudaSlice<u8>,
-    range: Range<usize>,
-) -> Result<Vec<u8>, String> {
-    gpu.stream
-        .clone_dtoh(&scratch.slice(range))
-        .map_err(|e| format!("statistics: {e:?}"))
+/// New buffers are a whole number of these bytes.
+const ARENA_GRAIN: usize = 1 << 20;
+
+impl ScratchArena {
+    /// The bytes of the buffer that replaces one of `newest` bytes when a call needs `need`
+    /// (`None`: the newest one serves): at least twice the newest, so a stream holds less than
+    /// about twice the largest scratch any of its calls needed, in a few buffers.
+    pub(crate) fn grown(newest: Option<usize>, need: usize) -> Option<usize> {
+        match newest {
+            Some(have) if have >= need => None,
+            have => Some(
+                need.max(2 * have.unwrap_or(0))
+                    .max(1)
+                    .next_multiple_of(ARENA_GRAIN),
+            ),
+        }
+    }
+
+    /// A device address of at least `need` bytes: the newest buffer, or a new one from `alloc`.
+    pub(crate) fn take(
+        &mut self,
+        need: usize,
+        alloc: impl FnOnce(usize) -> Result<u64, String>,
+    ) -> Result<u64, String> {
+        let newest = self.buffers.last().copied();
+        match Self::grown(newest.map(|(_, b)| b), need) {
+            None => Ok(newest.map_or(0, |(p, _)| p)),
+            Some(bytes) => {
+                let p = alloc(bytes)?;
+                self.buffers.push((p, bytes));
+                Ok(p)
+            }
+        }
+    }
+
+    /// Bytes held in all.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.buffers.iter().map(|&(_, b)| b).sum()
+    }
+}
+
+/// The device address of `bytes` bytes of scratch for the call on `gpu`'s stream (the stream's
+/// [`ScratchArena`], per device and stream for the process).
+pub(crate) fn scratch(gpu: &Gpu, bytes: usize) -> Result<u64, String> {
+    static ARENAS: Mutex<Vec<((c_int, usize), ScratchArena)>> = Mutex::new(Vec::new());
+    let key = (gpu.device.ordinal, gpu.stream.cu_stream() as usize);
+    let mut arenas = ARENAS.lock().unwrap_or_else(|e| e.into_inner());
+    let at = match arenas.iter().position(|(k, _)| *k == key) {
+        Some(i) => i,
+        None => {
+            arenas.push((key, ScratchArena::default()));
+            arenas.len() - 1
+        }
+    };
+    arenas[at].1.take(bytes, |n| {
+        // SAFETY: the device's context is bound to this thread (Gpu::borrow); uninitialised
+        // device memory, which the plans' kernels write before they read it.
+        unsafe { cudarc::driver::result::malloc_sync(n) }
+            .map_err(|e| format!("scratch of {n} bytes: {e:?}"))
+    })
+}
+
+/// Copies the bytes `range` of the scratch at device address `base` (u32 counts) to the host,
+/// in stream order: into pageable host memory, which CUDA completes before the call returns
+/// (so after the kernels enqueued before it, and before a later slab reuses the scratch).
+pub(crate) fn copy_counts(gpu: &Gpu, base: u64, range: Range<usize>) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; range.len()];
+    // SAFETY: [base + range) lies in this call's scratch (the plan's layout); `out` is pageable
+    // host memory of range.len() bytes, written before the call returns.
+    unsafe {
+        cudarc::driver::result::memcpy_dtoh_async(
+            &mut out,
+            base + range.start as u64,
+            gpu.stream.cu_stream(),
+        )
+    }
+    .map_err(|e| format!("statistics: {e:?}"))?;
+    Ok(out)
 }
 
 /// Waits for the stream, then the sum of the little-endian u32 counts in `bytes` (copied by
@@ -215,4 +286,50 @@ pub(crate) fn sum_counts(gpu: &Gpu, bytes: &[u8]) -> Result<u64, String> {
         .chunks_exact(4)
         .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
         .sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arena_grows_by_doubling_and_keeps_every_buffer() {
+        assert_eq!(ScratchArena::grown(None, 0), Some(ARENA_GRAIN));
+        assert_eq!(ScratchArena::grown(None, 5), Some(ARENA_GRAIN));
+        assert_eq!(ScratchArena::grown(Some(ARENA_GRAIN), ARENA_GRAIN), None);
+        assert_eq!(
+            ScratchArena::grown(Some(ARENA_GRAIN), ARENA_GRAIN + 1),
+            Some(2 * ARENA_GRAIN)
+        );
+        assert_eq!(
+            ScratchArena::grown(Some(ARENA_GRAIN), 3 * ARENA_GRAIN + 7),
+            Some(4 * ARENA_GRAIN)
+        );
+        let mut a = ScratchArena::default();
+        let mut next = 0x1000_0000u64;
+        let mut alloc = |n: usize| {
+            next += n as u64;
+            Ok(next - n as u64)
+        };
+        let first = a.take(100, &mut alloc).unwrap();
+        assert_eq!(
+            a.take(ARENA_GRAIN, &mut alloc).unwrap(),
+            first,
+            "the newest serves"
+        );
+        let second = a.take(ARENA_GRAIN + 1, &mut alloc).unwrap();
+        assert_ne!(second, first);
+        assert_eq!(
+            a.take(10, &mut alloc).unwrap(),
+            second,
+            "the newest, not the first"
+        );
+        // 1, 2, then 64 MiB for a 40 MiB call: under twice the largest need, every buffer kept
+        let third = a.take(40 << 20, &mut alloc).unwrap();
+        assert_eq!(a.buffers.len(), 3);
+        assert_eq!(a.held(), (1 + 2 + 40) << 20);
+        assert_eq!(a.take(40 << 20, &mut alloc).unwrap(), third);
+        assert!(a.take(1 << 30, |_| Err("no memory".into())).is_err());
+        assert_eq!(a.buffers.len(), 3, "a failed allocation adds nothing");
+    }
 }

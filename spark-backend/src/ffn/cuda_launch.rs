@@ -1,7 +1,7 @@
 //! The FFN launchers ggml-cuda calls (feature `cuda`; `crate::cuda::launch::enter`): each
-//! checks its node into a plan of `super::cuda_plan`, takes one stream-ordered scratch allocation
-//! (`cuMemAllocAsync`) of the plan's layout, enqueues the plan's launches on ggml's stream and
-//! frees the scratch on the stream; only when `crate::cuda::device_stats` is on (and the stream
+//! checks its node into a plan of `super::cuda_plan`, takes the plan's layout of scratch from
+//! the stream's arena (`crate::cuda::launch::scratch`: no allocation inside a captured CUDA
+//! graph) and enqueues the plan's launches on ggml's stream; only when `crate::cuda::device_stats` is on (and the stream
 //! is not being captured into a CUDA graph), it copies the kept counts to the host (one stream
 //! synchronization) for the statistics table.
 
@@ -60,10 +60,10 @@ unsafe fn enqueue(gpu: &Gpu, launches: &[Launch]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs a plan that thresholds tokens (`spark_ffn_fused`, `spark_ffn_up`): one scratch
-/// allocation of `layout`, the plan's launches over it, and when `crate::cuda::device_stats`
-/// is on the kept counts (`layout.kept_len` u32 at `layout.kept`) added to the statistics table (waits for
-/// the stream: only in that mode).
+/// Runs a plan that thresholds tokens (`spark_ffn_fused`, `spark_ffn_up`): scratch of
+/// `layout`, the plan's launches over it, and when `crate::cuda::device_stats` is on the kept
+/// counts (`layout.kept_len` u32 at `layout.kept`) added to the statistics table (waits for the
+/// stream: only in that mode).
 ///
 /// # Safety
 /// `launches` gives the launches of a checked plan whose tensors are live device memory of
@@ -74,19 +74,15 @@ unsafe fn run_stage(
     layout: ScratchLayout,
     launches: impl FnOnce(u64) -> Result<Vec<Launch>, String>,
 ) -> Result<(), String> {
-    let (scratch, base) = launch::scratch(gpu, layout.total)?;
+    let base = launch::scratch(gpu, layout.total)?;
     // SAFETY: per the contract; the scratch holds layout.total bytes at base.
     unsafe { enqueue(gpu, &launches(base)?)? };
     if crate::cuda::device_stats() && !launch::capturing(gpu)? {
-        let counts = launch::copy_counts(
-            gpu,
-            &scratch,
-            layout.kept..layout.kept + 4 * layout.kept_len,
-        )?;
+        let counts =
+            launch::copy_counts(gpu, base, layout.kept..layout.kept + 4 * layout.kept_len)?;
         let total = launch::sum_counts(gpu, &counts)?;
         stats::record_ffn(st.layer, total, st.n_tokens as u64, st.f as u64);
     }
-    drop(scratch); // freed on the stream, after the kernels
     Ok(())
 }
 
