@@ -427,16 +427,19 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn(
 
     auto [Qcur, Kcur, Vcur] = build_qkv(model.layers[il], cur, n_embd_head, n_head, n_head_kv, il);
 
-    auto rope_parts = [&](ggml_tensor * x) {
+    // `scale` multiplies every channel once: each rope scales the channels it rotates (its
+    // attn_factor multiplies cos and sin) and copies the others, so Q's attention scale costs
+    // no node of its own
+    auto rope_parts = [&](ggml_tensor * x, float scale) {
         auto rope = [&](ggml_tensor * y, int64_t width) {
             return ggml_rope_ext(ctx0, y, inp_pos, nullptr, width, rope_type, n_ctx_orig,
-                    freq_base_l, freq_scale_l, ext_factor, attn_factor, beta_fast, beta_slow);
+                    freq_base_l, freq_scale_l, ext_factor, attn_factor * scale, beta_fast, beta_slow);
         };
         return ggml_rope_set_offset(rope(rope(x, n_r), n_embd_head - n_r), n_r);
     };
 
-    Qcur = ggml_scale(ctx0, rope_parts(Qcur), hparams.f_attention_scale);
-    Kcur = rope_parts(Kcur);
+    Qcur = rope_parts(Qcur, hparams.f_attention_scale);
+    Kcur = rope_parts(Kcur, 1.0f);
     cb(Qcur, "Qcur", il);
     cb(Kcur, "Kcur", il);
     cb(Vcur, "Vcur", il);
