@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--depth", type=int_list, default=[512],
                     help="positions already in each sequence (comma-separated; default 512)")
     ap.add_argument("--kernels", type=kernel_pair,
-                    help="kernels per layer per step, SPARK,STOCK (e.g. 26,25); default: bytes only")
+                    help="kernels per layer per step, SPARK,STOCK (e.g. 25,25); default: bytes only")
     ap.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH_GBPS,
                     help=f"GB/s with --kernels (default {H200_BANDWIDTH_GBPS:.0f}, an H200)")
     ap.add_argument("--kernel-us", type=float, default=H200_KERNEL_US,
