@@ -317,3 +317,49 @@ fn no_kernel_spills_registers_on_sm_75_80_90() {
         }
     }
 }
+
+/// Programmatic dependent launch: on sm_90 every kernel of every file begins by waiting for the
+/// grid before it (`griddepcontrol.wait`, then `griddepcontrol.launch_dependents`: common.cuh's
+/// `spark_pdl_enter`, attn.cu's `spark_attn_pdl_enter`), since the launchers set the attribute
+/// there; below sm_90, where the instruction does not exist, no kernel has it.
+#[test]
+fn on_sm_90_every_kernel_waits_for_the_grid_before_it() {
+    require_nvrtc();
+    for src in KERNEL_SOURCES {
+        let ptx = |major, minor| {
+            let image = compile(
+                src,
+                Target {
+                    major,
+                    minor,
+                    cubin: false,
+                },
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", src.name));
+            String::from_utf8_lossy(&image.bytes).into_owned()
+        };
+        let sm90 = ptx(9, 0);
+        let entries = ptx_entries(&sm90);
+        assert!(!entries.is_empty(), "{}: no kernels", src.name);
+        for name in &entries {
+            // the entry's body: from its name to the next entry
+            let at = sm90.find(&format!(".entry {name}(")).unwrap();
+            let body = &sm90[at..];
+            let body = &body[..body[1..].find(".entry ").map_or(body.len(), |n| n + 1)];
+            let wait = body.find("griddepcontrol.wait");
+            let first_load = body.find("ld.global");
+            assert!(
+                wait.is_some(),
+                "{}: {name} does not wait for the grid before it",
+                src.name
+            );
+            assert!(
+                first_load.is_none_or(|l| wait.unwrap() < l),
+                "{}: {name} reads global memory before griddepcontrol.wait",
+                src.name
+            );
+            assert!(body.contains("griddepcontrol.launch_dependents"), "{name}");
+        }
+        assert!(!ptx(8, 0).contains("griddepcontrol"), "{}: sm_80", src.name);
+    }
+}

@@ -95,6 +95,17 @@ struct SparkAttnArgs {
 // ---------------------------------------------------------------------------------------------
 // Scalar helpers
 
+// Programmatic dependent launch (sm_90 and up, where the launcher sets the attribute): wait for
+// the kernel before this one on the stream and its writes, then let the next one start
+// launching; the first statement of every kernel below (as ffn.cu's spark_pdl_enter, which
+// this header-free file cannot include). Nothing below sm_90 and in the CPU emulation.
+__device__ __forceinline__ void spark_attn_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 __device__ __forceinline__ float spark_inf_f() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double spark_inf_d() { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ bool spark_finite_f(float x) {
@@ -267,6 +278,7 @@ __device__ __forceinline__ const char* spark_mask_row(const SparkAttnArgs& a, in
 // 1. First-part scores.
 
 extern "C" __global__ void spark_attn_scores(const SparkAttnArgs a) {
+    spark_attn_pdl_enter();
     __shared__ float2 qsh[SPARK_QB][SPARK_MAX_HEAD_DIM / 2];
     const int G = a.n_head / a.n_head_kv;
     const int GB = a.heads_per_block, TT = a.tokens_per_block;
@@ -371,6 +383,7 @@ extern "C" __global__ void spark_attn_scores(const SparkAttnArgs a) {
 // 2. Threshold, selection and softmax normaliser (one block per query).
 
 extern "C" __global__ void spark_attn_select(const SparkAttnArgs a) {
+    spark_attn_pdl_enter();
     __shared__ double sh_d[32];
     __shared__ int sh_i[32];
     __shared__ float sh_f[32];
@@ -579,6 +592,7 @@ __device__ __forceinline__ void spark_sum_chunks(const SparkAttnArgs& a, int qi,
 }
 
 extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
+    spark_attn_pdl_enter();
     __shared__ float2 q2sh[SPARK_MAX_HEAD_DIM / 2];
     __shared__ float wsh[SPARK_SUB];
     __shared__ int psh[SPARK_SUB];

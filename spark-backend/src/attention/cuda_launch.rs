@@ -69,4 +69,8 @@ impl KernelArgs for AttnArgs {
     fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
         launch.arg(self);
     }
+
+    fn pointers(&self) -> Vec<*mut c_void> {
+        vec![std::ptr::from_ref(self).cast_mut().cast()]
+    }
 }

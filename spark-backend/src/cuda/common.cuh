@@ -209,6 +209,18 @@ __device__ __forceinline__ float spark_row_dot(const u8 * row, int ty, const flo
     SPARK_DISPATCH_TYPE(ty, spark_row_dot_t, row, x, n, lane)
 }
 
+// Programmatic dependent launch (compute capability 9.0 and up, where the launchers set the
+// attribute: cuda::launch): waits until the kernel before this one on the stream has finished
+// and its writes are visible, then lets the kernel after this one start launching (it waits
+// the same way before it reads anything). The first statement of every Spark kernel: nothing
+// before it reads memory. Compiles to nothing below sm_90 and in the CPU emulation.
+__device__ __forceinline__ void spark_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // Whether this block is the last of n blocks that count themselves at *counter (same answer in
 // every thread of the block; every thread must call it): the block's writes are made visible
 // device-wide (fence) before it is counted, and the last block's fence orders its reads of the

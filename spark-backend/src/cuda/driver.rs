@@ -181,6 +181,11 @@ pub(crate) struct Device {
 }
 
 impl Device {
+    /// The compute capability (major, minor).
+    pub(crate) fn target(&self) -> (i32, i32) {
+        self.target
+    }
+
     /// `kernel` of `source`, compiling and loading the source at its first use on this device
     /// (modules are cached by source name).
     pub(crate) fn function(

@@ -141,6 +141,74 @@ pub(crate) use cuda_launcher;
 pub(crate) trait KernelArgs {
     /// Pushes every argument, in order.
     fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>);
+
+    /// The address of every argument's value, in order (`cuLaunchKernelEx`'s `kernelParams`;
+    /// valid while `self` is).
+    fn pointers(&self) -> Vec<*mut c_void>;
+}
+
+/// Whether launches on devices of compute capability 9.0 and up carry the programmatic stream
+/// serialization attribute (programmatic dependent launch: a kernel may start launching while
+/// the one before it on the stream finishes; every Spark kernel's first statement,
+/// `spark_pdl_enter` / `spark_attn_pdl_enter`, waits for that one's writes). On unless
+/// `SPARK_CUDA_PDL=0`; off for the process after a launch with it fails (then retried
+/// without it, and said once).
+static PDL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+fn pdl_wanted(gpu: &Gpu) -> bool {
+    static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *ENV_OFF.get_or_init(|| std::env::var("SPARK_CUDA_PDL").is_ok_and(|v| v == "0"));
+    !off && gpu.device.target().0 >= 9 && PDL.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Launches `f` with the programmatic stream serialization attribute.
+///
+/// # Safety
+/// As for [`enqueue`].
+unsafe fn launch_pdl<A: KernelArgs + ?Sized>(
+    gpu: &Gpu,
+    f: &cudarc::driver::CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    args: &A,
+) -> Result<(), String> {
+    use cudarc::driver::sys as cu;
+    let mut params = args.pointers();
+    let mut attr = cu::CUlaunchAttribute {
+        id: cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        // SAFETY: an all-zero union is a valid value of every member (plain integers).
+        value: unsafe { std::mem::zeroed() },
+    };
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = cu::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: gpu.stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the device's context is bound to this thread (Gpu::borrow); `config`, `attr` and
+    // the argument values `params` points at live through the call, which copies them; the
+    // arguments are the kernel's parameters in order with their C types (contract).
+    let rc = unsafe {
+        cu::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    if rc == cu::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{rc:?}"))
+    }
 }
 
 /// Enqueues kernel `name` of `source` on `gpu`'s stream: `grid` blocks of `block` threads.
@@ -158,6 +226,21 @@ pub(crate) unsafe fn enqueue<A: KernelArgs + ?Sized>(
     args: &A,
 ) -> Result<(), String> {
     let f = gpu.device.function(source, name)?;
+    if pdl_wanted(gpu) {
+        // SAFETY: per the contract.
+        match unsafe { launch_pdl(gpu, &f, grid, block, args) } {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                // said once: only the first failure finds PDL still on
+                if PDL.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!(
+                        "spark-backend: CUDA: {name}: a launch with programmatic dependent launch \
+                         failed ({e}); launching without it from now on"
+                    );
+                }
+            }
+        }
+    }
     let mut b = gpu.stream.launch_builder(&f);
     args.push(&mut b);
     let cfg = LaunchConfig {

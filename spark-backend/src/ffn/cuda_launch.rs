@@ -43,6 +43,17 @@ impl KernelArgs for [Arg] {
             };
         }
     }
+
+    fn pointers(&self) -> Vec<*mut c_void> {
+        self.iter()
+            .map(|a| match a {
+                Arg::Ptr(p) => std::ptr::from_ref(p).cast_mut().cast(),
+                Arg::I32(i) => std::ptr::from_ref(i).cast_mut().cast(),
+                Arg::I64(i) => std::ptr::from_ref(i).cast_mut().cast(),
+                Arg::F64(x) => std::ptr::from_ref(x).cast_mut().cast(),
+            })
+            .collect()
+    }
 }
 
 /// Enqueues `launches` on the stream, in order.

@@ -41,6 +41,7 @@ __device__ __forceinline__ float spark_theta_of_warps(const double * red1, const
 // (all of a thread's loads in flight together) and kept in registers for every pass.
 extern "C" __global__ void __launch_bounds__(SPARK_THRESHOLD_THREADS)
 spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, u32 * kept) {
+    spark_pdl_enter();
     __shared__ double red1[SPARK_THRESHOLD_THREADS / 32];
     __shared__ double red2[SPARK_THRESHOLD_THREADS / 32];
     __shared__ int redi[SPARK_THRESHOLD_THREADS / 32];
@@ -153,6 +154,7 @@ extern "C" __global__ void __launch_bounds__(SPARK_UP_WARPS * 32)
 spark_ffn_up(const float * s, int F, int T, const float * theta, int dense,
              const u8 * h, i64 h_stride, int r_f, const u8 * k2, i64 k2_stride, int k2_type, int d2,
              float * u) {
+    spark_pdl_enter();
     const int lane = threadIdx.x % 32;
     const int j = blockIdx.x * SPARK_UP_WARPS + threadIdx.x / 32;
     if (j >= F) return; // warp-uniform
@@ -244,6 +246,7 @@ extern "C" __global__ void __launch_bounds__(SPARK_SELECT_THREADS)
 spark_ffn_select_up(const float * s, int F, int T, int dense, double q,
                     const u8 * h, i64 h_stride, int r_f, const u8 * k2, i64 k2_stride, int k2_type, int d2,
                     float * u, float * theta, u32 * kept, u32 * done, int n_done) {
+    spark_pdl_enter();
     if (blockIdx.x == 0 && blockIdx.y == 0) {
         for (int i = threadIdx.x; i < n_done; i += SPARK_SELECT_THREADS) done[i] = 0u;
     }
@@ -321,6 +324,7 @@ __device__ __forceinline__ float spark_v_axpy(int ty, float acc, const float * u
 extern "C" __global__ void __launch_bounds__(SPARK_GATHER_THREADS)
 spark_ffn_gather(const float * u, int F, int T, int P, const u8 * v, i64 v_stride, int v_type, int D,
                  float * out, float * sum, u32 * done) {
+    spark_pdl_enter();
     __shared__ float us[SPARK_GATHER_STAGE];
     __shared__ u32 js[SPARK_GATHER_STAGE];
     __shared__ int wcount[SPARK_GATHER_THREADS / 32];
@@ -375,6 +379,7 @@ spark_ffn_gather(const float * u, int F, int T, int P, const u8 * v, i64 v_strid
 extern "C" __global__ void __launch_bounds__(256)
 spark_ffn_v_tiled(const float * u, int F, int T, int P, const u8 * v, i64 v_stride, int v_type,
                   int D, float * out, i64 out_row, i64 plane) {
+    spark_pdl_enter();
     __shared__ float us[SPARK_TILE_J][SPARK_TILE_T + 1];
     __shared__ float vs[SPARK_TILE_J][SPARK_TILE_D];
     __shared__ int used[SPARK_TILE_J];
@@ -425,6 +430,7 @@ spark_ffn_v_tiled(const float * u, int F, int T, int P, const u8 * v, i64 v_stri
 // grid: ceil(D*T / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256)
 spark_ffn_sum(const float * partial, int D, int T, int P, float * out, i64 out_row) {
+    spark_pdl_enter();
     const i64 i = (i64)blockIdx.x * 256 + threadIdx.x;
     const i64 len = (i64)D * T;
     if (i >= len) return;
