@@ -171,7 +171,11 @@ fn the_ffn_tiling_mirror_matches_the_graphs_c_header() {
 
 #[test]
 fn the_graph_gets_its_ffn_tiling_through_the_registry() {
-    type Tiling = unsafe extern "C" fn(i64, i64, i64, *mut FfnTiling) -> i32;
+    type Tiling =
+        unsafe extern "C" fn(*const std::ffi::c_char, i64, i64, i64, *mut FfnTiling) -> i32;
+    // the Rust function has this very type (a compile error otherwise), as the C header's
+    // typedef has (probe/graph_abi.c)
+    let _: Tiling = spark_backend::ffn::tiling::spark_ffn_tiling;
     registry::register();
     // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
     let reg = unsafe { sys::ggml_backend_reg_by_name(c"Spark".as_ptr()) };
@@ -181,15 +185,25 @@ fn the_graph_gets_its_ffn_tiling_through_the_registry() {
     // signature is pinned against the header by probe/graph_abi.c).
     let tiling: Tiling = unsafe { std::mem::transmute::<*mut c_void, Tiling>(p) };
     let mut out = FfnTiling::default();
-    // A decode step and a 4096-token ubatch at Gemma-2 2B shapes, as the graph asks.
-    // SAFETY: `out` is writable.
-    assert_eq!(unsafe { tiling(1, 9216, 2304, &mut out) }, 0);
+    let cpu = c"CPU".as_ptr();
+    // A decode step and a 4096-token ubatch at Gemma-2 2B shapes, as the graph asks for weights
+    // in host memory.
+    // SAFETY: a C string; `out` is writable.
+    assert_eq!(unsafe { tiling(cpu, 1, 9216, 2304, &mut out) }, 0);
     assert_eq!((out.path, out.n_chunk), (PATH_FUSED, 16));
     // SAFETY: as above.
-    assert_eq!(unsafe { tiling(4096, 9216, 2304, &mut out) }, 0);
+    assert_eq!(unsafe { tiling(cpu, 4096, 9216, 2304, &mut out) }, 0);
     assert_eq!(out.path, PATH_TWO_STAGE);
     // SAFETY: as above.
-    assert_eq!(unsafe { tiling(0, 9216, 2304, &mut out) }, -1);
+    assert_eq!(unsafe { tiling(cpu, 0, 9216, 2304, &mut out) }, -1);
+    // weights on a CUDA device: one chunk with this plugin's CUDA launchers (feature cuda)
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { tiling(c"CUDA".as_ptr(), 1, 9216, 2304, &mut out) },
+        0
+    );
+    let cuda_chunks = if cfg!(feature = "cuda") { 1 } else { 16 };
+    assert_eq!((out.path, out.n_chunk), (PATH_FUSED, cuda_chunks));
 }
 
 #[test]
