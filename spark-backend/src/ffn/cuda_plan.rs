@@ -471,25 +471,13 @@ impl StagePlan {
                 Arg::Ptr(kept),
             ],
         );
-        let (r_f, d2) = (int("r_f", self.r_f())?, int("K2 columns", self.k2.cols)?);
+        let mut up_args = vec![Arg::Ptr(self.s), f, t, Arg::Ptr(theta), dense];
+        up_args.extend(self.up_args()?);
+        up_args.push(Arg::Ptr(u));
         let up = launch(
             FfnKernel::Up,
             (grid("neuron groups", self.f.div_ceil(8), MAX_GRID_X)?, 1, 1),
-            vec![
-                Arg::Ptr(self.s),
-                f,
-                t,
-                Arg::Ptr(theta),
-                dense,
-                Arg::Ptr(self.h),
-                Arg::I64(self.h_stride as i64),
-                r_f,
-                Arg::Ptr(self.k2.ptr),
-                Arg::I64(self.k2.row_stride as i64),
-                Arg::I32(self.k2.ty as i32),
-                d2,
-                Arg::Ptr(u),
-            ],
+            up_args,
         );
         Ok([threshold, up])
     }
@@ -505,7 +493,21 @@ impl StagePlan {
         (done, done_len): (u64, usize),
     ) -> Result<Launch, String> {
         let (f, t) = (int("F", self.f)?, int("n_tokens", self.n_tokens)?);
-        let (r_f, d2) = (int("r_f", self.r_f())?, int("K2 columns", self.k2.cols)?);
+        let mut args = vec![
+            Arg::Ptr(self.s),
+            f,
+            t,
+            Arg::I32(i32::from(self.dense())),
+            Arg::F64(self.z()),
+        ];
+        args.extend(self.up_args()?);
+        args.extend([
+            Arg::Ptr(u),
+            Arg::Ptr(theta),
+            Arg::Ptr(kept),
+            Arg::Ptr(done),
+            int("counters", done_len)?,
+        ]);
         Ok(launch(
             FfnKernel::SelectUp,
             (
@@ -513,26 +515,22 @@ impl StagePlan {
                 grid("tokens", self.n_tokens, MAX_GRID_YZ)?,
                 1,
             ),
-            vec![
-                Arg::Ptr(self.s),
-                f,
-                t,
-                Arg::I32(i32::from(self.dense())),
-                Arg::F64(self.z()),
-                Arg::Ptr(self.h),
-                Arg::I64(self.h_stride as i64),
-                r_f,
-                Arg::Ptr(self.k2.ptr),
-                Arg::I64(self.k2.row_stride as i64),
-                Arg::I32(self.k2.ty as i32),
-                d2,
-                Arg::Ptr(u),
-                Arg::Ptr(theta),
-                Arg::Ptr(kept),
-                Arg::Ptr(done),
-                int("counters", done_len)?,
-            ],
+            args,
         ))
+    }
+
+    /// The up dots' inputs, as spark_ffn_up and spark_ffn_select_up take them in this order:
+    /// h, its row stride, r_f, K2, its row stride and type, K2's columns.
+    fn up_args(&self) -> Result<[Arg; 7], String> {
+        Ok([
+            Arg::Ptr(self.h),
+            Arg::I64(self.h_stride as i64),
+            int("r_f", self.r_f())?,
+            Arg::Ptr(self.k2.ptr),
+            Arg::I64(self.k2.row_stride as i64),
+            Arg::I32(self.k2.ty as i32),
+            int("K2 columns", self.k2.cols)?,
+        ])
     }
 
     /// Blocks of select-up per token: [`SELECT_NEURONS`] neurons each.

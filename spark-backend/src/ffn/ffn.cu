@@ -31,6 +31,36 @@ __device__ __forceinline__ float spark_theta_of_warps(const double * red1, const
     return __double2float_rd(sd == 0.0 ? mean : mean + sd * q);
 }
 
+// The smallest `first` of the block's threads (warp butterflies, then the nw warps' minima
+// through redi), in every thread. Every thread of the block must call it.
+__device__ __forceinline__ int spark_block_first(int first, int * redi, int nw) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int m = 16; m > 0; m >>= 1) first = min(first, __shfl_xor_sync(SPARK_FULL_MASK, first, m));
+    if (lane == 0) redi[warp] = first;
+    __syncthreads();
+    int all = first;
+    for (int w = 0; w < nw; ++w) all = min(all, redi[w]);
+    return all;
+}
+
+// theta from each thread's shifted sums s1, s2 and finite count cnt (spark_theta_of_warps over
+// the warps' butterfly sums), written to *th and returned in every thread. redi may still be
+// read by other threads (spark_block_first) when a thread arrives: the first barrier waits for
+// them. Every thread of the block must call it.
+__device__ __forceinline__ float spark_block_theta_of(double s1, double s2, int cnt, double shift, double q,
+                                                      double * red1, double * red2, int * redi, int nw, float * th) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    s1 = spark_warp_sum_f64(s1);
+    s2 = spark_warp_sum_f64(s2);
+    for (int m = 16; m > 0; m >>= 1) cnt += __shfl_xor_sync(SPARK_FULL_MASK, cnt, m);
+    __syncthreads();
+    if (lane == 0) { red1[warp] = s1; red2[warp] = s2; redi[warp] = cnt; }
+    __syncthreads();
+    if (threadIdx.x == 0) *th = spark_theta_of_warps(red1, red2, redi, nw, shift, q);
+    __syncthreads();
+    return *th;
+}
+
 // Per token t (one block each): the statistical top-k threshold of s[t*F .. t*F + F) (SPEC 1:
 // mean and unbiased std over the finite scores, in f64, shifted by the first finite score as
 // spark-backend's topk::mean_std), rounded down to f32 like topk::threshold, and the number of
@@ -73,11 +103,7 @@ spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, 
                 if (isfinite(x[j])) { first = j; break; }
             }
         }
-        for (int m = 16; m > 0; m >>= 1) first = min(first, __shfl_xor_sync(SPARK_FULL_MASK, first, m));
-        if (lane == 0) redi[warp] = first;
-        __syncthreads();
-        first = F;
-        for (int w = 0; w < nw; ++w) first = min(first, redi[w]);
+        first = spark_block_first(first, redi, nw);
         if (first == F) {
             if (tid == 0) { theta[t] = __int_as_float(0x7f800000); kept[t] = 0; }
             return; // no finite score: nothing kept (uniform across the block)
@@ -109,17 +135,8 @@ spark_ffn_threshold(const float * s, int F, int dense, double q, float * theta, 
                 }
             }
         }
-        s1 = spark_warp_sum_f64(s1);
-        s2 = spark_warp_sum_f64(s2);
-        for (int m = 16; m > 0; m >>= 1) cnt += __shfl_xor_sync(SPARK_FULL_MASK, cnt, m);
-        __syncthreads(); // redi (step 1) is read by every thread before it is reused
-        if (lane == 0) { red1[warp] = s1; red2[warp] = s2; redi[warp] = cnt; }
-        __syncthreads();
-        if (tid == 0) {
-            th = spark_theta_of_warps(red1, red2, redi, nw, shift, q);
-            theta[t] = th;
-        }
-        __syncthreads();
+        spark_block_theta_of(s1, s2, cnt, shift, q, red1, red2, redi, nw, &th);
+        if (tid == 0) theta[t] = th;
     }
     // 3. kept neurons
     const float thv = dense ? 0.0f : th;
@@ -194,16 +211,12 @@ __device__ __forceinline__ float spark_block_theta(const float * x, int F, doubl
     __shared__ double red2[NT / 32];
     __shared__ int redi[NT / 32];
     __shared__ float th;
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int tid = threadIdx.x;
     int first = F;
     for (int j = tid; j < F; j += NT) {
         if (isfinite(x[j])) { first = j; break; }
     }
-    for (int m = 16; m > 0; m >>= 1) first = min(first, __shfl_xor_sync(SPARK_FULL_MASK, first, m));
-    if (lane == 0) redi[warp] = first;
-    __syncthreads();
-    first = F;
-    for (int w = 0; w < NT / 32; ++w) first = min(first, redi[w]);
+    first = spark_block_first(first, redi, NT / 32);
     if (first == F) return __int_as_float(0x7f800000); // uniform across the block
     const double shift = (double)x[first];
     double s1 = 0.0, s2 = 0.0;
@@ -217,15 +230,7 @@ __device__ __forceinline__ float spark_block_theta(const float * x, int F, doubl
             cnt += 1;
         }
     }
-    s1 = spark_warp_sum_f64(s1);
-    s2 = spark_warp_sum_f64(s2);
-    for (int m = 16; m > 0; m >>= 1) cnt += __shfl_xor_sync(SPARK_FULL_MASK, cnt, m);
-    __syncthreads(); // every thread has read redi (the first finite scores)
-    if (lane == 0) { red1[warp] = s1; red2[warp] = s2; redi[warp] = cnt; }
-    __syncthreads();
-    if (tid == 0) th = spark_theta_of_warps(red1, red2, redi, NT / 32, shift, q);
-    __syncthreads();
-    return th;
+    return spark_block_theta_of(s1, s2, cnt, shift, q, red1, red2, redi, NT / 32, &th);
 }
 
 #define SPARK_SELECT_THREADS 256
