@@ -1,7 +1,8 @@
 /* Layout probe for tests/registry.rs: the C interface between the spark-gemma2 graph and the
  * procs of the "Spark" entry (src/models/spark-backend.h of the patched llama.cpp) as the
- * C compiler sees it, and the Rust signature of spark_ffn_tiling (src/ffn/tiling.rs) written as
- * a C type and checked against the header's typedef (a mismatch is a compile error). */
+ * C compiler sees it, and the Rust signatures of spark_ffn_tiling (src/ffn/tiling.rs) and
+ * spark_attn_path (src/attention/path.rs) written as C types and checked against the header's
+ * typedefs (a mismatch is a compile error). */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,18 @@ const size_t spark_probe_ffn_tiling_layout[] = {
     sizeof(((struct spark_ffn_tiling *) 0)->n_chunk),
     SPARK_FFN_PATH_FUSED,
     SPARK_FFN_PATH_TWO_STAGE,
+    SPARK_FFN_PATH_DENSE,
+};
+
+/* unsafe extern "C" fn(*const c_char, i64, *mut i32) -> c_int (src/attention/path.rs) */
+typedef int (*spark_rust_attn_path_t)(const char * backend, int64_t n_tokens, int32_t * out);
+
+_Static_assert(__builtin_types_compatible_p(spark_attn_path_t, spark_rust_attn_path_t),
+               "src/attention/path.rs spark_attn_path differs from spark_attn_path_t");
+
+const size_t spark_probe_attn_path_values[] = {
+    SPARK_ATTN_PATH_SPARSE,
+    SPARK_ATTN_PATH_DENSE,
 };
 
 /* The parameter block a Spark node carries (src/params.rs): struct spark_op_params and enum

@@ -4,7 +4,8 @@
 //! Data flow: the llama.cpp graph (`patches/llama.cpp/files/src/models/spark-gemma2.cpp`) finds
 //! the "Spark" registry entry, asks it how the FFN of each ubatch runs (`spark_ffn_tiling`: today
 //! `spark_ffn_fused` + `spark_ffn_sum` for ubatches of up to 512 tokens, `spark_ffn_up` +
-//! `spark_ffn_down` above), resolves those ops and `spark_attn` by name and runs them as ggml
+//! `spark_ffn_down` above, the graph's dense FFN on CUDA from 32 tokens) and whether its
+//! attention runs `spark_attn` (`spark_attn_path`), resolves those ops and `spark_attn` by name and runs them as ggml
 //! custom ops (`ggml_custom_4d`) from ggml's own worker threads. See `docs/INTERFACES.md`.
 //!
 //! With the `cuda` feature and a ggml-cuda carrying the custom-op hook (patch 0008), the same
@@ -28,6 +29,9 @@
 //!   CPU kernel (`kernel.rs`, inner loops in `dot.rs` and `math.rs`), the ggml custom op
 //!   (`cpu_op.rs`), the CUDA plan (`cuda_plan.rs`), kernels (`attn.cu`) and launcher
 //!   (`cuda_launch.rs`).
+//! - [`dense_switch`]: from which ubatch size a layer leaves the Spark ops for the graph's dense
+//!   path (on CUDA, where tensor cores win at big ubatches), what the FFN tiling and the
+//!   attention's path (`attention/path.rs`) both ask.
 //! - [`rows`]: weight rows in ggml's storage types and their dot/axpy (quantized rows through
 //!   ggml's type traits in `quant.rs`); [`topk`]: the statistical top-k both ops use.
 //! - [`cpu_op`]: the entry protocol of every CPU op (checks, shared chunk counter, NaN on
@@ -58,6 +62,7 @@ pub mod arch;
 pub mod attention;
 pub mod cpu_op;
 pub mod cuda;
+pub mod dense_switch;
 mod error;
 mod ffi;
 pub mod ffn;

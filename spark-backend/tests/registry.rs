@@ -3,7 +3,8 @@
 //! registration, name lookup, the FFN tiling proc and the C statistics wrappers.
 
 use llama_cpp_sys_2 as sys;
-use spark_backend::ffn::tiling::{FfnTiling, PATH_FUSED, PATH_TWO_STAGE};
+use spark_backend::attention::path::{ATTN_PATH_DENSE, ATTN_PATH_SPARSE};
+use spark_backend::ffn::tiling::{FfnTiling, PATH_DENSE, PATH_FUSED, PATH_TWO_STAGE};
 use spark_backend::registry::{
     self, BackendReg, BackendRegIface, GGML_BACKEND_API_VERSION, PROC_NAMES,
 };
@@ -16,7 +17,9 @@ extern "C" {
     static spark_probe_reg_layout: [usize; 12];
     /// From probe/graph_abi.c: `struct spark_ffn_tiling` and `enum spark_ffn_path` of the
     /// patched `src/models/spark-backend.h`.
-    static spark_probe_ffn_tiling_layout: [usize; 8];
+    static spark_probe_ffn_tiling_layout: [usize; 9];
+    /// From probe/graph_abi.c: `enum spark_attn_path` of the header.
+    static spark_probe_attn_path_values: [usize; 2];
     /// From probe/graph_abi.c: `struct spark_op_params` and `enum spark_ffn_cutoff` of the
     /// header, and ggml's op_params facts the block's placement in a node rests on.
     static spark_probe_op_params_layout: [usize; 14];
@@ -150,6 +153,7 @@ fn the_ffn_tiling_mirror_matches_the_graphs_c_header() {
         std::mem::size_of_val(&t.n_chunk),
         PATH_FUSED as usize,
         PATH_TWO_STAGE as usize,
+        PATH_DENSE as usize,
     ];
     let names = [
         "sizeof spark_ffn_tiling",
@@ -160,13 +164,42 @@ fn the_ffn_tiling_mirror_matches_the_graphs_c_header() {
         "sizeof n_chunk",
         "SPARK_FFN_PATH_FUSED",
         "SPARK_FFN_PATH_TWO_STAGE",
+        "SPARK_FFN_PATH_DENSE",
     ];
-    let of = |values: [usize; 8]| -> Vec<(&str, usize)> { names.into_iter().zip(values).collect() };
+    let of = |values: [usize; 9]| -> Vec<(&str, usize)> { names.into_iter().zip(values).collect() };
     assert_eq!(
         of(rust),
         of(c),
         "Rust (src/ffn/tiling.rs) vs C (probe/graph_abi.c)"
     );
+}
+
+#[test]
+fn the_attention_path_mirror_matches_the_graphs_c_header_and_resolves() {
+    // SAFETY: a constant array defined by the probe object linked into this test.
+    let c = unsafe { spark_probe_attn_path_values };
+    assert_eq!(
+        [ATTN_PATH_SPARSE as usize, ATTN_PATH_DENSE as usize],
+        c,
+        "SPARK_ATTN_PATH_SPARSE, SPARK_ATTN_PATH_DENSE: Rust (src/attention/path.rs) vs C"
+    );
+    type Path = unsafe extern "C" fn(*const std::ffi::c_char, i64, *mut i32) -> i32;
+    // the Rust function has this very type (a compile error otherwise), as the header's typedef
+    // has (probe/graph_abi.c)
+    let _: Path = spark_backend::attention::path::spark_attn_path;
+    registry::register();
+    // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
+    let reg = unsafe { sys::ggml_backend_reg_by_name(c"Spark".as_ptr()) };
+    let p = lookup(reg, "spark_attn_path");
+    assert!(!p.is_null());
+    // SAFETY: the registry returns this function under this name with this signature.
+    let path: Path = unsafe { std::mem::transmute::<*mut c_void, Path>(p) };
+    let mut out = 0;
+    // SAFETY: a C string; `out` is writable.
+    assert_eq!(unsafe { path(c"CPU".as_ptr(), 512, &mut out) }, 0);
+    assert_eq!(out, ATTN_PATH_SPARSE);
+    // SAFETY: as above.
+    assert_eq!(unsafe { path(c"CPU".as_ptr(), 0, &mut out) }, -1);
 }
 
 #[test]

@@ -22,7 +22,8 @@
 //! `dot.rs` (dot products and value accumulation, scalar and AVX2) and `math.rs` (exp, tanh,
 //! softplus); `cpu_op.rs` the ggml custom op `spark_attn` (the C entry point); `cuda_plan.rs` the
 //! CUDA plan (checks and launch sequence, a pure function built without CUDA) and `attn.cu` its
-//! kernels; `cuda_launch.rs` the launcher ggml-cuda calls (feature `cuda`).
+//! kernels; `cuda_launch.rs` the launcher ggml-cuda calls (feature `cuda`); `path.rs` whether a
+//! ubatch takes the op or the graph's dense attention (`spark_attn_path`, asked by the graph).
 
 pub mod cpu_op;
 #[cfg(feature = "cuda")]
@@ -32,6 +33,7 @@ pub(crate) mod dot;
 mod kernel;
 pub(crate) mod layout;
 mod math;
+pub mod path;
 
 pub(crate) use kernel::{RowSelection, Tally, Tiling};
 pub use layout::AttnCall;

@@ -1,6 +1,7 @@
-//! How the FFN of one ubatch is cut: which path runs ([`super::fused`] or
-//! [`super::two_stage`]) and, on the fused path, into how many neuron chunks P. Decided here
-//! and nowhere else: the spark-gemma2 graph asks through the C function [`spark_ffn_tiling`]
+//! How the FFN of one ubatch is cut: which path runs ([`super::fused`], [`super::two_stage`],
+//! or none of the Spark ops: the graph's dense FFN, from [`crate::dense_switch`]'s switch
+//! point on) and, on the fused path, into how many neuron chunks P. Decided here and nowhere
+//! else: the spark-gemma2 graph asks through the C function [`spark_ffn_tiling`]
 //! (a proc of the "Spark" registry entry, docs/INTERFACES.md) and builds its nodes from the
 //! answer, so no constant of the kernels is spelled in the patch series.
 //!
@@ -12,6 +13,7 @@
 //! to [`UNIT_TOKENS`] tokens, 16 at a decode step) while those are at least as many as the
 //! threads, finer beyond, so that 16-64 threads all get work at Gemma-2 2B shapes.
 
+use crate::dense_switch::{self, Part, WeightBackend};
 use std::ffi::{c_char, c_int, CStr};
 use std::ops::Range;
 
@@ -44,6 +46,10 @@ pub enum FfnPath {
     },
     /// `spark_ffn_up`, then `spark_ffn_down`.
     TwoStage,
+    /// No Spark op: the graph's dense FFN of stock ggml ops, with V's product as a matrix
+    /// product over a stock-layout copy of V made in the graph (what a GPU's tensor cores
+    /// run fastest; [`crate::dense_switch`] says for which ubatches).
+    Dense,
 }
 
 /// The path of a ubatch of `n_tokens` tokens through an FFN of `f` neurons.
@@ -57,31 +63,14 @@ pub fn path(n_tokens: usize, f: usize) -> FfnPath {
     }
 }
 
-/// Where an FFN's weights live, as the graph names it: the ggml backend registry of their
-/// device (`ggml_backend_reg_name`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightBackend {
-    /// ggml-cuda ("CUDA"), with this plugin's CUDA launchers (feature `cuda`): they cut the
-    /// neurons into [`MAX_CHUNKS`] chunks themselves and add them in their last kernel, so the
-    /// graph's fused node takes one chunk and no sum node follows (one kernel less per layer).
-    Cuda,
-    /// Any other registry (the CPU, an rpc-server, one that does not run the Spark ops), or a
-    /// CUDA device when this build has no CUDA launchers.
-    Other,
-}
-
-impl WeightBackend {
-    /// The backend of registry name `name` (`None`: not known).
-    pub fn from_registry_name(name: Option<&CStr>) -> Self {
-        match name.map(CStr::to_bytes) {
-            Some(b"CUDA") if cfg!(feature = "cuda") => WeightBackend::Cuda,
-            _ => WeightBackend::Other,
-        }
-    }
-}
-
-/// [`path`] for an FFN whose weights are on `backend`: the fused path in one chunk on CUDA.
+/// [`path`] for an FFN whose weights are on `backend`: the dense path from the switch point
+/// of [`crate::dense_switch`] on; below it, on CUDA, the fused path in one chunk (this
+/// plugin's CUDA launchers cut the neurons into [`MAX_CHUNKS`] chunks themselves and add them
+/// in their last kernel, so no sum node follows: one kernel less per layer).
 pub fn path_on(backend: WeightBackend, n_tokens: usize, f: usize) -> FfnPath {
+    if dense_switch::takes_dense(Part::Ffn, backend, n_tokens) {
+        return FfnPath::Dense;
+    }
     match (path(n_tokens, f), backend) {
         (FfnPath::Fused { .. }, WeightBackend::Cuda) => FfnPath::Fused { chunks: 1 },
         (p, _) => p,
@@ -92,6 +81,8 @@ pub fn path_on(backend: WeightBackend, n_tokens: usize, f: usize) -> FfnPath {
 pub const PATH_FUSED: i32 = 1;
 /// `path` of [`FfnTiling`]: the two-stage path.
 pub const PATH_TWO_STAGE: i32 = 2;
+/// `path` of [`FfnTiling`]: the graph's dense FFN.
+pub const PATH_DENSE: i32 = 3;
 
 /// The answer of [`spark_ffn_tiling`]: `struct spark_ffn_tiling { int32_t path; int32_t
 /// n_chunk; }` of the graph's C header
@@ -100,9 +91,9 @@ pub const PATH_TWO_STAGE: i32 = 2;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FfnTiling {
-    /// [`PATH_FUSED`] or [`PATH_TWO_STAGE`].
+    /// [`PATH_FUSED`], [`PATH_TWO_STAGE`] or [`PATH_DENSE`].
     pub path: i32,
-    /// P (1 <= P <= F) on the fused path, 1 on the two-stage path.
+    /// P (1 <= P <= F) on the fused path, 1 on the others.
     pub n_chunk: i32,
 }
 
@@ -116,6 +107,10 @@ impl FfnTiling {
             },
             FfnPath::TwoStage => Self {
                 path: PATH_TWO_STAGE,
+                n_chunk: 1,
+            },
+            FfnPath::Dense => Self {
+                path: PATH_DENSE,
                 n_chunk: 1,
             },
         })
@@ -590,7 +585,7 @@ mod tests {
     }
 
     #[test]
-    fn on_cuda_the_fused_path_takes_one_chunk_elsewhere_sixteen() {
+    fn on_cuda_the_fused_path_takes_one_chunk_and_big_ubatches_the_dense_graph() {
         let ask_on = |name: Option<&CStr>, n_tokens: i64| {
             let mut t = FfnTiling::default();
             let p = name.map_or(std::ptr::null(), CStr::as_ptr);
@@ -601,13 +596,21 @@ mod tests {
             );
             (t.path, t.n_chunk)
         };
-        let cuda_chunks = if cfg!(feature = "cuda") { 1 } else { 16 };
-        for t in [1, 8, 9, 512] {
-            assert_eq!(
-                ask_on(Some(c"CUDA"), t),
-                (PATH_FUSED, cuda_chunks),
-                "{t} tokens"
-            );
+        let cuda = cfg!(feature = "cuda");
+        for t in [1, 8, 9, 31, 32, 512, 513, 4096] {
+            let on_cuda = match (cuda, t) {
+                (true, t) if t >= 32 => (PATH_DENSE, 1),
+                (true, _) => (PATH_FUSED, 1),
+                (false, t) if t > 512 => (PATH_TWO_STAGE, 1),
+                (false, _) => (PATH_FUSED, 16),
+            };
+            assert_eq!(ask_on(Some(c"CUDA"), t), on_cuda, "CUDA, {t} tokens");
+            // every other backend keeps the Spark ops at every size
+            let elsewhere = if t > 512 {
+                (PATH_TWO_STAGE, 1)
+            } else {
+                (PATH_FUSED, 16)
+            };
             for other in [
                 Some(c"CPU"),
                 Some(c"RPC"),
@@ -615,10 +618,15 @@ mod tests {
                 Some(c"cuda"),
                 None,
             ] {
-                assert_eq!(ask_on(other, t), (PATH_FUSED, 16), "{other:?}, {t} tokens");
+                assert_eq!(ask_on(other, t), elsewhere, "{other:?}, {t} tokens");
             }
         }
-        // above the fused path's limit every backend takes the two-stage path
-        assert_eq!(ask_on(Some(c"CUDA"), 513), (PATH_TWO_STAGE, 1));
+        assert_eq!(
+            FfnTiling::of(FfnPath::Dense),
+            Some(FfnTiling {
+                path: PATH_DENSE,
+                n_chunk: 1
+            })
+        );
     }
 }

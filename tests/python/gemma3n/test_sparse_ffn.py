@@ -51,6 +51,18 @@ def test_greedy_text_equals_upstreams_graph(tiny, tiny_meta, prompt):
     assert_sparse_layer_stats(res, tiny_meta["n_layer"])
 
 
+def test_the_dense_answer_keeps_upstreams_graph(tiny, monkeypatch):
+    """SPARK_FFN_DENSE_FROM=1 (spark-backend/src/dense_switch.rs): the Spark backend answers the
+    dense path for every ubatch, as on CUDA from 32 tokens, and the sparse layers keep
+    upstream's graph: the same text, and no Spark kernel runs."""
+    monkeypatch.setenv("SPARK_FFN_DENSE_FROM", "1")
+    model = tiny["f32"]
+    stock, _ = uh.llama_completion(model, PROMPTS[0], N_TOKENS, with_plugin=False)
+    spark, res = uh.llama_completion(model, PROMPTS[0], N_TOKENS, with_plugin=True)
+    assert spark == stock, res.explain(f"plugin text {spark!r} != upstream's {stock!r}")
+    assert uh.parse_stats(res.stderr).none_ran, res.explain("a Spark kernel ran on the dense answer")
+
+
 def test_without_the_plugin_no_spark_op_runs(tiny):
     """Stock tools print no table even with SPARK_STATS=1: nothing of the plugin is there."""
     _, res = uh.llama_completion(tiny["f32"], PROMPTS[0], 8, with_plugin=False)

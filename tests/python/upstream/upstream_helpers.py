@@ -507,12 +507,12 @@ PERPLEXITY_END = re.compile(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+\n|"
                             r"Same top p: *[0-9.]+ ± *[0-9.]+ %\n")
 
 
-def llama_perplexity(model, *extra, with_plugin=True):
-    """One llama-perplexity run; a capture that lost its end (`run_until_complete`) is run
-    again."""
+def llama_perplexity(model, *extra, with_plugin=True, env: dict | None = None):
+    """One llama-perplexity run (`env`: variables added to the tool's); a capture that lost its
+    end (`run_until_complete`) is run again."""
     return run_until_complete([tool("llama-perplexity"), "-m", model, "-t", THREADS, *extra],
                               lambda r: PERPLEXITY_END.search(r.stdout + r.stderr) is not None,
-                              env=tool_env(with_plugin), timeout=300)
+                              env={**tool_env(with_plugin), **(env or {})}, timeout=300)
 
 
 def stat(res, name: str) -> float:

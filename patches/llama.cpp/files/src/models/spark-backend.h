@@ -12,16 +12,18 @@ extern "C" {
 
 struct ggml_tensor;
 
-// the two ways the sparse FFN of a ubatch runs
+// the ways the FFN of a ubatch runs
 enum spark_ffn_path {
     SPARK_FFN_PATH_FUSED     = 1, // spark_ffn_fused into n_chunk partial outputs, then spark_ffn_sum (n_chunk > 1)
     SPARK_FFN_PATH_TWO_STAGE = 2, // spark_ffn_up (gated values), then spark_ffn_down (V rows)
+    SPARK_FFN_PATH_DENSE     = 3, // no Spark op: the graph's dense FFN of stock ops, V's product a matrix
+                                  // product over a stock-layout copy of V (a GPU's tensor cores, big ubatches)
 };
 
 // how the FFN of one ubatch runs
 struct spark_ffn_tiling {
     int32_t path;    // enum spark_ffn_path
-    int32_t n_chunk; // the fused path's chunks P, 1 <= P <= n_ff (1 on the two-stage path)
+    int32_t n_chunk; // the fused path's chunks P, 1 <= P <= n_ff (1 on the other paths)
 };
 
 // "spark_ffn_tiling": the path and chunk count of a ubatch of n_tokens tokens through an FFN of
@@ -31,6 +33,18 @@ struct spark_ffn_tiling {
 // fused node's one partial is the output (no spark_ffn_sum node)
 typedef int (*spark_ffn_tiling_t)(const char * backend, int64_t n_tokens, int64_t n_ff, int64_t n_embd,
                                   struct spark_ffn_tiling * out);
+
+// the ways the attention of a ubatch runs
+enum spark_attn_path {
+    SPARK_ATTN_PATH_SPARSE = 1, // spark_attn
+    SPARK_ATTN_PATH_DENSE  = 2, // no Spark op: the graph's dense attention of stock ops
+};
+
+// "spark_attn_path": the path (enum spark_attn_path) of a ubatch of n_tokens tokens through an
+// attention layer whose weights are on a device of the ggml backend registry named `backend`
+// (NULL when not known). Writes *out and returns 0, or returns -1 and leaves *out alone
+// (n_tokens below 1, out NULL)
+typedef int (*spark_attn_path_t)(const char * backend, int64_t n_tokens, int32_t * out);
 
 // how an FFN op sets a token's threshold theta = mean + std * z over its n_ff scores (SPEC 1)
 enum spark_ffn_cutoff {

@@ -15,7 +15,9 @@
 //     FFN path), "spark_ffn_up" + "spark_ffn_down" (the two-stage FFN path) and "spark_attn",
 //     those kernels run as ggml custom ops and skip the work for dropped neurons and positions
 //     (the FFN predictor K1 h[:r_f] stays a stock ggml_mul_mat). Which FFN path a ubatch takes,
-//     and into how many chunks, the backend answers through "spark_ffn_tiling"; each node carries
+//     and into how many chunks, the backend answers through "spark_ffn_tiling", and whether its
+//     attention runs spark_attn through "spark_attn_path": both may answer the dense graph (a
+//     GPU above its switch point, where tensor cores beat the sparse kernels); each node carries
 //     its parameters (layer, k, ...) in its own op_params, stored by "spark_op_set_params", so it
 //     holds no pointer of this process (spark-backend.h).
 
@@ -280,6 +282,61 @@ llama_model_spark_gemma2::graph::attn_rows llama_model_spark_gemma2::graph::buil
     return rows;
 }
 
+// The dense FFN's down projection, out [n_embd, n_tokens] = sum_j u[j, t] V_j for gated values
+// u [n_ff, n_tokens] and V neuron-major ([n_embd, n_ff]), in two forms of stock ops.
+//
+// As an outer-product sum (every backend whose out_prod takes V's type: the CPU takes f32, f16
+// and the quantized types). ggml_out_prod spreads its work over output rows only (one per
+// token), so the neurons are cut into n_chunk groups that sum separately (n_tokens * n_chunk
+// rows for the threads) and the partial sums are added up afterwards.
+static int64_t spark_down_chunks(int64_t n_ff) {
+    return n_ff % 16 == 0 ? 16 : 1;
+}
+
+static ggml_type spark_down_out_prod_type(const ggml_tensor * down) {
+    return down->type == GGML_TYPE_BF16 ? GGML_TYPE_F32 : down->type;  // ggml-cpu's out_prod takes no bf16
+}
+
+static ggml_tensor * spark_down_out_prod(ggml_context * ctx, ggml_tensor * down, ggml_tensor * u) {
+    const int64_t n_embd = down->ne[0], n_ff = down->ne[1], n_tokens = u->ne[1];
+    const int64_t n_chunk = spark_down_chunks(n_ff);
+    if (spark_down_out_prod_type(down) != down->type) {
+        down = ggml_cast(ctx, down, spark_down_out_prod_type(down));
+    }
+    ggml_tensor * v  = ggml_reshape_3d(ctx, down, n_embd, n_ff/n_chunk, n_chunk);
+    ggml_tensor * ut = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_transpose(ctx, u)), n_tokens, n_ff/n_chunk, n_chunk);
+    ggml_tensor * partial = ggml_out_prod(ctx, v, ut);                        // [n_embd, n_tokens, n_chunk]
+    partial = ggml_cont(ctx, ggml_permute(ctx, partial, 1, 2, 0, 3));       // [n_chunk, n_embd, n_tokens]
+    return ggml_reshape_2d(ctx, ggml_sum_rows(ctx, partial), n_embd, n_tokens);
+}
+
+// whether the device holding V runs spark_down_out_prod's product for a ubatch of n_tokens
+static bool spark_down_out_prod_runs(const ggml_tensor * down, int64_t n_tokens) {
+    const int64_t n_embd = down->ne[0], n_ff = down->ne[1], n_chunk = spark_down_chunks(n_ff);
+    return spark_weight_device_runs(down, [&](ggml_context * ctx) {
+        ggml_tensor * v  = ggml_new_tensor_3d(ctx, spark_down_out_prod_type(down), n_embd, n_ff/n_chunk, n_chunk);
+        ggml_tensor * ut = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_tokens, n_ff/n_chunk, n_chunk);
+        return ggml_out_prod(ctx, v, ut);
+    });
+}
+
+// As a stock matrix product, which a GPU runs on its tensor cores: V copied to stock layout
+// [n_ff, n_embd] in the graph, at every evaluation (f32 and bf16 weights keep their type, the
+// others become f16, quantized rows dequantized by a get_rows of every neuron first: ~(4 + 2)
+// bytes per weight written and read again), worth it only for ubatches big enough that the
+// product dominates (the Spark backend's switch point), or where nothing else runs on the device.
+static ggml_tensor * spark_down_mul_mat(ggml_context * ctx, ggml_tensor * down, ggml_tensor * u) {
+    const int64_t n_ff = down->ne[1];
+    const bool keeps_type = down->type == GGML_TYPE_F32 || down->type == GGML_TYPE_BF16;
+    ggml_tensor * v = down;
+    if (ggml_is_quantized(down->type)) {
+        ggml_tensor * every_row = ggml_cast(ctx, ggml_arange(ctx, 0.0f, (float) n_ff, 1.0f), GGML_TYPE_I32);
+        v = ggml_get_rows(ctx, down, every_row);                               // f32 [n_embd, n_ff]
+    }
+    ggml_tensor * v_stock = ggml_cast(ctx, ggml_transpose(ctx, v), keeps_type ? down->type : GGML_TYPE_F16);  // [n_ff, n_embd]
+    return ggml_mul_mat(ctx, v_stock, u);                                     // [n_embd, n_tokens]
+}
+
 ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model_spark_gemma2 & model, ggml_tensor * cur, int il) const {
     const auto & layer = model.layers[il];
 
@@ -303,8 +360,10 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     const llama_spark_ffn_params & ffn = model.spark_ffn_params[il];
     const spark_op_params params = { ffn.layer, ffn.k, 0, 0.0f, SPARK_FFN_CUTOFF_TOP_K, 0.0f };
 
+    bool dense_answered = false;
     ggml_tensor * sparse = spark_build_sparse_ffn(ctx0, s, cur, layer.ffn_up, layer.ffn_down, params,
-                                                  [&](ggml_tensor * t, const char * name) { cb(t, name, il); });
+                                                  [&](ggml_tensor * t, const char * name) { cb(t, name, il); },
+                                                  &dense_answered);
     if (sparse != nullptr) {
         return sparse;
     }
@@ -329,21 +388,10 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     ggml_tensor * u = ggml_mul(ctx0, a, g);
     cb(u, "spark_ffn_u", il);
 
-    // out[:, t] = sum_j u[j, t] V_j with V neuron-major ([n_embd, n_ff]): an outer-product sum.
-    // ggml_out_prod spreads its work over output rows only (one per token), so the neurons are
-    // cut into n_chunk groups that sum separately (n_tokens * n_chunk rows for the threads) and
-    // the partial sums are added up afterwards.
-    const int64_t n_chunk = n_ff % 16 == 0 ? 16 : 1;
-    ggml_tensor * down = layer.ffn_down;
-    if (down->type == GGML_TYPE_BF16) {
-        // ggml-cpu's out_prod takes f32, f16 and quantized weights, not bf16
-        down = ggml_cast(ctx0, down, GGML_TYPE_F32);
-    }
-    ggml_tensor * v  = ggml_reshape_3d(ctx0, down, n_embd, n_ff/n_chunk, n_chunk);
-    ggml_tensor * ut = ggml_reshape_3d(ctx0, ggml_cont(ctx0, ggml_transpose(ctx0, u)), n_tokens_cur, n_ff/n_chunk, n_chunk);
-    ggml_tensor * partial = ggml_out_prod(ctx0, v, ut);                        // [n_embd, n_tokens, n_chunk]
-    partial = ggml_cont(ctx0, ggml_permute(ctx0, partial, 1, 2, 0, 3));      // [n_chunk, n_embd, n_tokens]
-    ggml_tensor * out = ggml_reshape_2d(ctx0, ggml_sum_rows(ctx0, partial), n_embd, n_tokens_cur);
+    // the Spark backend's dense answer (a GPU's tensor cores), or a device whose out_prod cannot
+    // take V's type (ggml-cuda's takes f32 only): V's product as a stock matrix product
+    const bool by_mul_mat = dense_answered || !spark_down_out_prod_runs(layer.ffn_down, n_tokens_cur);
+    ggml_tensor * out = by_mul_mat ? spark_down_mul_mat(ctx0, layer.ffn_down, u) : spark_down_out_prod(ctx0, layer.ffn_down, u);
     cb(out, "spark_ffn_dense", il);
     return out;
 }
@@ -556,13 +604,20 @@ llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm
 
     ggml_custom_op_t attn_kernel = spark_kernel("spark_attn");
 
-    // the mask statistics are shared by all layers of one kind (only the dense graph uses them)
+    // the mask statistics are shared by all layers of one kind; only the dense attention uses
+    // them (no Spark backend, or one that answers the dense path for this ubatch's size)
     attn_rows rows_global;
     attn_rows rows_swa;
-    if (attn_kernel == nullptr) {
-        rows_global = build_spark_attn_rows(inp_attn->get_kq_mask(),     model.spark_attn_k);
-        rows_swa    = build_spark_attn_rows(inp_attn->get_kq_mask_swa(), model.spark_attn_k);
-    }
+    bool have_rows = false;
+    auto rows_of = [&](bool swa) -> const attn_rows & {
+        if (!have_rows) {
+            rows_global = build_spark_attn_rows(inp_attn->get_kq_mask(),     model.spark_attn_k);
+            rows_swa    = build_spark_attn_rows(inp_attn->get_kq_mask_swa(), model.spark_attn_k);
+            have_rows   = true;
+        }
+        return swa ? rows_swa : rows_global;
+    };
+    static const attn_rows no_rows = {};
 
     for (int il = 0; il < n_layer; ++il) {
         const bool is_swa = hparams.is_swa(il);
@@ -570,7 +625,11 @@ llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm
         cur = build_norm(inpL, model.layers[il].attn_norm, NULL, LLM_NORM_RMS, il);
         cb(cur, "attn_norm", il);
 
-        cur = build_spark_attn(model, cur, inp_pos, inp_attn, attn_kernel, is_swa ? rows_swa : rows_global, il);
+        ggml_custom_op_t attn_layer = attn_kernel;
+        if (attn_layer != nullptr && spark_attn_takes_dense(model.layers[il].wo, n_tokens)) {
+            attn_layer = nullptr;
+        }
+        cur = build_spark_attn(model, cur, inp_pos, inp_attn, attn_layer, attn_layer ? no_rows : rows_of(is_swa), il);
         cur = build_lora_mm(model.layers[il].wo, cur, model.layers[il].wo_s);
         cb(cur, "attn_out", il);
 

@@ -226,6 +226,14 @@ ggml_tensor * llama_model_gemma3n::graph::build_spark_ffn(ggml_tensor * cur, int
     const auto & layer = model.layers[il];
     ggml_tensor * v = g3n.spark_ffn_down_nm[il];
 
+    // a ubatch the Spark backend sends to the dense graph (a GPU above its switch point) keeps
+    // upstream's graph, gate and all
+    spark_ffn_tiling tiling = {};
+    if (spark_ffn_ask_tiling(layer.ffn_up, std::max<int64_t>(cur->ne[1], 1), layer.ffn_gate->ne[1], cur->ne[0], tiling) &&
+        tiling.path == SPARK_FFN_PATH_DENSE) {
+        return nullptr;
+    }
+
     ggml_tensor * gate = build_lora_mm(layer.ffn_gate, cur);  // [n_ff, n_tokens]
     cb(gate, "ffn_gate", il);
 

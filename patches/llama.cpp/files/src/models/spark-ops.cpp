@@ -40,31 +40,46 @@ ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor *
     return node;
 }
 
-// whether ggml would run a node of the Spark op `fun` where `weight` lives (spark_ops_run_where)
-static bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t fun) {
-    if (weight->buffer == nullptr) {
-        return true;
+// the device of the non-host buffer that holds w; nullptr for host memory or no buffer yet
+// (known is set false when ggml names no device for a non-host buffer)
+static ggml_backend_dev_t spark_weight_device(const ggml_tensor * w, bool & known) {
+    known = true;
+    if (w == nullptr || w->buffer == nullptr) {
+        return nullptr;
     }
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(weight->buffer);
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
     if (ggml_backend_buft_is_host(buft)) {
-        return true;
+        return nullptr;
     }
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    known = dev != nullptr;
+    return dev;
+}
+
+bool spark_weight_device_runs(const ggml_tensor * w, const std::function<ggml_tensor *(ggml_context *)> & make_node) {
+    bool known = true;
+    ggml_backend_dev_t dev = spark_weight_device(w, known);
     if (dev == nullptr) {
-        return false;
+        return known;
     }
-    // the backends that run Spark ops decide by the op's function alone (patch 0008's launcher
-    // table, patch 0009's named ops), so a one-element source stands in for the op's real ones
-    ggml_init_params params = { 2 * ggml_tensor_overhead(), nullptr, true };
+    ggml_init_params params = { 16 * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(params);
     if (ctx == nullptr) {
         return false;
     }
-    ggml_tensor * arg  = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1);
-    ggml_tensor * node = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, 1, 1, 1, &arg, 1, fun, 1, nullptr);
-    const bool runs = ggml_backend_dev_supports_op(dev, node);
+    const bool runs = ggml_backend_dev_supports_op(dev, make_node(ctx));
     ggml_free(ctx);
     return runs;
+}
+
+// whether ggml would run a node of the Spark op `fun` where `weight` lives (spark_ops_run_where):
+// the backends that run Spark ops decide by the op's function alone (patch 0008's launcher
+// table, patch 0009's named ops), so a one-element source stands in for the op's real ones
+static bool spark_op_runs_on_weight_device(const ggml_tensor * weight, ggml_custom_op_t fun) {
+    return spark_weight_device_runs(weight, [&](ggml_context * ctx) {
+        ggml_tensor * arg = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1);
+        return ggml_custom_4d(ctx, GGML_TYPE_F32, 1, 1, 1, 1, &arg, 1, fun, 1, nullptr);
+    });
 }
 
 bool spark_ops_run_where(std::initializer_list<const char *> ops, std::initializer_list<const ggml_tensor *> weights) {
@@ -110,15 +125,12 @@ void spark_ffn_warn_dense(const char * why) {
 // the name of the backend registry of the device that holds w ("CPU" for host memory and for a
 // tensor not yet in a buffer), or nullptr when ggml does not say
 static const char * spark_weight_backend(const ggml_tensor * w) {
-    if (w == nullptr || w->buffer == nullptr) {
-        return "CPU";
+    bool known = true;
+    ggml_backend_dev_t dev = spark_weight_device(w, known);
+    if (dev == nullptr) {
+        return known ? "CPU" : nullptr;
     }
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
-    if (ggml_backend_buft_is_host(buft)) {
-        return "CPU";
-    }
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
-    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
     return reg ? ggml_backend_reg_name(reg) : nullptr;
 }
 
@@ -136,19 +148,35 @@ bool spark_ffn_ask_tiling(const ggml_tensor * w, int64_t n_tokens, int64_t n_ff,
         return false;
     }
     const bool fused_ok = out.path == SPARK_FFN_PATH_FUSED && out.n_chunk >= 1 && out.n_chunk <= n_ff;
-    if (!fused_ok && out.path != SPARK_FFN_PATH_TWO_STAGE) {
+    if (!fused_ok && out.path != SPARK_FFN_PATH_TWO_STAGE && out.path != SPARK_FFN_PATH_DENSE) {
         spark_ffn_warn_dense("spark_ffn_tiling answered no valid path");
         return false;
     }
     return true;
 }
 
+bool spark_attn_takes_dense(const ggml_tensor * w, int64_t n_tokens) {
+    spark_attn_path_t ask = (spark_attn_path_t) spark_proc("spark_attn_path");
+    int32_t path = SPARK_ATTN_PATH_SPARSE;
+    if (ask == nullptr || ask(spark_weight_backend(w), std::max<int64_t>(n_tokens, 1), &path) != 0) {
+        return false;
+    }
+    return path == SPARK_ATTN_PATH_DENSE;
+}
+
 ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_tensor * h, ggml_tensor * k2,
                                      ggml_tensor * v, const spark_op_params & p,
-                                     const std::function<void(ggml_tensor *, const char *)> & name) {
+                                     const std::function<void(ggml_tensor *, const char *)> & name,
+                                     bool * dense) {
     const int64_t n_ff = s->ne[0], n_embd = h->ne[0], n_tokens = h->ne[1];
     spark_ffn_tiling tiling = {};
     if (!spark_ffn_ask_tiling(k2, std::max<int64_t>(n_tokens, 1), n_ff, n_embd, tiling)) {
+        return nullptr;
+    }
+    if (tiling.path == SPARK_FFN_PATH_DENSE) {
+        if (dense != nullptr) {
+            *dense = true;
+        }
         return nullptr;
     }
     if (tiling.path == SPARK_FFN_PATH_FUSED) {

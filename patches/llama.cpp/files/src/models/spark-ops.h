@@ -42,13 +42,24 @@ void spark_each_run_off(const std::vector<bool> & off, const std::function<const
 // says once per process why a sparse FFN is not built ("<why>: the FFN runs on the dense graph")
 void spark_ffn_warn_dense(const char * why);
 
-// How the sparse FFN of a ubatch runs (path and chunk count) is the Spark backend's decision:
-// the graph asks spark_ffn_tiling, naming the backend registry of the device that holds the
-// FFN's weight `w` ("CPU" for host memory), and builds the nodes of the answer, so none of the
-// kernels' tiling constants is written in a graph. False for the dense graph: no "Spark" entry
+// How the FFN of a ubatch runs (path and chunk count) is the Spark backend's decision: the
+// graph asks spark_ffn_tiling, naming the backend registry of the device that holds the FFN's
+// weight `w` ("CPU" for host memory), and builds the nodes of the answer, so none of the
+// kernels' tiling constants is written in a graph. False for no answer: no "Spark" entry
 // (silently), or one that does not answer (a backend without spark_ffn_tiling) or answers
-// something invalid (with one warning).
+// something invalid (with one warning); the graph then builds its dense FFN.
 bool spark_ffn_ask_tiling(const ggml_tensor * w, int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out);
+
+// Whether the attention of a ubatch of n_tokens tokens whose layer's weight `w` sits where it
+// does takes the graph's dense attention (the Spark backend's spark_attn_path answers
+// SPARK_ATTN_PATH_DENSE: a GPU above its switch point). False without the proc (a backend
+// built before it: spark_attn as always) or when it refuses the question.
+bool spark_attn_takes_dense(const ggml_tensor * w, int64_t n_tokens);
+
+// Whether the device that holds `w` runs the node that make_node builds in a scratch context
+// (true for host memory and for a weight not yet in a buffer: the CPU runs every stock op):
+// asked with stand-in tensors of the real types, as the backends decide by types and layout.
+bool spark_weight_device_runs(const ggml_tensor * w, const std::function<ggml_tensor *(ggml_context *)> & make_node);
 
 // The sparse FFN's nodes: out [n_embd, n_tokens] = sum over each token's kept neurons j of
 // gelu_tanh(s_j - theta) (K2_j . h[r_f:]) V_j, for scores s [n_ff, n_tokens], activations
@@ -57,7 +68,10 @@ bool spark_ffn_ask_tiling(const ggml_tensor * w, int64_t n_tokens, int64_t n_ff,
 // and the device of K2 (one chunk: the fused node is the output, no sum node) (a graph of no tokens, a reserve probe, gets a one-token ubatch's nodes, so that it holds
 // the ops of the graphs that run); name(node, label) names the intermediate nodes and the
 // output ("spark_ffn_sparse") as the caller's graph callback does. nullptr when the backend
-// cannot run it (said once): the caller builds its dense FFN.
+// cannot run it (said once) or answers SPARK_FFN_PATH_DENSE for the ubatch (then *dense, when
+// given, is set true: the caller's dense FFN should multiply V as a stock matrix product): the
+// caller builds its dense FFN.
 ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_tensor * h, ggml_tensor * k2,
                                      ggml_tensor * v, const spark_op_params & p,
-                                     const std::function<void(ggml_tensor *, const char *)> & name);
+                                     const std::function<void(ggml_tensor *, const char *)> & name,
+                                     bool * dense = nullptr);
