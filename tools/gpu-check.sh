@@ -15,14 +15,20 @@
 #   correct  the shipped model (models/spark-shakespeare.npz, converted here; quantized here to
 #            F16 BF16 Q8_0 Q4_0 Q4_K_M) on models/heldout.txt, llama-perplexity -c 256: CPU with
 #            the plugin (GPU hidden) writes --kl-divergence-base, GPU (-ngl 99) with the plugin
-#            runs --kl-divergence: mean KLD, same top-1 %, both PPLs; the same for the dense
-#            stock-op graph (no plugin) as the control of what ggml-cuda itself changes;
-#            SPARK_STATS=1 keep-rate tables CPU vs GPU; GGML_SCHED_DEBUG=2 shows on which
-#            backend every GGML_OP_CUSTOM node ran (prefill and decode)
+#            runs --kl-divergence: mean KLD, same top-1 %, both PPLs (f32 and *-kernels rows with
+#            the Spark kernels at every ubatch size, the others with the built-in switch point:
+#            256-token ubatches on the dense graph); the same for the dense stock-op graph (no
+#            plugin) as the control of what ggml-cuda itself changes; SPARK_STATS=1 keep-rate
+#            tables CPU vs GPU; GGML_SCHED_DEBUG=2 shows on which backend every GGML_OP_CUSTOM
+#            node ran (prefill and decode) and that the dense answer keeps every layer node on CUDA
 #   bench    llama-bench -ngl 99 -fa 0, Spark vs stock Gemma-2 2B (synthetic, spark-convert
 #            --synthetic; q8_0 and q4_0) at -p 512 -n 128 -d 0,512,4096 -r 3, each decode ratio
 #            beside tools/predict-ratio.py's prediction (tools/gpu-bench-table.py); both q8_0
 #            models' decode without CUDA graphs
+#   switch   where the dense graph should take over (spark-backend/src/dense_switch.rs): pp512 of
+#            the 2B q8_0 models at -ub 8..512 with the Spark kernels always
+#            (SPARK_FFN_DENSE_FROM=0, SPARK_ATTN_DENSE_FROM=0), the dense graph always (1, 1),
+#            the dense FFN with sparse attention (1, 0), and stock (tools/gpu-switch-table.py)
 #   bench9b  the same for the 9B presets (spark-gemma2-9b, gemma2-9b: ~10 GB each in q8_0)
 #   prof     device-to-device copy bandwidth (PyTorch), then each Spark kernel's time and DRAM
 #            bytes (nsys if it works here, else ncu) against it
@@ -37,7 +43,7 @@
 # "spark-backend: CUDA kernels registered" line missing, or a GGML_OP_CUSTOM node scheduled on
 # the CPU under -ngl 99). Exit 2: passed so far, but a phase was skipped for time (run again).
 #
-# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,bench9b,prof,batched,scaling,gemma3n]
+# Usage: bash tools/gpu-check.sh [--phases build,correct,bench,switch,bench9b,prof,batched,scaling,gemma3n]
 #                                [--budget SECONDS] [--redo]
 #   --budget   stop starting phases that would not end within SECONDS of the start (default 570,
 #              inside a 10-minute slot)
@@ -53,7 +59,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 
-phases=build,correct,bench,bench9b,prof,batched,scaling,gemma3n budget=570 redo=0
+phases=build,correct,bench,switch,bench9b,prof,batched,scaling,gemma3n budget=570 redo=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --phases) phases=$2; shift ;;
@@ -291,22 +297,26 @@ build_need=420
 run_phase build "$build_need" phase_build
 if [ ! -x "$bin/llama-perplexity" ] || [ ! -f "$work/sections/build.done" ]; then
     # the other phases need the build
-    for p in correct bench bench9b prof batched scaling; do has_phase "$p" && skipped+=("$p"); done
+    for p in correct bench switch bench9b prof batched scaling gemma3n; do has_phase "$p" && skipped+=("$p"); done
     phases=build
 fi
 
 # --- correct -----------------------------------------------------------------------------------
 chunks=${GPU_CHECK_CHUNKS:-40}
+# the Spark kernels at every ubatch size (no dense answer from spark-backend/src/dense_switch.rs)
+spark_kernels_always="SPARK_FFN_DENSE_FROM=0 SPARK_ATTN_DENSE_FROM=0"
 max_kld=${GPU_CHECK_MAX_KLD:-5e-4}
 min_top1=${GPU_CHECK_MIN_TOP1:-98.5}
 ub_chunks=${GPU_CHECK_UB_CHUNKS:-8}
 
 # kld_pair LABEL MODEL PLUGIN(yes|no) CHUNKS [GPU ARGS...]: CPU base run (whole 256-token
-# ubatches), GPU KLD run (with the extra arguments, e.g. -ub 1 for the decode kernels); prints one
-# table row. Each run is bounded (a hang must not take the call's other phases with it).
+# ubatches), GPU KLD run (with the extra arguments, e.g. -ub 1 for the decode kernels, and the
+# variables of $KLD_ENV, e.g. $spark_kernels_always); prints one table row. Each run is bounded
+# (a hang must not take the call's other phases with it).
 kld_pair() {
-    local label=$1 model=$2 with=$3 n_chunks=$4 env_plugin=()
+    local label=$1 model=$2 with=$3 n_chunks=$4 env_plugin=() gpu_env
     shift 4
+    read -r -a gpu_env <<<"${KLD_ENV:-}"
     [ "$with" = yes ] && env_plugin=(GGML_BACKEND_PATH="$plugin")
     # SPARK_STATS for the statistics table (f32) only: it turns ggml-cuda's CUDA graphs off, so
     # the other rows check the logits of captured and replayed graphs
@@ -316,7 +326,7 @@ kld_pair() {
         "$bin/llama-perplexity" -m "$model" -f models/heldout.txt -c 256 --chunks "$n_chunks" -t "$threads" \
         --no-warmup -ngl 0 --kl-divergence-base "$base" >"$cpu" 2>&1 \
         || { fail "correct: $label CPU run failed (logs/$(basename "$cpu"))"; return; }
-    env "${env_plugin[@]}" timeout 120 \
+    env "${env_plugin[@]}" "${gpu_env[@]}" timeout 120 \
         "$bin/llama-perplexity" -m "$model" -c 256 -t "$threads" --no-warmup -ngl 99 "$@" \
         --kl-divergence-base "$base" --kl-divergence >"$gpu" 2>&1 \
         || { fail "correct: $label GPU run failed (logs/$(basename "$gpu"))"; return; }
@@ -338,27 +348,35 @@ kld_pair() {
     fi
 }
 
-# sched_check LABEL LOG: counts the GGML_OP_CUSTOM nodes per backend in a GGML_SCHED_DEBUG=2 log
+# sched_check LABEL LOG custom|layers: counts nodes per backend in a GGML_SCHED_DEBUG=2 log.
+# custom: the GGML_OP_CUSTOM nodes (the Spark ops) must all be on CUDA; layers: no node of a
+# layer (named "<name>-<layer>" by the graph) on the CPU, for graphs without Spark ops (the dense
+# answer above the switch point: V's copy and products must stay on the GPU)
 sched_check() {
-    local label=$1 log=$2 counts
-    counts=$(python3 - "$log" <<'EOF'
+    local label=$1 log=$2 mode=$3 counts
+    counts=$(python3 - "$log" "$mode" <<'EOF'
 import re, sys, collections
 c = collections.Counter()
-pat = re.compile(r'node #\s*\d+ \(\s*CUSTOM\): .{20} \(.{5}\) \[(.{5})')
+pat = re.compile(r'node #\s*\d+ \(\s*(\S+)\): +(\S+) \(.{5}\) \[(.{5})')
 for line in open(sys.argv[1], errors="replace"):
     m = pat.search(line)
-    if m:
-        c[m.group(1).strip()] += 1
+    if not m:
+        continue
+    op, name, backend = m.group(1), m.group(2), m.group(3).strip()
+    if (op == "CUSTOM") if sys.argv[2] == "custom" else re.search(r"-\d+$", name):
+        c[backend] += 1
 print(" ".join(f"{k}={v}" for k, v in sorted(c.items())) or "none")
 EOF
     )
-    say "GGML_OP_CUSTOM nodes by backend ($label, -ngl 99): $counts; splits: $(grep -c '## SPLIT' "$log")"
+    local what="GGML_OP_CUSTOM nodes"
+    [ "$mode" = layers ] && what="layer nodes"
+    say "$what by backend ($label, -ngl 99): $counts; splits: $(grep -c '## SPLIT' "$log")"
     if ! grep -q 'node #' "$log"; then
-        fail "correct: $label: GGML_SCHED_DEBUG=2 printed no node lines (logs/$(basename "$log")): cannot tell where the custom ops ran"
+        fail "correct: $label: GGML_SCHED_DEBUG=2 printed no node lines (logs/$(basename "$log")): cannot tell where the nodes ran"
         return 0
     fi
-    [[ "$counts" == *CUDA* ]] || fail "correct: $label: no GGML_OP_CUSTOM node ran on CUDA ($counts)"
-    [[ "$counts" == *CPU* ]] && fail "correct: $label: GGML_OP_CUSTOM nodes scheduled on the CPU ($counts)"
+    [[ "$counts" == *CUDA* ]] || fail "correct: $label: no $what ran on CUDA ($counts)"
+    [[ "$counts" == *CPU* ]] && fail "correct: $label: $what scheduled on the CPU ($counts)"
     return 0
 }
 
@@ -381,17 +399,23 @@ phase_correct() {
     say ""
     say "| model        | plugin | PPL CPU    | PPL(Q) GPU | PPL(base)  | mean KLD   | top-1 % |"
     say "|---|---|---|---|---|---|---|"
-    kld_pair f32 "$m/shakespeare-f32.gguf" yes "$chunks"
+    # f32: the Spark kernels at 256-token ubatches too (its SPARK_STATS table is compared below);
+    # the other types as users get them: 256-token ubatches take the dense graph on CUDA
+    # (spark-backend/src/dense_switch.rs), so their rows check V's copy and the stock products
+    KLD_ENV=$spark_kernels_always kld_pair f32 "$m/shakespeare-f32.gguf" yes "$chunks"
     for t in "${types[@]}"; do
         [ -f "$m/shakespeare-$t.gguf" ] && kld_pair "$t" "$m/shakespeare-$t.gguf" yes "$chunks"
     done
+    kld_pair f32-switch "$m/shakespeare-f32.gguf" yes "$ub_chunks"
+    KLD_ENV=$spark_kernels_always kld_pair Q8_0-kernels "$m/shakespeare-Q8_0.gguf" yes "$ub_chunks"
+    KLD_ENV=$spark_kernels_always kld_pair Q4_K_M-kernels "$m/shakespeare-Q4_K_M.gguf" yes "$ub_chunks"
     # the decode kernels (one token per ubatch: select-up and gather, the attention
     # of one query) and the small-batch path (8 tokens) against the CPU's whole-chunk logits
     kld_pair f32-ub1 "$m/shakespeare-f32.gguf" yes "$ub_chunks" -b 256 -ub 1
     kld_pair Q8_0-ub1 "$m/shakespeare-Q8_0.gguf" yes "$ub_chunks" -b 256 -ub 1
     kld_pair f32-ub8 "$m/shakespeare-f32.gguf" yes "$ub_chunks" -b 256 -ub 8
     kld_pair f32-dense "$m/shakespeare-f32.gguf" no "$chunks"
-    say "(-ub N: the GPU run evaluates N tokens per ubatch, over $ub_chunks chunks; plugin 'no': the dense stock-op graph, i.e. what ggml-cuda's own kernels change; not bounded)"
+    say "(-ub N: the GPU run evaluates N tokens per ubatch, over $ub_chunks chunks; f32 and *-kernels: the Spark kernels at every ubatch size ($spark_kernels_always); f32-switch and the other types: the built-in switch point (256-token ubatches on the dense graph); plugin 'no': the dense stock-op graph, i.e. what ggml-cuda's own kernels change; not bounded)"
 
     say ""
     say "SPARK_STATS=1, f32 model, same tokens: CPU | GPU (layer, ffn_keep_rate, ffn_tokens, attn_mean_positions, attn_queries)"
@@ -422,15 +446,23 @@ EOF
     fi
 
     say ""
-    # on which backend the custom ops run: a prefill graph (one 256-token chunk) and decode graphs
-    GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin timeout 120 "$bin/llama-perplexity" -m "$m/shakespeare-f32.gguf" \
+    # on which backend the nodes run: a prefill graph (one 256-token chunk) with the Spark kernels
+    # forced and with the built-in switch (the dense graph: no layer node may fall back to the
+    # CPU), and decode graphs
+    local sched_env
+    read -r -a sched_env <<<"$spark_kernels_always"
+    env "${sched_env[@]}" GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH="$plugin" timeout 120 "$bin/llama-perplexity" \
+        -m "$m/shakespeare-f32.gguf" -f models/heldout.txt -c 256 --chunks 1 -b 256 -ngl 99 -t "$threads" \
+        --no-warmup -v >"$logs/sched-prefill.log" 2>&1 || fail "correct: the GGML_SCHED_DEBUG prefill run failed"
+    sched_check prefill "$logs/sched-prefill.log" custom
+    GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin timeout 120 "$bin/llama-perplexity" -m "$m/shakespeare-Q8_0.gguf" \
         -f models/heldout.txt -c 256 --chunks 1 -b 256 -ngl 99 -t "$threads" --no-warmup -v \
-        >"$logs/sched-prefill.log" 2>&1 || fail "correct: the GGML_SCHED_DEBUG prefill run failed"
-    sched_check prefill "$logs/sched-prefill.log"
+        >"$logs/sched-prefill-dense.log" 2>&1 || fail "correct: the GGML_SCHED_DEBUG dense prefill run failed"
+    sched_check "prefill, Q8_0, the dense answer" "$logs/sched-prefill-dense.log" layers
     GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$plugin timeout 120 "$bin/llama-completion" -m "$m/shakespeare-f32.gguf" \
         -p "ROMEO:" -n 8 --temp 0 -no-cnv -ngl 99 -t "$threads" --no-warmup -v \
         >"$logs/sched-decode.log" 2>&1 </dev/null || fail "correct: the GGML_SCHED_DEBUG decode run failed"
-    sched_check decode "$logs/sched-decode.log"
+    sched_check decode "$logs/sched-decode.log" custom
     say "CUDA graphs of the decode run (8 tokens): $(grep -c 'CUDA graph warmup complete' "$logs/sched-decode.log") captured after warmup, $(grep -c 'CUDA Graph id .* reused' "$logs/sched-decode.log") reused"
     grep -m3 'spark-backend' "$logs/sched-decode.log" | sed 's/^/plugin: /' | emit
 
@@ -450,7 +482,7 @@ EOF
     if [ "${text[0]}" = "${text[1]}" ]; then say "  the same text"; else say "  the texts differ"; fi
     return 0
 }
-run_phase correct 150 phase_correct
+run_phase correct 170 phase_correct
 
 # --- bench -------------------------------------------------------------------------------------
 bench_types=${GPU_CHECK_BENCH_TYPES:-q8_0 q4_0}
@@ -528,6 +560,28 @@ for t in $bench_types; do
     for p in spark-gemma2-2b gemma2-2b; do [ -f "$work/models/$p-$t.gguf" ] || bench_need=$((bench_need + 15)); done
 done
 run_phase bench "$bench_need" phase_bench
+
+# --- switch: the ubatch size from which the dense graph beats the Spark kernels ----------------
+switch_ubs=8,16,32,64,128,512
+# switch_run NAME FFN_FROM ATTN_FROM MODEL...: llama-bench pp512 at -ub $switch_ubs into $work/switch-NAME.json
+switch_run() {
+    local name=$1 ffn=$2 attn=$3; shift 3
+    GGML_BACKEND_PATH=$plugin SPARK_FFN_DENSE_FROM=$ffn SPARK_ATTN_DENSE_FROM=$attn \
+        timeout "$(( $(left) - 10 ))" "$bin/llama-bench" "$@" -ngl 99 -fa 0 -p 512 -n 0 -b 512 \
+        -ub "$switch_ubs" -r 2 -o json >"$work/switch-$name.json" 2>"$logs/switch-$name.log" \
+        || { tail -n 5 "$logs/switch-$name.log" | emit; fail "switch: llama-bench ($name) failed (logs/switch-$name.log)"; return 1; }
+}
+phase_switch() {
+    local spark=$work/models/spark-gemma2-2b-q8_0.gguf stock=$work/models/gemma2-2b-q8_0.gguf
+    synthetic_model spark-gemma2-2b q8_0 && synthetic_model gemma2-2b q8_0 || return 1
+    say "llama-bench -ngl 99 -fa 0 -p 512 -n 0 -ub $switch_ubs -r 2 (2B q8_0): Spark kernels, dense graph, dense FFN only, stock"
+    switch_run sparse 0 0 -m "$spark" -m "$stock" || return 1
+    switch_run dense 1 1 -m "$spark" || return 1
+    switch_run ffn-dense 1 0 -m "$spark" || return 1
+    python3 "$root/tools/gpu-switch-table.py" "$work"/switch-{sparse,dense,ffn-dense}.json | emit
+}
+# estimate (not yet seen on a GPU): three llama-bench runs of six ubatch sizes, ~30 s each
+run_phase switch 100 phase_switch
 
 # --- bench9b: the same for Gemma-2 9B shapes, where an H100/H200 step is bound by bytes ---------
 phase_bench9b() {
