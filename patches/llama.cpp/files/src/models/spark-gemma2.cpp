@@ -285,10 +285,25 @@ llama_model_spark_gemma2::graph::attn_rows llama_model_spark_gemma2::graph::buil
 // The dense FFN's down projection, out [n_embd, n_tokens] = sum_j u[j, t] V_j for gated values
 // u [n_ff, n_tokens] and V neuron-major ([n_embd, n_ff]), in two forms of stock ops.
 //
-// As an outer-product sum (every backend whose out_prod takes V's type: the CPU takes f32, f16
-// and the quantized types). ggml_out_prod spreads its work over output rows only (one per
+// As an outer-product sum, for V in host memory (ggml-cpu's out_prod takes f32, f16 and the
+// quantized types; ggml-cuda's and ggml-vulkan's f32 only, and ggml-rpc cannot say what its
+// server's takes). ggml_out_prod spreads its work over output rows only (one per
 // token), so the neurons are cut into n_chunk groups that sum separately (n_tokens * n_chunk
 // rows for the threads) and the partial sums are added up afterwards.
+static bool spark_in_host_memory(const ggml_tensor * w) {
+    return w->buffer == nullptr || ggml_backend_buft_is_host(ggml_backend_buffer_get_type(w->buffer));
+}
+
+// whether the layer's FFN weights sit where the Spark FFN ops run, and its attention's
+static bool spark_ffn_ops_run_where(const llama_layer & layer) {
+    return spark_ops_run_where({ "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
+                               { layer.ffn_up, layer.ffn_down });
+}
+
+static bool spark_attn_op_runs_where(const llama_layer & layer) {
+    return spark_ops_run_where({ "spark_attn" }, { layer.wo });
+}
+
 static int64_t spark_down_chunks(int64_t n_ff) {
     return n_ff % 16 == 0 ? 16 : 1;
 }
@@ -310,21 +325,12 @@ static ggml_tensor * spark_down_out_prod(ggml_context * ctx, ggml_tensor * down,
     return ggml_reshape_2d(ctx, ggml_sum_rows(ctx, partial), n_embd, n_tokens);
 }
 
-// whether the device holding V runs spark_down_out_prod's product for a ubatch of n_tokens
-static bool spark_down_out_prod_runs(const ggml_tensor * down, int64_t n_tokens) {
-    const int64_t n_embd = down->ne[0], n_ff = down->ne[1], n_chunk = spark_down_chunks(n_ff);
-    return spark_weight_device_runs(down, [&](ggml_context * ctx) {
-        ggml_tensor * v  = ggml_new_tensor_3d(ctx, spark_down_out_prod_type(down), n_embd, n_ff/n_chunk, n_chunk);
-        ggml_tensor * ut = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_tokens, n_ff/n_chunk, n_chunk);
-        return ggml_out_prod(ctx, v, ut);
-    });
-}
-
 // As a stock matrix product, which a GPU runs on its tensor cores: V copied to stock layout
 // [n_ff, n_embd] in the graph, at every evaluation (f32 and bf16 weights keep their type, the
 // others become f16, quantized rows dequantized by a get_rows of every neuron first: ~(4 + 2)
 // bytes per weight written and read again), worth it only for ubatches big enough that the
-// product dominates (the Spark backend's switch point), or where nothing else runs on the device.
+// product dominates (the Spark backend's switch point), or where nothing else runs on the device
+// (a layer there without the Spark ops).
 static ggml_tensor * spark_down_mul_mat(ggml_context * ctx, ggml_tensor * down, ggml_tensor * u) {
     const int64_t n_ff = down->ne[1];
     const bool keeps_type = down->type == GGML_TYPE_F32 || down->type == GGML_TYPE_BF16;
@@ -360,12 +366,14 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     const llama_spark_ffn_params & ffn = model.spark_ffn_params[il];
     const spark_op_params params = { ffn.layer, ffn.k, 0, 0.0f, SPARK_FFN_CUTOFF_TOP_K, 0.0f };
 
-    bool dense_answered = false;
-    ggml_tensor * sparse = spark_build_sparse_ffn(ctx0, s, cur, layer.ffn_up, layer.ffn_down, params,
-                                                  [&](ggml_tensor * t, const char * name) { cb(t, name, il); },
-                                                  &dense_answered);
-    if (sparse != nullptr) {
-        return sparse;
+    // a layer whose weights sit on a device that does not run the Spark ops (Vulkan, an
+    // rpc-server without the plugin, ...) steps aside for the dense graph there (said at load)
+    if (spark_ffn_ops_run_where(layer)) {
+        ggml_tensor * sparse = spark_build_sparse_ffn(ctx0, s, cur, layer.ffn_up, layer.ffn_down, params,
+                                                      [&](ggml_tensor * t, const char * name) { cb(t, name, il); });
+        if (sparse != nullptr) {
+            return sparse;
+        }
     }
 
     ggml_tensor * h2 = ggml_cont(ctx0, ggml_view_2d(ctx0, cur, n_embd - n_ffn_r, n_tokens_cur, cur->nb[1], n_ffn_r*ggml_element_size(cur)));
@@ -388,10 +396,10 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     ggml_tensor * u = ggml_mul(ctx0, a, g);
     cb(u, "spark_ffn_u", il);
 
-    // the Spark backend's dense answer (a GPU's tensor cores), or a device whose out_prod cannot
-    // take V's type (ggml-cuda's takes f32 only): V's product as a stock matrix product
-    const bool by_mul_mat = dense_answered || !spark_down_out_prod_runs(layer.ffn_down, n_tokens_cur);
-    ggml_tensor * out = by_mul_mat ? spark_down_mul_mat(ctx0, layer.ffn_down, u) : spark_down_out_prod(ctx0, layer.ffn_down, u);
+    // V in host memory: the outer-product sum (no copy); on a device (a GPU's tensor cores, or
+    // one whose out_prod takes f32 only, as ggml-cuda's and ggml-vulkan's do): a matrix product
+    ggml_tensor * out = spark_in_host_memory(layer.ffn_down) ? spark_down_out_prod(ctx0, layer.ffn_down, u)
+                                                             : spark_down_mul_mat(ctx0, layer.ffn_down, u);
     cb(out, "spark_ffn_dense", il);
     return out;
 }
@@ -554,22 +562,20 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_sparse(
 // the graph
 //
 
-// Says which layers sit on a device that does not run the Spark ops (Vulkan,
-// Metal, SYCL, HIP, a CUDA build without the plugin's launchers, an rpc-server without the
-// plugin): ggml runs those layers' Spark nodes on the CPU, copying what they read from the
-// device at every evaluation. One line per run of such layers on one device.
+// Says which layers sit on a device that does not run the Spark ops (Vulkan, Metal, SYCL, HIP, a
+// CUDA build without the plugin's launchers, an rpc-server without the plugin): those layers
+// step aside for the dense graph of stock ops there (no weight comes back to the CPU). One line
+// per run of such layers on one device.
 static void spark_say_layers_off_the_spark_devices(const llama_model_spark_gemma2 & model) {
     std::vector<bool> off(model.layers.size());
     for (size_t il = 0; il < off.size(); ++il) {
-        const auto & layer = model.layers[il];
-        off[il] = !spark_ops_run_where({ "spark_attn", "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
-                                       { layer.ffn_up, layer.ffn_down });
+        off[il] = !spark_ffn_ops_run_where(model.layers[il]) || !spark_attn_op_runs_where(model.layers[il]);
     }
     spark_each_run_off(off, [&](int il) { return model.layers[il].ffn_up; }, [](int first, int last, const char * where) {
-        LLAMA_LOG_WARN("spark-gemma2: layers %d-%d are on %s, which does not run the Spark ops: their Spark nodes run "
-                       "on the CPU and copy what they read from there at every evaluation (a lower -ngl keeps them on "
-                       "the CPU; a CUDA build with the plugin's CUDA kernels or an rpc-server with the plugin runs "
-                       "them there)\n", first, last, where);
+        LLAMA_LOG_WARN("spark-gemma2: layers %d-%d are on %s, which does not run the Spark ops: they run the dense "
+                       "graph there, stock ops over every neuron and position (a lower -ngl keeps them on the CPU's "
+                       "Spark kernels; a CUDA build with the plugin's CUDA kernels or an rpc-server with the plugin "
+                       "runs them there)\n", first, last, where);
     });
 }
 
@@ -625,8 +631,11 @@ llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm
         cur = build_norm(inpL, model.layers[il].attn_norm, NULL, LLM_NORM_RMS, il);
         cb(cur, "attn_norm", il);
 
+        // the dense attention where the layer's device does not run spark_attn (said at load)
+        // or where the Spark backend answers so for this ubatch (a GPU above its switch point)
         ggml_custom_op_t attn_layer = attn_kernel;
-        if (attn_layer != nullptr && spark_attn_takes_dense(model.layers[il].wo, n_tokens)) {
+        if (attn_layer != nullptr && (!spark_attn_op_runs_where(model.layers[il]) ||
+                                      spark_attn_takes_dense(model.layers[il].wo, n_tokens))) {
             attn_layer = nullptr;
         }
         cur = build_spark_attn(model, cur, inp_pos, inp_attn, attn_layer, attn_layer ? no_rows : rows_of(is_swa), il);

@@ -30,7 +30,9 @@ ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor *
 // placed yet), or on a device whose backend says it supports a node of the op (ggml-cuda with the
 // plugin's CUDA launchers, an rpc-server with the plugin). False for the others (Vulkan, Metal,
 // SYCL, HIP, a CUDA build without the launchers, an rpc-server without the plugin), where the
-// scheduler would run the node on the CPU and copy the weights to it at every evaluation.
+// scheduler would run the node on the CPU and copy the weights to it at every evaluation: the
+// graphs build no Spark node there (spark-gemma2's layers take its dense graph, Gemma 3n's
+// sparse layers upstream's).
 bool spark_ops_run_where(std::initializer_list<const char *> ops, std::initializer_list<const ggml_tensor *> weights);
 
 // Calls say(first, last, buffer name) once for each run of consecutive layers first..last that
@@ -56,11 +58,6 @@ bool spark_ffn_ask_tiling(const ggml_tensor * w, int64_t n_tokens, int64_t n_ff,
 // built before it: spark_attn as always) or when it refuses the question.
 bool spark_attn_takes_dense(const ggml_tensor * w, int64_t n_tokens);
 
-// Whether the device that holds `w` runs the node that make_node builds in a scratch context
-// (true for host memory and for a weight not yet in a buffer: the CPU runs every stock op):
-// asked with stand-in tensors of the real types, as the backends decide by types and layout.
-bool spark_weight_device_runs(const ggml_tensor * w, const std::function<ggml_tensor *(ggml_context *)> & make_node);
-
 // The sparse FFN's nodes: out [n_embd, n_tokens] = sum over each token's kept neurons j of
 // gelu_tanh(s_j - theta) (K2_j . h[r_f:]) V_j, for scores s [n_ff, n_tokens], activations
 // h [n_embd, n_tokens], K2 [n_embd - r_f, n_ff] and V [n_embd, n_ff] (neuron-major), the
@@ -68,10 +65,8 @@ bool spark_weight_device_runs(const ggml_tensor * w, const std::function<ggml_te
 // and the device of K2 (one chunk: the fused node is the output, no sum node) (a graph of no tokens, a reserve probe, gets a one-token ubatch's nodes, so that it holds
 // the ops of the graphs that run); name(node, label) names the intermediate nodes and the
 // output ("spark_ffn_sparse") as the caller's graph callback does. nullptr when the backend
-// cannot run it (said once) or answers SPARK_FFN_PATH_DENSE for the ubatch (then *dense, when
-// given, is set true: the caller's dense FFN should multiply V as a stock matrix product): the
-// caller builds its dense FFN.
+// cannot run it (said once) or answers SPARK_FFN_PATH_DENSE for the ubatch: the caller builds
+// its dense FFN.
 ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_tensor * h, ggml_tensor * k2,
                                      ggml_tensor * v, const spark_op_params & p,
-                                     const std::function<void(ggml_tensor *, const char *)> & name,
-                                     bool * dense = nullptr);
+                                     const std::function<void(ggml_tensor *, const char *)> & name);
