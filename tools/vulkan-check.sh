@@ -8,7 +8,7 @@
 #                                  ggml-vulkan), unpacked from its pinned libvulkan-dev package
 #   target/vulkan/build            its cmake build with GGML_VULKAN=ON (GGML_BUILD_COMMIT_OVERRIDE =
 #                                  the series tag, which the plugin checks; shared libraries,
-#                                  no CUDA), llama-completion only
+#                                  no CUDA), llama-completion and llama-perplexity only
 #
 # Then runs tests/python/gemma3n/test_vulkan.py with SPARK_VULKAN_BIN pointing at that build:
 # a tiny Gemma 3n with every layer on Vulkan0 gives the same text with the plugin as without,
@@ -84,11 +84,13 @@ if [ ! -f "$out/build/CMakeCache.txt" ]; then
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >"$out/configure.log" 2>&1 \
         || { tail -n 30 "$out/configure.log" >&2; die "cmake configure failed (see above)"; }
 fi
-say "building llama-completion with Vulkan (about 15 minutes the first time)"
-cmake --build "$out/build" -j "$(nproc)" --target llama-completion >"$out/build.log" 2>&1 \
+say "building llama-completion and llama-perplexity with Vulkan (about 15 minutes the first time)"
+cmake --build "$out/build" -j "$(nproc)" --target llama-completion llama-perplexity >"$out/build.log" 2>&1 \
     || { tail -n 30 "$out/build.log" >&2; die "build failed ($out/build.log)"; }
 bin=$out/build/bin
-[ -x "$bin/llama-completion" ] || die "no $bin/llama-completion after the build"
+for t in llama-completion llama-perplexity; do
+    [ -x "$bin/$t" ] || die "no $bin/$t after the build"
+done
 grep -qaF "$tag" "$bin/libggml-base.so" || die "$bin/libggml-base.so does not carry the series tag $tag"
 say "llama-completion with Vulkan: $bin/llama-completion"
 [ "$build_only" = 0 ] || exit 0

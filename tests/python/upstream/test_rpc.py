@@ -267,6 +267,35 @@ def test_rpc_logits_equal_the_local_ones(shipped_f32, servers, tmp_path):
     assert layers_that_ran(server.stop()) == set(range(N_LAYERS)), server.explain("server table")
 
 
+def test_the_dense_graph_on_a_device_multiplies_a_stock_layout_copy_of_v(shipped_quantized, servers,
+                                                                         tmp_path):
+    """A server without the plugin is a device where the layers take the dense graph, whose down
+    product there is a ggml_mul_mat over V copied to stock layout (q8_0 rows through a get_rows of
+    every neuron, then f16): what a GPU runs above its switch point. Against the local sparse run
+    of the same Q8_0 file, at 256-token ubatches and one token per ubatch: mean KL divergence
+    within 1e-3 (f16 rounding of V and of the products' inputs); no OUT_PROD node, every layer's
+    FFN output a MUL_MAT, a GET_ROWS for V (GGML_SCHED_DEBUG=2 at -v)."""
+    model = shipped_quantized("Q8_0")
+    server = servers(False)
+    base = tmp_path / "local.kld"
+    common = [model, "-c", "256", "-b", "256"]
+    llama_perplexity(*common, "--chunks", "4", "-f", HELDOUT, "--kl-divergence-base", base)
+    rpc = ["--kl-divergence-base", base, "--kl-divergence", "--rpc", server.endpoint, "-ngl", "99"]
+    res = llama_perplexity(*common, *rpc, "-v", env={"GGML_SCHED_DEBUG": "2"})
+    one = llama_perplexity(*common, "--chunks", "1", "-ub", "1", *rpc)
+    for name, r in (("-ub 256", res), ("-ub 1", one)):
+        print(f"\nQ8_0 dense graph on the server, {name}: mean KLD {stat(r, 'Mean    KLD'):.6f}, "
+              f"same top p {stat(r, 'Same top p')} %")
+        assert stat(r, "Mean    KLD") <= 1e-3, r.stdout
+        assert parse_stats(r.stderr).none_ran, r.explain("the client ran Spark kernels")
+    nodes = set(re.findall(r"node #\s*\d+ \(\s*(\S+)\):\s+(\S+)", res.stderr))
+    ops = {op for op, _ in nodes}
+    assert "OUT_PROD" not in ops and "GET_ROWS" in ops, res.explain(f"ops {sorted(ops)}")
+    outputs = {name for op, name in nodes if op == "MUL_MAT" and name.startswith("ffn_out-")}
+    assert outputs == {f"ffn_out-{il}" for il in range(N_LAYERS)}, res.explain(
+        f"MUL_MAT FFN outputs {sorted(outputs)}")
+
+
 # ---------------------------------------------------------------------------------------------
 # a server whose ggml is another build
 

@@ -415,8 +415,11 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_dense(
     // K cache [H, n_head_kv, n_kv, n_stream] -> the two parts, permuted to [part, n_kv, n_head_kv, n_stream]
     ggml_tensor * k1 = ggml_view_4d(ctx0, k, n_r,               k->ne[1], k->ne[2], k->ne[3], k->nb[1], k->nb[2], k->nb[3], 0);
     ggml_tensor * k2 = ggml_view_4d(ctx0, k, k->ne[0] - n_r,    k->ne[1], k->ne[2], k->ne[3], k->nb[1], k->nb[2], k->nb[3], n_r*ggml_element_size(k));
-    k1 = ggml_permute(ctx0, k1, 0, 2, 1, 3);
-    k2 = ggml_permute(ctx0, k2, 0, 2, 1, 3);
+    // copied contiguous: each part is a prefix or suffix of the cache's rows, and ggml-vulkan's
+    // one-token matrix-vector product reads such a view wrongly (mean KL divergence 1.3 against
+    // the CPU at -ub 1 on lavapipe, 1e-6 with the copies); small next to the scores
+    k1 = ggml_cont(ctx0, ggml_permute(ctx0, k1, 0, 2, 1, 3));
+    k2 = ggml_cont(ctx0, ggml_permute(ctx0, k2, 0, 2, 1, 3));
 
     // s1: [n_kv, n_tokens, n_head, n_stream]
     ggml_tensor * s1 = ggml_mul_mat(ctx0, k1, q1);
