@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Spark and stock Gemma-2 over ggml's RPC backend, in one run: upstream llama-bench locally and
 # with every layer on a loopback rpc-server (--rpc 127.0.0.1:PORT -ngl 99), the server with the
-# Spark plugin (the sparse kernels run in the server, patch 0009), without it (the layers on the
-# server step aside for the dense graph there; until 2026-11-29 the client kept the Spark nodes
-# and copied their weights back), and neither side with it (the dense stock-op graph, all in the
-# server). Synthetic Gemma-2 2B shapes (Q8_0).
+# Spark plugin (the sparse kernels run in the server, patch 0009), without it (the client keeps
+# the Spark nodes and copies their weights back: what patch 0007 alone did), and neither side
+# with it (the dense stock-op graph, all in the server). Synthetic Gemma-2 2B shapes (Q8_0).
 # The last two rows run with --repack 0: plain weights, no AMX or repacked buffers on either side
 # (over RPC, the server's extra buffer types are what patch 0013 makes reachable).
 #

@@ -285,23 +285,25 @@ llama_model_spark_gemma2::graph::attn_rows llama_model_spark_gemma2::graph::buil
 // The dense FFN's down projection, out [n_embd, n_tokens] = sum_j u[j, t] V_j for gated values
 // u [n_ff, n_tokens] and V neuron-major ([n_embd, n_ff]), in two forms of stock ops.
 //
-// As an outer-product sum, for V in host memory (ggml-cpu's out_prod takes f32, f16 and the
-// quantized types; ggml-cuda's and ggml-vulkan's f32 only, and ggml-rpc cannot say what its
-// server's takes). ggml_out_prod spreads its work over output rows only (one per
+// As an outer-product sum, wherever V's device runs it (ggml-cpu's out_prod takes f32, f16 and
+// the quantized types; ggml-cuda's and ggml-vulkan's f32 only). ggml_out_prod spreads its work over output rows only (one per
 // token), so the neurons are cut into n_chunk groups that sum separately (n_tokens * n_chunk
 // rows for the threads) and the partial sums are added up afterwards.
-static bool spark_in_host_memory(const ggml_tensor * w) {
-    return w->buffer == nullptr || ggml_backend_buft_is_host(ggml_backend_buffer_get_type(w->buffer));
+// Whether the layer's FFN (attention) steps aside for the dense graph on its device: a device
+// that does not run the Spark ops (Vulkan, Metal, SYCL, HIP, a CUDA build without the plugin's
+// launchers), where Spark nodes would run on the CPU and copy the weights back at every
+// evaluation. Not an rpc-server without the plugin: ggml-rpc's supports_op answers true for
+// every op whatever its server's backend runs, so the dense graph's out_prod could reach a
+// server backend that aborts on it (ggml-cuda with quantized V); its Spark nodes stay on the
+// client as before (said at load).
+static bool spark_ffn_steps_aside(const llama_layer & layer) {
+    return !spark_weight_on_rpc(layer.ffn_up) &&
+           !spark_ops_run_where({ "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
+                                { layer.ffn_up, layer.ffn_down });
 }
 
-// whether the layer's FFN weights sit where the Spark FFN ops run, and its attention's
-static bool spark_ffn_ops_run_where(const llama_layer & layer) {
-    return spark_ops_run_where({ "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
-                               { layer.ffn_up, layer.ffn_down });
-}
-
-static bool spark_attn_op_runs_where(const llama_layer & layer) {
-    return spark_ops_run_where({ "spark_attn" }, { layer.wo });
+static bool spark_attn_steps_aside(const llama_layer & layer) {
+    return !spark_weight_on_rpc(layer.wo) && !spark_ops_run_where({ "spark_attn" }, { layer.wo });
 }
 
 static int64_t spark_down_chunks(int64_t n_ff) {
@@ -310,6 +312,16 @@ static int64_t spark_down_chunks(int64_t n_ff) {
 
 static ggml_type spark_down_out_prod_type(const ggml_tensor * down) {
     return down->type == GGML_TYPE_BF16 ? GGML_TYPE_F32 : down->type;  // ggml-cpu's out_prod takes no bf16
+}
+
+// whether the device holding V runs spark_down_out_prod's product for a ubatch of n_tokens
+static bool spark_down_out_prod_runs(const ggml_tensor * down, int64_t n_tokens) {
+    const int64_t n_embd = down->ne[0], n_ff = down->ne[1], n_chunk = spark_down_chunks(n_ff);
+    return spark_weight_device_runs(down, [&](ggml_context * ctx) {
+        ggml_tensor * v  = ggml_new_tensor_3d(ctx, spark_down_out_prod_type(down), n_embd, n_ff/n_chunk, n_chunk);
+        ggml_tensor * ut = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_tokens, n_ff/n_chunk, n_chunk);
+        return ggml_out_prod(ctx, v, ut);
+    });
 }
 
 static ggml_tensor * spark_down_out_prod(ggml_context * ctx, ggml_tensor * down, ggml_tensor * u) {
@@ -329,8 +341,8 @@ static ggml_tensor * spark_down_out_prod(ggml_context * ctx, ggml_tensor * down,
 // [n_ff, n_embd] in the graph, at every evaluation (f32 and bf16 weights keep their type, the
 // others become f16, quantized rows dequantized by a get_rows of every neuron first: ~(4 + 2)
 // bytes per weight written and read again), worth it only for ubatches big enough that the
-// product dominates (the Spark backend's switch point), or where nothing else runs on the device
-// (a layer there without the Spark ops).
+// product dominates (the Spark backend's switch point), or where the device runs no out_prod of
+// V's type (a layer there without the Spark ops, or without the plugin).
 static ggml_tensor * spark_down_mul_mat(ggml_context * ctx, ggml_tensor * down, ggml_tensor * u) {
     const int64_t n_ff = down->ne[1];
     const bool keeps_type = down->type == GGML_TYPE_F32 || down->type == GGML_TYPE_BF16;
@@ -366,11 +378,13 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     const llama_spark_ffn_params & ffn = model.spark_ffn_params[il];
     const spark_op_params params = { ffn.layer, ffn.k, 0, 0.0f, SPARK_FFN_CUTOFF_TOP_K, 0.0f };
 
-    // a layer whose weights sit on a device that does not run the Spark ops (Vulkan, an
-    // rpc-server without the plugin, ...) steps aside for the dense graph there (said at load)
-    if (spark_ffn_ops_run_where(layer)) {
+    // a layer whose weights sit on a device that does not run the Spark ops steps aside for the
+    // dense graph there (said at load); the Spark backend may answer the dense path too
+    bool dense_answered = false;
+    if (!spark_ffn_steps_aside(layer)) {
         ggml_tensor * sparse = spark_build_sparse_ffn(ctx0, s, cur, layer.ffn_up, layer.ffn_down, params,
-                                                      [&](ggml_tensor * t, const char * name) { cb(t, name, il); });
+                                                      [&](ggml_tensor * t, const char * name) { cb(t, name, il); },
+                                                      &dense_answered);
         if (sparse != nullptr) {
             return sparse;
         }
@@ -396,10 +410,11 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     ggml_tensor * u = ggml_mul(ctx0, a, g);
     cb(u, "spark_ffn_u", il);
 
-    // V in host memory: the outer-product sum (no copy); on a device (a GPU's tensor cores, or
-    // one whose out_prod takes f32 only, as ggml-cuda's and ggml-vulkan's do): a matrix product
-    ggml_tensor * out = spark_in_host_memory(layer.ffn_down) ? spark_down_out_prod(ctx0, layer.ffn_down, u)
-                                                             : spark_down_mul_mat(ctx0, layer.ffn_down, u);
+    // the Spark backend's dense answer (a GPU's tensor cores), or a device whose out_prod cannot
+    // take V's type (ggml-cuda's and ggml-vulkan's take f32 only): V's product as a matrix
+    // product; else the outer-product sum (no copy of V)
+    const bool by_mul_mat = dense_answered || !spark_down_out_prod_runs(layer.ffn_down, n_tokens_cur);
+    ggml_tensor * out = by_mul_mat ? spark_down_mul_mat(ctx0, layer.ffn_down, u) : spark_down_out_prod(ctx0, layer.ffn_down, u);
     cb(out, "spark_ffn_dense", il);
     return out;
 }
@@ -565,20 +580,30 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_sparse(
 // the graph
 //
 
-// Says which layers sit on a device that does not run the Spark ops (Vulkan, Metal, SYCL, HIP, a
-// CUDA build without the plugin's launchers, an rpc-server without the plugin): those layers
-// step aside for the dense graph of stock ops there (no weight comes back to the CPU). One line
-// per run of such layers on one device.
+// Says which layers sit on a device that does not run the Spark ops, one line per run of such
+// layers on one device: on an rpc-server without the plugin their Spark nodes run on the CPU and
+// copy what they read from there at every evaluation; elsewhere (Vulkan, Metal, SYCL, HIP, a
+// CUDA build without the plugin's launchers) they step aside for the dense graph there.
 static void spark_say_layers_off_the_spark_devices(const llama_model_spark_gemma2 & model) {
-    std::vector<bool> off(model.layers.size());
-    for (size_t il = 0; il < off.size(); ++il) {
-        off[il] = !spark_ffn_ops_run_where(model.layers[il]) || !spark_attn_op_runs_where(model.layers[il]);
+    const size_t n = model.layers.size();
+    std::vector<bool> aside(n), on_cpu(n);
+    for (size_t il = 0; il < n; ++il) {
+        const auto & layer = model.layers[il];
+        aside[il]  = spark_ffn_steps_aside(layer) || spark_attn_steps_aside(layer);
+        on_cpu[il] = !aside[il] && spark_weight_on_rpc(layer.ffn_up) &&
+                     !spark_ops_run_where({ "spark_attn", "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
+                                          { layer.ffn_up, layer.ffn_down, layer.wo });
     }
-    spark_each_run_off(off, [&](int il) { return model.layers[il].ffn_up; }, [](int first, int last, const char * where) {
+    auto weight = [&](int il) { return model.layers[il].ffn_up; };
+    spark_each_run_off(aside, weight, [](int first, int last, const char * where) {
         LLAMA_LOG_WARN("spark-gemma2: layers %d-%d are on %s, which does not run the Spark ops: they run the dense "
                        "graph there, stock ops over every neuron and position (a lower -ngl keeps them on the CPU's "
-                       "Spark kernels; a CUDA build with the plugin's CUDA kernels or an rpc-server with the plugin "
-                       "runs them there)\n", first, last, where);
+                       "Spark kernels; a CUDA build with the plugin's CUDA kernels runs them there)\n", first, last, where);
+    });
+    spark_each_run_off(on_cpu, weight, [](int first, int last, const char * where) {
+        LLAMA_LOG_WARN("spark-gemma2: layers %d-%d are on %s, which does not run the Spark ops: their Spark nodes run "
+                       "on the CPU and copy what they read from there at every evaluation (a lower -ngl keeps them on "
+                       "the CPU; an rpc-server with the plugin runs them there)\n", first, last, where);
     });
 }
 
@@ -637,7 +662,7 @@ llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm
         // the dense attention where the layer's device does not run spark_attn (said at load)
         // or where the Spark backend answers so for this ubatch (a GPU above its switch point)
         ggml_custom_op_t attn_layer = attn_kernel;
-        if (attn_layer != nullptr && (!spark_attn_op_runs_where(model.layers[il]) ||
+        if (attn_layer != nullptr && (spark_attn_steps_aside(model.layers[il]) ||
                                       spark_attn_takes_dense(model.layers[il].wo, n_tokens))) {
             attn_layer = nullptr;
         }

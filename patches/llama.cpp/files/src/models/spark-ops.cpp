@@ -56,9 +56,7 @@ static ggml_backend_dev_t spark_weight_device(const ggml_tensor * w, bool & know
     return dev;
 }
 
-// whether the device that holds w runs the node that make_node builds in a scratch context
-// (true for host memory and for a weight not yet in a buffer: the CPU runs every op)
-static bool spark_weight_device_runs(const ggml_tensor * w, const std::function<ggml_tensor *(ggml_context *)> & make_node) {
+bool spark_weight_device_runs(const ggml_tensor * w, const std::function<ggml_tensor *(ggml_context *)> & make_node) {
     bool known = true;
     ggml_backend_dev_t dev = spark_weight_device(w, known);
     if (dev == nullptr) {
@@ -136,6 +134,11 @@ static const char * spark_weight_backend(const ggml_tensor * w) {
     return reg ? ggml_backend_reg_name(reg) : nullptr;
 }
 
+bool spark_weight_on_rpc(const ggml_tensor * w) {
+    const char * name = spark_weight_backend(w);
+    return name != nullptr && strncmp(name, "RPC", 3) == 0;  // "RPC", or "RPC[host:port]" per server
+}
+
 bool spark_ffn_ask_tiling(const ggml_tensor * w, int64_t n_tokens, int64_t n_ff, int64_t n_embd, spark_ffn_tiling & out) {
     if (ggml_backend_reg_by_name("Spark") == nullptr) {
         return false;
@@ -168,13 +171,17 @@ bool spark_attn_takes_dense(const ggml_tensor * w, int64_t n_tokens) {
 
 ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_tensor * h, ggml_tensor * k2,
                                      ggml_tensor * v, const spark_op_params & p,
-                                     const std::function<void(ggml_tensor *, const char *)> & name) {
+                                     const std::function<void(ggml_tensor *, const char *)> & name,
+                                     bool * dense) {
     const int64_t n_ff = s->ne[0], n_embd = h->ne[0], n_tokens = h->ne[1];
     spark_ffn_tiling tiling = {};
     if (!spark_ffn_ask_tiling(k2, std::max<int64_t>(n_tokens, 1), n_ff, n_embd, tiling)) {
         return nullptr;
     }
     if (tiling.path == SPARK_FFN_PATH_DENSE) {
+        if (dense != nullptr) {
+            *dense = true;
+        }
         return nullptr;
     }
     if (tiling.path == SPARK_FFN_PATH_FUSED) {

@@ -31,8 +31,8 @@ ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor *
 // plugin's CUDA launchers, an rpc-server with the plugin). False for the others (Vulkan, Metal,
 // SYCL, HIP, a CUDA build without the launchers, an rpc-server without the plugin), where the
 // scheduler would run the node on the CPU and copy the weights to it at every evaluation: the
-// graphs build no Spark node there (spark-gemma2's layers take its dense graph, Gemma 3n's
-// sparse layers upstream's).
+// graphs build no Spark node there (spark-gemma2's layers take its dense graph, except on an
+// rpc-server; Gemma 3n's sparse layers upstream's).
 bool spark_ops_run_where(std::initializer_list<const char *> ops, std::initializer_list<const ggml_tensor *> weights);
 
 // Calls say(first, last, buffer name) once for each run of consecutive layers first..last that
@@ -40,6 +40,15 @@ bool spark_ops_run_where(std::initializer_list<const char *> ops, std::initializ
 // run the Spark ops.
 void spark_each_run_off(const std::vector<bool> & off, const std::function<const ggml_tensor *(int)> & weight,
                         const std::function<void(int, int, const char *)> & say);
+
+// Whether the device that holds `w` runs the node that make_node builds in a scratch context
+// (true for host memory and for a weight not yet in a buffer: the CPU runs every op): asked with
+// stand-in tensors of the real types, as the backends decide by types and layout.
+bool spark_weight_device_runs(const ggml_tensor * w, const std::function<ggml_tensor *(ggml_context *)> & make_node);
+
+// Whether `w` sits on a device of ggml-rpc (a registry named "RPC" or "RPC[host:port]"), whose
+// supports_op answers true for every op whatever its server runs.
+bool spark_weight_on_rpc(const ggml_tensor * w);
 
 // says once per process why a sparse FFN is not built ("<why>: the FFN runs on the dense graph")
 void spark_ffn_warn_dense(const char * why);
@@ -65,8 +74,10 @@ bool spark_attn_takes_dense(const ggml_tensor * w, int64_t n_tokens);
 // and the device of K2 (one chunk: the fused node is the output, no sum node) (a graph of no tokens, a reserve probe, gets a one-token ubatch's nodes, so that it holds
 // the ops of the graphs that run); name(node, label) names the intermediate nodes and the
 // output ("spark_ffn_sparse") as the caller's graph callback does. nullptr when the backend
-// cannot run it (said once) or answers SPARK_FFN_PATH_DENSE for the ubatch: the caller builds
-// its dense FFN.
+// cannot run it (said once) or answers SPARK_FFN_PATH_DENSE for the ubatch (then *dense, when
+// given, is set true: the caller's dense FFN should multiply V as a stock matrix product): the
+// caller builds its dense FFN.
 ggml_tensor * spark_build_sparse_ffn(ggml_context * ctx, ggml_tensor * s, ggml_tensor * h, ggml_tensor * k2,
                                      ggml_tensor * v, const spark_op_params & p,
-                                     const std::function<void(ggml_tensor *, const char *)> & name);
+                                     const std::function<void(ggml_tensor *, const char *)> & name,
+                                     bool * dense = nullptr);
