@@ -1,7 +1,7 @@
 //! When a ubatch leaves the Spark kernels for the graph's own dense path (stock ggml ops): per
 //! part of a layer ([`Part`]: the FFN, the attention), per device of the layer's weights
 //! ([`WeightBackend`]) and per ubatch size. The FFN tiling (`ffn::tiling`) and the attention's
-//! answer (`attention::tiling`) ask [`takes_dense`]; nothing else decides it.
+//! answer (`attention::path`) ask [`takes_dense`]; nothing else decides it.
 //!
 //! - On the CPU (and every backend but CUDA) never: the sparse kernels win at every ubatch size
 //!   measured (docs/PERF.md).
@@ -42,7 +42,7 @@ impl WeightBackend {
 pub enum Part {
     /// The FFN (`spark_ffn_tiling` answers `SPARK_FFN_PATH_DENSE`).
     Ffn,
-    /// The attention (`spark_attn_tiling` answers `SPARK_ATTN_PATH_DENSE`).
+    /// The attention (`spark_attn_path` answers `SPARK_ATTN_PATH_DENSE`).
     Attention,
 }
 

@@ -187,11 +187,7 @@ fn the_attention_path_mirror_matches_the_graphs_c_header_and_resolves() {
     // the Rust function has this very type (a compile error otherwise), as the header's typedef
     // has (probe/graph_abi.c)
     let _: Path = spark_backend::attention::path::spark_attn_path;
-    registry::register();
-    // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
-    let reg = unsafe { sys::ggml_backend_reg_by_name(c"Spark".as_ptr()) };
-    let p = lookup(reg, "spark_attn_path");
-    assert!(!p.is_null());
+    let p = registered_proc("spark_attn_path");
     // SAFETY: the registry returns this function under this name with this signature.
     let path: Path = unsafe { std::mem::transmute::<*mut c_void, Path>(p) };
     let mut out = 0;
@@ -209,11 +205,7 @@ fn the_graph_gets_its_ffn_tiling_through_the_registry() {
     // the Rust function has this very type (a compile error otherwise), as the C header's
     // typedef has (probe/graph_abi.c)
     let _: Tiling = spark_backend::ffn::tiling::spark_ffn_tiling;
-    registry::register();
-    // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
-    let reg = unsafe { sys::ggml_backend_reg_by_name(c"Spark".as_ptr()) };
-    let p = lookup(reg, "spark_ffn_tiling");
-    assert!(!p.is_null());
+    let p = registered_proc("spark_ffn_tiling");
     // SAFETY: the registry returns this function under this name with this signature (the
     // signature is pinned against the header by probe/graph_abi.c).
     let tiling: Tiling = unsafe { std::mem::transmute::<*mut c_void, Tiling>(p) };
@@ -280,6 +272,18 @@ fn lookup(reg: sys::ggml_backend_reg_t, name: &str) -> *mut c_void {
     let name = CString::new(name).unwrap();
     // SAFETY: reg is a registered entry; name is NUL-terminated.
     unsafe { sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr()) }
+}
+
+/// The proc `name` of the "Spark" entry as ggml hands it to the graph, after registering the
+/// entry; fails the test when it does not resolve.
+fn registered_proc(name: &str) -> *mut c_void {
+    registry::register();
+    // SAFETY: name is NUL-terminated; ggml returns null or a registered entry.
+    let reg = unsafe { sys::ggml_backend_reg_by_name(c"Spark".as_ptr()) };
+    assert!(!reg.is_null(), "no \"Spark\" entry after register()");
+    let p = lookup(reg, name);
+    assert!(!p.is_null(), "{name} does not resolve");
+    p
 }
 
 #[test]

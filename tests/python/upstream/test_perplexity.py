@@ -63,9 +63,9 @@ def kld_base(shipped_f32, tmp_path_factory):
     return base, float(final_ppl(res))
 
 
-def kl_divergence(model, base, env: dict | None = None):
+def kl_divergence(model, base, *extra, env: dict | None = None):
     return llama_perplexity(model, "-c", CTX, "-b", "256", "--kl-divergence-base", base,
-                            "--kl-divergence", env=env)
+                            "--kl-divergence", *extra, env=env)
 
 
 def test_kl_divergence_of_the_model_with_itself_is_zero(shipped_f32, kld_base):
@@ -131,8 +131,7 @@ def test_the_dense_answer_runs_stock_matrix_products_and_matches(shipped_f32, sh
     (GGML_SCHED_DEBUG=2 prints every node at -v)."""
     base, _ = kld_base
     model = shipped_f32 if qtype == "F32" else shipped_quantized(qtype)
-    res = llama_perplexity(model, "-c", CTX, "-b", "256", "--kl-divergence-base", base,
-                           "--kl-divergence", "-v", env={**DENSE_FROM_1, "GGML_SCHED_DEBUG": "2"})
+    res = kl_divergence(model, base, "-v", env={**DENSE_FROM_1, "GGML_SCHED_DEBUG": "2"})
     kld = stat(res, "Mean    KLD")
     print(f"\n{qtype}, dense answer: Mean KLD {kld:.6f}, same top p {stat(res, 'Same top p')} %, "
           f"PPL(Q) {stat(res, 'Mean PPL(Q)'):.4f}")

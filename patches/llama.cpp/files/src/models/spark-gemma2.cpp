@@ -282,13 +282,6 @@ llama_model_spark_gemma2::graph::attn_rows llama_model_spark_gemma2::graph::buil
     return rows;
 }
 
-// The dense FFN's down projection, out [n_embd, n_tokens] = sum_j u[j, t] V_j for gated values
-// u [n_ff, n_tokens] and V neuron-major ([n_embd, n_ff]), in two forms of stock ops.
-//
-// As an outer-product sum, wherever V's device runs it (ggml-cpu's out_prod takes f32, f16 and
-// the quantized types; ggml-cuda's and ggml-vulkan's f32 only). ggml_out_prod spreads its work over output rows only (one per
-// token), so the neurons are cut into n_chunk groups that sum separately (n_tokens * n_chunk
-// rows for the threads) and the partial sums are added up afterwards.
 // Whether the layer's FFN (attention) steps aside for the dense graph on its device: a device
 // that does not run the Spark ops (Vulkan, Metal, SYCL, HIP, a CUDA build without the plugin's
 // launchers), where Spark nodes would run on the CPU and copy the weights back at every
@@ -306,6 +299,14 @@ static bool spark_attn_steps_aside(const llama_layer & layer) {
     return !spark_weight_on_rpc(layer.wo) && !spark_ops_run_where({ "spark_attn" }, { layer.wo });
 }
 
+// The dense FFN's down projection, out [n_embd, n_tokens] = sum_j u[j, t] V_j for gated values
+// u [n_ff, n_tokens] and V neuron-major ([n_embd, n_ff]), in two forms of stock ops.
+//
+// As an outer-product sum, wherever V's device runs it (ggml-cpu's out_prod takes f32, f16 and
+// the quantized types; ggml-cuda's and ggml-vulkan's f32 only). ggml_out_prod spreads its work
+// over output rows only (one per token), so the neurons are cut into n_chunk groups that sum
+// separately (n_tokens * n_chunk rows for the threads) and the partial sums are added up
+// afterwards.
 static int64_t spark_down_chunks(int64_t n_ff) {
     return n_ff % 16 == 0 ? 16 : 1;
 }
@@ -589,10 +590,11 @@ static void spark_say_layers_off_the_spark_devices(const llama_model_spark_gemma
     std::vector<bool> aside(n), on_cpu(n);
     for (size_t il = 0; il < n; ++il) {
         const auto & layer = model.layers[il];
-        aside[il]  = spark_ffn_steps_aside(layer) || spark_attn_steps_aside(layer);
-        on_cpu[il] = !aside[il] && spark_weight_on_rpc(layer.ffn_up) &&
-                     !spark_ops_run_where({ "spark_attn", "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
-                                          { layer.ffn_up, layer.ffn_down, layer.wo });
+        const bool off = !spark_ops_run_where({ "spark_attn", "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
+                                              { layer.ffn_up, layer.ffn_down, layer.wo });
+        const bool rpc = spark_weight_on_rpc(layer.ffn_up);
+        aside[il]  = off && !rpc;
+        on_cpu[il] = off && rpc;
     }
     auto weight = [&](int il) { return model.layers[il].ffn_up; };
     spark_each_run_off(aside, weight, [](int first, int last, const char * where) {
