@@ -523,9 +523,11 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn(
     const auto * mctx_iswa = inp_attn->mctx;
     const auto * mctx_cur  = is_swa ? mctx_iswa->get_swa() : mctx_iswa->get_base();
 
-    ggml_build_forward_expand(gf, Qcur);
-    ggml_build_forward_expand(gf, Kcur);
+    // V and Q first, so that K's last rope is followed at once by the VIEW and SET_ROWS of its
+    // store: ggml-cuda fuses that ROPE, VIEW, SET_ROWS run into one kernel (one launch less
+    // per layer; the node order changes nothing else)
     ggml_build_forward_expand(gf, Vcur);
+    ggml_build_forward_expand(gf, Qcur);
 
     const auto & k_idxs = is_swa ? inp_attn->get_k_idxs_swa() : inp_attn->get_k_idxs();
     const auto & v_idxs = is_swa ? inp_attn->get_v_idxs_swa() : inp_attn->get_v_idxs();
