@@ -110,7 +110,8 @@ for t in src.tensors:
     w.add_tensor(t.name, np.array(t.data))
     if t.name.endswith(".counts"):
         counts.add(float(t.data[0]))
-    if t.name.endswith(".attn_q.weight.in_sum2"):  # attention's input width: n_embd
+    # attention's input width, n_embd (Wq, Wk, Wv stacked in attn_qkv; three in older files)
+    if t.name.endswith((".attn_qkv.weight.in_sum2", ".attn_q.weight.in_sum2")):
         columns[t.name.split(".")[1]] = t.data.size
 assert len(counts) == 1, counts
 count = counts.pop()

@@ -56,17 +56,30 @@ pub mod entry {
     pub const POST_FFW_NORM: &str = "post_ffw_norm/scale";
 }
 
-/// Where one GGUF tensor's data comes from.
+/// Where one GGUF tensor's data comes from: its rows are the rows of its parts, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSource {
     /// GGUF tensor name.
     pub name: String,
     /// ggml dims (ne0 first), from the schema.
     pub ne: Vec<u64>,
+    /// The parts (one for every tensor but Spark's stacked `attn_qkv`: Q's, K's and V's rows).
+    pub parts: Vec<SourcePart>,
+}
+
+/// Some consecutive rows of a tensor, read from one checkpoint entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourcePart {
     /// Checkpoint entry.
     pub entry: String,
     /// Output rows from the entry.
     pub view: View,
+}
+
+impl SourcePart {
+    fn new((entry, view): (String, View)) -> Self {
+        SourcePart { entry, view }
+    }
 }
 
 /// How a dense checkpoint stores `gating_einsum`.
@@ -124,15 +137,10 @@ pub fn plan_sources(
     let layered =
         (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer()).map(move |s| (s, l)));
     for ((spec, l), (name, ne)) in globals.chain(layered).zip(expected) {
-        let (entry, view) = source_of(shapes, z, spark, gating, spec.kind, l)?;
-        check_maps_to(&name, &view, &ne)?;
-        used.insert(entry.clone());
-        out.push(TensorSource {
-            name,
-            ne,
-            entry,
-            view,
-        });
+        let parts = sources_of(shapes, z, spark, gating, spec.kind, l)?;
+        check_maps_to(&name, &parts, &ne)?;
+        used.extend(parts.iter().map(|p| p.entry.clone()));
+        out.push(TensorSource { name, ne, parts });
     }
     Ok((out, used))
 }
@@ -190,8 +198,28 @@ fn check_embedding(shapes: &dyn Shapes, z: Sizes) -> Result<()> {
     Ok(())
 }
 
-/// Where tensor `kind` of layer `l` (0 for global tensors) comes from: its entry, shape
-/// checked, and the view that turns the entry into the tensor's rows.
+/// Where tensor `kind` of layer `l` (0 for global tensors) comes from: its parts in row order
+/// (Spark's stacked `attn_qkv` has three: the rows of Q, K and V).
+fn sources_of(
+    shapes: &dyn Shapes,
+    z: Sizes,
+    spark: bool,
+    gating: GatingLayout,
+    kind: TensorKind,
+    l: u64,
+) -> Result<Vec<SourcePart>> {
+    let one = |kind| source_of(shapes, z, spark, gating, kind, l).map(SourcePart::new);
+    match kind {
+        TensorKind::AttnQkv => [TensorKind::AttnQ, TensorKind::AttnK, TensorKind::AttnV]
+            .into_iter()
+            .map(one)
+            .collect(),
+        kind => Ok(vec![one(kind)?]),
+    }
+}
+
+/// Where the one-part tensor `kind` of layer `l` (0 for global tensors) comes from: its entry,
+/// shape checked, and the view that turns the entry into the tensor's rows.
 fn source_of(
     shapes: &dyn Shapes,
     z: Sizes,
@@ -254,6 +282,11 @@ fn source_of(
             let en = e(entry::LINEAR);
             need(shapes, &en, &[f, d])?;
             (en, View::transposed(0, f, d))
+        }
+        TensorKind::AttnQkv => {
+            return Err(Error::Internal(
+                "internal: attn_qkv has three parts (sources_of)".into(),
+            ))
         }
     })
 }
@@ -342,11 +375,15 @@ fn dense_ffn_in(
 }
 
 /// The view's shape is the schema's `ne` for tensor `name` (an internal consistency check).
-fn check_maps_to(name: &str, view: &View, ne: &[u64]) -> Result<()> {
+fn check_maps_to(name: &str, parts: &[SourcePart], ne: &[u64]) -> Result<()> {
+    let cols: Vec<usize> = parts.iter().map(|p| p.view.cols()).collect();
+    let rows: usize = parts.iter().map(|p| p.view.rows()).sum();
     let got: Vec<u64> = if ne.len() == 1 {
-        vec![view.cols() as u64]
+        cols.iter().map(|&c| c as u64).collect()
+    } else if cols.windows(2).all(|w| w[0] == w[1]) {
+        vec![cols.first().copied().unwrap_or(0) as u64, rows as u64]
     } else {
-        vec![view.cols() as u64, view.rows() as u64]
+        cols.iter().map(|&c| c as u64).collect()
     };
     if got != ne {
         return Err(Error::Internal(format!(
@@ -423,7 +460,7 @@ mod tests {
         for split in [false, true] {
             let shapes = spark_shapes(split);
             let (src, used) = plan_sources(&shapes, &hp(SPARK_ARCH), GatingLayout::DF).unwrap();
-            assert_eq!(src.len(), 2 + 11 * 2);
+            assert_eq!(src.len(), 2 + 9 * 2);
             assert_eq!(used.len(), shapes.0.len());
             let gate = src
                 .iter()
@@ -436,10 +473,29 @@ mod tests {
                 .unwrap();
             assert_eq!(up.ne, vec![5, 12]);
             if !split {
-                assert_eq!(up.view, View::transposed(36, 5, 12));
+                assert_eq!(up.parts[0].view, View::transposed(36, 5, 12));
             }
             let emb = &src[0];
-            assert_eq!((emb.view.rows(), emb.view.cols()), (10, 8));
+            assert_eq!(
+                (emb.parts[0].view.rows(), emb.parts[0].view.cols()),
+                (10, 8)
+            );
+            // Wq, Wk, Wv stacked: Q's rows, then K's and V's from the two halves of kv_einsum
+            let qkv = src
+                .iter()
+                .find(|s| s.name == "blk.1.attn_qkv.weight")
+                .unwrap();
+            let h = hp(SPARK_ARCH);
+            let rows = (h.n_heads + 2 * h.n_kv_heads) * h.head_dim;
+            assert_eq!(qkv.ne, vec![h.d_model, rows]);
+            let entries: Vec<&str> = qkv.parts.iter().map(|p| p.entry.as_str()).collect();
+            let kv = "transformer/layer_1/attn/kv_einsum/w";
+            assert_eq!(entries, ["transformer/layer_1/attn/q_einsum/w", kv, kv]);
+            let kv_elems = (h.n_kv_heads * h.d_model * h.head_dim) as usize;
+            assert_eq!(
+                (qkv.parts[1].view.base, qkv.parts[2].view.base),
+                (0, kv_elems)
+            );
         }
     }
 
@@ -491,7 +547,7 @@ mod tests {
             .find(|t| t.name == "blk.0.ffn_up.weight")
             .unwrap();
         assert_eq!(
-            (up.ne.clone(), up.view.clone()),
+            (up.ne.clone(), up.parts[0].view.clone()),
             (vec![8, 12], View::transposed(96, 8, 12))
         );
         let down = src
@@ -499,7 +555,7 @@ mod tests {
             .find(|t| t.name == "blk.0.ffn_down.weight")
             .unwrap();
         assert_eq!(
-            (down.ne.clone(), down.view.clone()),
+            (down.ne.clone(), down.parts[0].view.clone()),
             (vec![12, 8], View::transposed(0, 12, 8))
         );
         assert!(plan_sources(&s, &h, GatingLayout::FD).is_err());

@@ -8,7 +8,7 @@ use spark_gguf::{GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
 
 use crate::chat_template;
 use crate::checkpoint::{
-    self, entry, layer_entry, GatingLayout, Shapes, TensorSource, CHAT_TEMPLATE_ENTRY,
+    self, entry, layer_entry, GatingLayout, Shapes, SourcePart, TensorSource, CHAT_TEMPLATE_ENTRY,
     CONFIG_ENTRY, TOKENIZER_ENTRY,
 };
 use crate::config::{config_text, entry_text, ModelConfig};
@@ -366,10 +366,10 @@ fn tokenizer_metadata(
     model::vocab_metadata(&vocab, cfg).map_err(&with_source)
 }
 
-/// One tensor ready to write: where from, as what.
+/// One tensor ready to write: where from (each part's entry read as its dtype), as what.
 struct Job {
     source: TensorSource,
-    dtype: SourceDtype,
+    dtypes: Vec<SourceDtype>,
     ty: GgmlType,
 }
 
@@ -406,8 +406,20 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
     let mut jobs = Vec::with_capacity(sources.len());
     let mut notes = Vec::new();
     for source in sources {
-        let member = npz.member(&source.entry).expect("planned entries exist");
-        let dtype = entry_dtype(&source.entry, member.header.dtype, declared)?;
+        let dtypes = source
+            .parts
+            .iter()
+            .map(|p| {
+                let member = npz.member(&p.entry).expect("planned entries exist");
+                entry_dtype(&p.entry, member.header.dtype, declared)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // parts of different dtypes (a stacked tensor) are stored as the lossless f32 under
+        // --outtype auto
+        let dtype = match dtypes.as_slice() {
+            [first, rest @ ..] if rest.iter().all(|d| d == first) => *first,
+            _ => SourceDtype::F32,
+        };
         let (ty, fallback) = model::tensor_type(o.outtype, ggml_of(dtype), &source.ne);
         if fallback {
             notes.push(format!(
@@ -415,7 +427,7 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
                 source.name, source.ne[0]
             ));
         }
-        jobs.push(Job { source, dtype, ty });
+        jobs.push(Job { source, dtypes, ty });
     }
     let mut tok_md = tokenizer_metadata(o, &npz, &cfg)?;
     if npz.member(TOKENIZER_ENTRY).is_some() && (o.tokenizer.is_some() || o.vocab_from.is_some()) {
@@ -472,18 +484,25 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
         let mut cache: Option<(String, ArrayBytes<'_>)> = None;
         for job in &jobs {
             progress.start_tensor(&job.source.name);
-            if cache.as_ref().is_none_or(|(n, _)| *n != job.source.entry) {
-                // Release the previous entry before decoding the next.
-                if let Some((done, _)) = cache.take() {
-                    npz.release(npz.member(&done).expect("planned entries exist"));
+            let mut first_row = 0;
+            for (part, &dtype) in job.source.parts.iter().zip(&job.dtypes) {
+                if cache.as_ref().is_none_or(|(n, _)| *n != part.entry) {
+                    // Release the previous entry before decoding the next.
+                    if let Some((done, _)) = cache.take() {
+                        npz.release(npz.member(&done).expect("planned entries exist"));
+                    }
+                    let member = npz.member(&part.entry).expect("planned entries exist");
+                    cache = Some((part.entry.clone(), npz.data(member)?));
                 }
-                let member = npz
-                    .member(&job.source.entry)
-                    .expect("planned entries exist");
-                cache = Some((job.source.entry.clone(), npz.data(member)?));
+                let bytes = &cache.as_ref().expect("just filled").1;
+                let rows = PartRows {
+                    part,
+                    dtype,
+                    first_row,
+                };
+                write_part(sink, job, &rows, bytes)?;
+                first_row += part.view.rows();
             }
-            let bytes = &cache.as_ref().expect("just filled").1;
-            write_tensor(sink, job, bytes)?;
         }
         Ok(())
     })?;
@@ -504,12 +523,26 @@ fn check_extra_entries(npz: &Npz, used: &BTreeSet<String>, arch: Arch) -> Result
     Ok(())
 }
 
-fn write_tensor(sink: &ChunkSink<'_>, job: &Job, src: &[u8]) -> Result<()> {
-    let view = &job.source.view;
-    let need = view.source_extent() * job.dtype.size();
+/// One part of a tensor being written: its entry's rows, read as `dtype`, which are the
+/// tensor's rows from `first_row` on.
+struct PartRows<'a> {
+    part: &'a SourcePart,
+    dtype: SourceDtype,
+    first_row: usize,
+}
+
+/// Writes the rows of one part of `job`'s tensor from `src`, the part's entry.
+fn write_part(sink: &ChunkSink<'_>, job: &Job, rows: &PartRows<'_>, src: &[u8]) -> Result<()> {
+    let PartRows {
+        part,
+        dtype,
+        first_row,
+    } = *rows;
+    let view = &part.view;
+    let need = view.source_extent() * dtype.size();
     if src.len() < need {
         return Err(Error::entry(
-            &job.source.entry,
+            &part.entry,
             format!("holds {} bytes, {need} are needed", src.len()),
         ));
     }
@@ -520,15 +553,15 @@ fn write_tensor(sink: &ChunkSink<'_>, job: &Job, src: &[u8]) -> Result<()> {
     while r0 < rows {
         let r1 = (r0 + step).min(rows);
         let block = &mut buf[..(r1 - r0) * cols];
-        view.read_rows(src, job.dtype, r0, r1, block);
+        view.read_rows(src, dtype, r0, r1, block);
         if !block.iter().all(|x| x.is_finite()) {
             let i = block.iter().position(|x| !x.is_finite()).unwrap_or(0);
             return Err(Error::entry(
-                &job.source.entry,
+                &part.entry,
                 format!(
                     "holds a non-finite value ({}) that would go to row {} of tensor '{}'",
                     block[i],
-                    r0 + i / cols,
+                    first_row + r0 + i / cols,
                     job.source.name
                 ),
             ));

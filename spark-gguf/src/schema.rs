@@ -75,6 +75,16 @@ impl Arch {
             Arch::Gemma2 => &GEMMA2_TENSORS,
         }
     }
+
+    /// The tensors of a file of this architecture whose attention input is three matrices
+    /// (`attn_q`, `attn_k`, `attn_v`) instead of one (`attn_qkv`): `gemma2`'s own layout, and a
+    /// `spark-gemma2` file written before the stacked form, which llama.cpp loads as well.
+    pub fn tensors_with_split_qkv(self) -> &'static [TensorSpec] {
+        match self {
+            Arch::SparkGemma2 => &SPARK_SPLIT_QKV_TENSORS,
+            Arch::Gemma2 => &GEMMA2_TENSORS,
+        }
+    }
 }
 
 impl std::fmt::Display for Arch {
@@ -223,6 +233,8 @@ pub enum Dim {
     NHeadTimesHeadDim,
     /// KV * H
     NKvTimesHeadDim,
+    /// (N + 2 KV) * H: Wq, Wk and Wv stacked
+    QkvTimesHeadDim,
     /// F
     Ff,
     /// r_f
@@ -239,6 +251,7 @@ impl Dim {
             Dim::Vocab => hp.vocab,
             Dim::NHeadTimesHeadDim => hp.n_heads * hp.head_dim,
             Dim::NKvTimesHeadDim => hp.n_kv_heads * hp.head_dim,
+            Dim::QkvTimesHeadDim => (hp.n_heads + 2 * hp.n_kv_heads) * hp.head_dim,
             Dim::Ff => hp.d_ff,
             Dim::FfnR => hp.ffn_r,
             Dim::EmbdMinusFfnR => hp.d_model.saturating_sub(hp.ffn_r),
@@ -262,6 +275,8 @@ pub enum TensorKind {
     AttnK,
     /// Wv.
     AttnV,
+    /// Wq, Wk and Wv stacked (rows of Q, then K, then V): one matrix product per layer.
+    AttnQkv,
     /// Wo.
     AttnOutput,
     /// The post-attention RMSNorm weight.
@@ -290,6 +305,7 @@ impl TensorKind {
             TensorKind::AttnQ => "blk.{l}.attn_q.weight",
             TensorKind::AttnK => "blk.{l}.attn_k.weight",
             TensorKind::AttnV => "blk.{l}.attn_v.weight",
+            TensorKind::AttnQkv => "blk.{l}.attn_qkv.weight",
             TensorKind::AttnOutput => "blk.{l}.attn_output.weight",
             TensorKind::PostAttentionNorm => "blk.{l}.post_attention_norm.weight",
             TensorKind::FfnNorm => "blk.{l}.ffn_norm.weight",
@@ -343,16 +359,16 @@ use Dim::*;
 use TensorKind::*;
 
 /// The tensor table of a Gemma-2 layout, in file order: the tensors both architectures share,
-/// with the architecture's own FFN matrices between the pre-FFN and the post-FFN norm.
+/// with the architecture's own attention input projections ($qkv: one stacked matrix or three)
+/// after the pre-attention norm and its own FFN matrices between the pre-FFN and the post-FFN
+/// norm.
 macro_rules! gemma2_layout {
-    ($gate:expr, $up:expr, $down:expr $(,)?) => {
+    ([$($qkv:expr),+], $gate:expr, $up:expr, $down:expr $(,)?) => {
         [
             t(TokenEmbd, &[Embd, Vocab], "embedding, tied output"),
             t(OutputNorm, &[Embd], "final RMSNorm weight (1 + scale)"),
             t(AttnNorm, &[Embd], "pre-attention RMSNorm (1 + scale)"),
-            t(AttnQ, &[Embd, NHeadTimesHeadDim], "Wq"),
-            t(AttnK, &[Embd, NKvTimesHeadDim], "Wk"),
-            t(AttnV, &[Embd, NKvTimesHeadDim], "Wv"),
+            $($qkv,)+
             t(AttnOutput, &[NHeadTimesHeadDim, Embd], "Wo"),
             t(
                 PostAttentionNorm,
@@ -368,25 +384,42 @@ macro_rules! gemma2_layout {
     };
 }
 
-static SPARK_TENSORS: [TensorSpec; 13] = gemma2_layout!(
-    t(
-        FfnGate,
-        &[FfnR, Ff],
-        "K1: row j = neuron j's predictor weights",
-    ),
-    t(
-        FfnUp,
-        &[EmbdMinusFfnR, Ff],
-        "K2: row j = neuron j's value weights",
-    ),
-    t(
-        FfnDownT,
-        &[Embd, Ff],
-        "V, neuron-major: row j = neuron j's output",
-    ),
+const WQ: TensorSpec = t(AttnQ, &[Embd, NHeadTimesHeadDim], "Wq");
+const WK: TensorSpec = t(AttnK, &[Embd, NKvTimesHeadDim], "Wk");
+const WV: TensorSpec = t(AttnV, &[Embd, NKvTimesHeadDim], "Wv");
+const WQKV: TensorSpec = t(
+    AttnQkv,
+    &[Embd, QkvTimesHeadDim],
+    "Wq, Wk, Wv stacked: rows of Q, then K, then V",
+);
+const SPARK_K1: TensorSpec = t(
+    FfnGate,
+    &[FfnR, Ff],
+    "K1: row j = neuron j's predictor weights",
+);
+const SPARK_K2: TensorSpec = t(
+    FfnUp,
+    &[EmbdMinusFfnR, Ff],
+    "K2: row j = neuron j's value weights",
+);
+const SPARK_V: TensorSpec = t(
+    FfnDownT,
+    &[Embd, Ff],
+    "V, neuron-major: row j = neuron j's output",
 );
 
+/// Spark's layout: Wq, Wk and Wv stacked into one matrix (`attn_qkv`), so that a layer's
+/// attention input is one matrix product (on a GPU one activation quantization and one
+/// matrix-vector kernel per decode step instead of three of each).
+static SPARK_TENSORS: [TensorSpec; 11] = gemma2_layout!([WQKV], SPARK_K1, SPARK_K2, SPARK_V);
+
+/// Spark's layout with Wq, Wk and Wv as three matrices, as spark-convert wrote them before the
+/// stacked form: llama.cpp loads either, so a file of this layout stays valid.
+static SPARK_SPLIT_QKV_TENSORS: [TensorSpec; 13] =
+    gemma2_layout!([WQ, WK, WV], SPARK_K1, SPARK_K2, SPARK_V);
+
 static GEMMA2_TENSORS: [TensorSpec; 13] = gemma2_layout!(
+    [WQ, WK, WV],
     t(FfnGate, &[Embd, Ff], "gate projection"),
     t(FfnUp, &[Embd, Ff], "up projection"),
     t(FfnDown, &[Ff, Embd], "down projection"),
@@ -618,7 +651,12 @@ impl Hparams {
     /// Every tensor of the architecture with its ggml shape: global tensors first, then each
     /// layer's tensors in table order.
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
-        let specs = self.arch.tensors();
+        self.expected_tensors_in(self.arch.tensors())
+    }
+
+    /// [`expected_tensors`](Self::expected_tensors) of the layout `specs` (one of
+    /// [`Arch::tensors`] and [`Arch::tensors_with_split_qkv`]).
+    pub fn expected_tensors_in(&self, specs: &[TensorSpec]) -> Vec<(String, Vec<u64>)> {
         let shape = |s: &TensorSpec| s.dims.iter().map(|d| d.resolve(self)).collect::<Vec<u64>>();
         let mut out: Vec<(String, Vec<u64>)> = specs
             .iter()
@@ -750,14 +788,21 @@ mod tests {
         hp.validate().unwrap();
         assert_eq!(hp.vocab, 7);
         let t = hp.expected_tensors();
-        assert_eq!(t.len(), 2 + 2 * 11);
+        assert_eq!(t.len(), 2 + 2 * 9);
         assert_eq!(t[0], ("token_embd.weight".to_string(), vec![2304, 7]));
         let find = |n: &str| t.iter().find(|(k, _)| k == n).unwrap().1.clone();
         assert_eq!(find("blk.1.ffn_gate.weight"), vec![1024, 13824]);
         assert_eq!(find("blk.1.ffn_up.weight"), vec![1280, 13824]);
         assert_eq!(find("blk.0.ffn_down_t.weight"), vec![2304, 13824]);
         assert_eq!(find("blk.0.attn_output.weight"), vec![2048, 2304]);
+        assert_eq!(find("blk.0.attn_qkv.weight"), vec![2304, (8 + 2 * 4) * 256]);
+        assert!(t.iter().all(|(n, _)| !n.contains("attn_k.")));
+        // the layout with three attention input matrices, which older files have
+        let split = hp.expected_tensors_in(SPARK_ARCH.tensors_with_split_qkv());
+        assert_eq!(split.len(), 2 + 2 * 11);
+        let find = |n: &str| split.iter().find(|(k, _)| k == n).unwrap().1.clone();
         assert_eq!(find("blk.0.attn_k.weight"), vec![2304, 1024]);
+        assert_eq!(find("blk.1.ffn_down_t.weight"), vec![2304, 13824]);
     }
 
     #[test]

@@ -32,9 +32,13 @@ def expected_tensors(cfg: dict, w: dict, dense: bool) -> dict:
         kv = w[p + "attn/kv_einsum/w"]
         out[b + "attn_norm.weight"] = 1 + w[p + "pre_attention_norm/scale"]
         # HF q_proj [N*H, D] = q_einsum.transpose(0, 2, 1).reshape(N*H, D); ggml ne [D, N*H].
-        out[b + "attn_q.weight"] = w[p + "attn/q_einsum/w"].transpose(0, 2, 1).reshape(N * H, D)
-        out[b + "attn_k.weight"] = kv[0].transpose(0, 2, 1).reshape(KV * H, D)
-        out[b + "attn_v.weight"] = kv[1].transpose(0, 2, 1).reshape(KV * H, D)
+        wq = w[p + "attn/q_einsum/w"].transpose(0, 2, 1).reshape(N * H, D)
+        wk = kv[0].transpose(0, 2, 1).reshape(KV * H, D)
+        wv = kv[1].transpose(0, 2, 1).reshape(KV * H, D)
+        if dense:  # llama.cpp's gemma2 layout
+            out[b + "attn_q.weight"], out[b + "attn_k.weight"], out[b + "attn_v.weight"] = wq, wk, wv
+        else:  # Spark stacks them, ggml ne [D, (N + 2 KV) H]
+            out[b + "attn_qkv.weight"] = np.concatenate([wq, wk, wv])
         # HF o_proj [D, N*H]; ggml ne [N*H, D].
         out[b + "attn_output.weight"] = w[p + "attn/attn_vec_einsum/w"].reshape(N * H, D).T
         out[b + "post_attention_norm.weight"] = 1 + w[p + "post_attention_norm/scale"]
@@ -116,7 +120,7 @@ def test_fused_f32_checkpoint_all_outtypes(tmp_path, outdir, sp_model, outtype):
     ck = make(tmp_path, tokenizer=sp_model.read_bytes(), vocab_pad=16)
     out = outdir / "m.gguf"
     p = run_convert(ck, out, "--outtype", outtype)
-    assert f"wrote {out}: 24 tensors" in p.stdout
+    assert f"wrote {out}: 20 tensors" in p.stdout  # 2 global + 9 per layer (attn_qkv stacked)
     validate(out)
     cfg, w = load_checkpoint(str(ck))
     r = check_tensors(out, cfg, w, dense=False, outtype=outtype)
@@ -350,7 +354,11 @@ def test_bad_entries(tmp_path, outdir, tiny_arrays):
     a["transformer/layer_1/attn/kv_einsum/w"] = a["transformer/layer_1/attn/kv_einsum/w"].copy()
     a["transformer/layer_1/attn/kv_einsum/w"][1, 0, 3, 2] = np.nan
     save_raw(tmp_path / "nan.npz", a)
-    assert_fails(outdir, [tmp_path / "nan.npz", out], "transformer/layer_1/attn/kv_einsum/w", "non-finite")
+    # V's half of kv_einsum, KV head 0, column h = 2: row N*H + KV*H + 2 of the stacked attn_qkv
+    n, _, h = a["transformer/layer_1/attn/q_einsum/w"].shape
+    kv = a["transformer/layer_1/attn/kv_einsum/w"].shape[1]
+    assert_fails(outdir, [tmp_path / "nan.npz", out], "transformer/layer_1/attn/kv_einsum/w", "non-finite",
+                 f"row {n * h + kv * h + 2} of tensor 'blk.1.attn_qkv.weight'")
 
     a = dict(tiny_arrays)
     a["transformer/final_norm/scale"] = a["transformer/final_norm/scale"].copy()
