@@ -23,7 +23,8 @@ The model of ggml-cuda (the pinned llama.cpp's `ggml-cuda.cu`, `ggml_cuda_can_fu
   followed by their GLU (stock's gate and up): one quantization and one fused product;
 - Spark's custom ops at one token, from their CUDA plans (`spark-backend/src/*/cuda_plan.rs`,
   pinned by `tests/cuda_check.rs` and the emulation tests): `spark_ffn_fused` 2 (select-up,
-  gather; on CUDA its one chunk is the output), `spark_attn` 3 (scores, select, output); the
+  gather; on CUDA its one chunk is the output), `spark_attn` 3 (scores, select, output),
+  `spark_rope` 1 (Q's two rotary embeddings and scale); the
   CPU's `spark_ffn_sum` node (the CPU tiling's 16 chunks) is not in a CUDA graph: 0;
 - every other node (ADD, SCALE, SET_ROWS, GET_ROWS, FLASH_ATTN_EXT, ...): one kernel.
 Views, reshapes and permutes launch nothing (and are not printed). This is a model: a card's
@@ -51,7 +52,7 @@ LAYER_RE = re.compile(r"-(\d+)$")
 LOG_PREFIX_RE = re.compile(r"\d+\.\d+\.\d+\.\d+ [A-Z] ")
 
 # CUDA launches of Spark's custom ops for one token (module docstring)
-SPARK_OP_KERNELS = {"spark_ffn_fused": 2, "spark_attn": 3, "spark_ffn_sum": 0}
+SPARK_OP_KERNELS = {"spark_ffn_fused": 2, "spark_attn": 3, "spark_ffn_sum": 0, "spark_rope": 1}
 
 UNQUANTIZED = {"F32", "F16", "BF16"}
 
@@ -112,6 +113,8 @@ def spark_op(node: Node, by_name: dict) -> str:
     """Which Spark op a CUSTOM node is, from the graph's names (spark-gemma2.cpp's cb names)."""
     if node.name.startswith("spark_attn"):
         return "spark_attn"
+    if node.name.startswith("Qcur"):
+        return "spark_rope"
     if node.name.startswith("spark_ffn_partial") or node.name.startswith("spark_ffn_sparse"):
         return "spark_ffn_fused"
     src = by_name.get(node.srcs[0]) if node.srcs else None

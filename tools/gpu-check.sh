@@ -50,11 +50,11 @@
 #   --redo     ignore the kept sections and run every phase again (the build stays incremental)
 # Tunables (environment): GPU_CHECK_CHUNKS (40 perplexity chunks of 256 tokens),
 # GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_UB_CHUNKS (8: the -ub 1/8 rows),
-# GPU_CHECK_BENCH_REPS (3), GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), GPU_CHECK_KERNELS ("20,22":
+# GPU_CHECK_BENCH_REPS (3), GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), GPU_CHECK_KERNELS ("19,22":
 # Spark's and stock's kernels per layer per decode step for the predictions: 31 on the H200
-# 2026-11-27 by hand; now tools/cuda-kernel-count.py's count of the built graphs, 20 for Spark
-# since select-up + gather, the in-op chunk sums, no h[:r_f] copy, no Q scale, the stacked
-# Q/K/V product and K's rope fused with its store, 22 for stock),
+# 2026-11-27 by hand; now tools/cuda-kernel-count.py's count of the built graphs, 19 for Spark
+# since select-up + gather, the in-op chunk sums, no h[:r_f] copy, the stacked Q/K/V product,
+# Q's one spark_rope and K's rope fused with its store, 22 for stock),
 # GPU_CHECK_GEMMA3N_PRESET (tiny), CUDA_ARCH (from nvidia-smi); for gpu-pack.sh's prebuild:
 # GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU, portable CPU code).
 set -uo pipefail
@@ -514,7 +514,7 @@ bench_table() {
         python3 -m zipfile -e "$wheel" "$work/gguf-py" || say "bench: cannot unpack $wheel (no predictions)"
     fi
     PYTHONPATH="$work/gguf-py${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/tools/gpu-bench-table.py" \
-        "$1" --kernels "${GPU_CHECK_KERNELS:-20,22}"
+        "$1" --kernels "${GPU_CHECK_KERNELS:-19,22}"
 }
 
 # bench_llama SIZE JSON: llama-bench -ngl 99 of the Spark and stock models of SIZE (2b, 9b) in

@@ -29,6 +29,10 @@
 //!   CPU kernel (`kernel.rs`, inner loops in `dot.rs` and `math.rs`), the ggml custom op
 //!   (`cpu_op.rs`), the CUDA plan (`cuda_plan.rs`), kernels (`attn.cu`) and launcher
 //!   (`cuda_launch.rs`).
+//! - [`rope`]: `spark_rope`, a head's two rotary embeddings (the predictor's r channels and the
+//!   rest) and the attention scale in one op: the math and checks (`mod.rs`), the ggml custom
+//!   op (`cpu_op.rs`), the CUDA plan (`cuda_plan.rs`), kernel (`rope.cu`) and launcher
+//!   (`cuda_launch.rs`).
 //! - [`dense_switch`]: from which ubatch size a layer leaves the Spark ops for the graph's dense
 //!   path (on CUDA, where tensor cores win at big ubatches), what the FFN tiling and the
 //!   attention's path (`attention/path.rs`) both ask.
@@ -70,6 +74,7 @@ pub mod kernel_types;
 pub mod params;
 mod plugin;
 pub mod registry;
+pub mod rope;
 pub mod rows;
 pub mod stats;
 pub mod tensor;

@@ -22,7 +22,9 @@
 //! The sizes that this rests on (ggml's struct and `GGML_MAX_OP_PARAMS`) are checked against
 //! ggml's headers by `probe/graph_abi.c` (`tests/registry.rs`). The FFN ops read the whole
 //! block through [`read_ffn`] (the layer and a [`Cutoff`]: `k`, `ffn_cutoff`, `ffn_z`),
-//! `spark_attn` its first four fields as [`AttnParams`].
+//! `spark_attn` its first four fields as [`AttnParams`], `spark_rope` all of it as
+//! [`RopeParams`] (the C header's `struct spark_rope_params`, which the graph copies into the
+//! block).
 
 use crate::topk::Cutoff;
 use llama_cpp_sys_2 as sys;
@@ -57,6 +59,36 @@ pub struct AttnParams {
 pub(crate) unsafe fn layer_of(params_block: *const c_void) -> Option<i32> {
     // SAFETY: per the contract, a non-null pointer starts with an i32; read unaligned.
     (!params_block.is_null()).then(|| unsafe { params_block.cast::<i32>().read_unaligned() })
+}
+
+/// `spark_rope`'s view of the block: `struct spark_rope_params` of the C header, the same 24
+/// bytes as [`OpParams`] (the graph copies it into one; layout pinned by `probe/graph_abi.c`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RopeParams {
+    /// Layer index (for messages).
+    pub layer: i32,
+    /// The first part's width r (even, 0 < r < H; the second part is the other H - r channels,
+    /// H even).
+    pub r: i32,
+    /// The frequency base (> 0): theta_i = pos * freq_scale * freq_base^(-2i/width).
+    pub freq_base: f32,
+    /// llama.cpp's rope frequency scale (1 without linear scaling).
+    pub freq_scale: f32,
+    /// Multiplies every output channel (attn_factor, and Q's attention scale for Q).
+    pub scale: f32,
+    /// 0.
+    pub reserved: i32,
+}
+
+impl RopeParams {
+    /// The block as the graph stores it: these 24 bytes in a [`OpParams`] (the C graph copies
+    /// a `struct spark_rope_params` into a `struct spark_op_params` the same way).
+    pub fn as_block(&self) -> OpParams {
+        // SAFETY: both are #[repr(C)] structs of six 4-byte i32/f32 fields (sizes asserted
+        // below), and every bit pattern is a valid i32 or f32.
+        unsafe { std::mem::transmute::<RopeParams, OpParams>(*self) }
+    }
 }
 
 /// An FFN op's layer and threshold cutoff from `params_block` (the whole block of [`block`]): one
@@ -147,6 +179,9 @@ const _: () = {
     assert!(std::mem::offset_of!(AttnParams, r) == std::mem::offset_of!(OpParams, r));
     assert!(std::mem::offset_of!(AttnParams, softcap) == std::mem::offset_of!(OpParams, softcap));
     assert!(std::mem::size_of::<AttnParams>() <= std::mem::size_of::<OpParams>());
+    // spark_rope's view covers the block exactly.
+    assert!(std::mem::offset_of!(RopeParams, layer) == 0);
+    assert!(std::mem::size_of::<RopeParams>() == std::mem::size_of::<OpParams>());
     // The layout of the module doc's table (six 4-byte fields; pinned against the C header by
     // probe/graph_abi.c).
     assert!(std::mem::offset_of!(OpParams, ffn_cutoff) == 16);

@@ -62,9 +62,10 @@ macro_rules! cuda_launcher {
 
 /// Every Spark op: the one table of them. Adding an op is one row here (with the `cuda`
 /// feature every op must have a launcher: [`LAUNCHERS`] fails to build otherwise).
-pub const OPS: [OpEntry; 5] = {
+pub const OPS: [OpEntry; 6] = {
     use crate::attention::cpu_op::spark_attn;
     use crate::ffn::cpu_ops::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
+    use crate::rope::cpu_op::spark_rope;
     [
         OpEntry {
             name: "spark_ffn_up",
@@ -90,6 +91,11 @@ pub const OPS: [OpEntry; 5] = {
             name: "spark_attn",
             cpu: spark_attn,
             cuda: cuda_launcher!(crate::attention::cuda_launch::launch_attn),
+        },
+        OpEntry {
+            name: "spark_rope",
+            cpu: spark_rope,
+            cuda: cuda_launcher!(crate::rope::cuda_launch::launch_rope),
         },
     ]
 };
@@ -291,6 +297,7 @@ const fn launchers() -> [Launcher; 0] {
 pub const KERNEL_SOURCES: &[CudaSource] = &[
     crate::ffn::cuda_plan::KERNELS,
     crate::attention::cuda_plan::KERNELS,
+    crate::rope::cuda_plan::KERNELS,
 ];
 
 static REGISTER: Once = Once::new();

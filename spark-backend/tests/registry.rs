@@ -22,12 +22,12 @@ extern "C" {
     static spark_probe_attn_path_values: [usize; 2];
     /// From probe/graph_abi.c: `struct spark_op_params` and `enum spark_ffn_cutoff` of the
     /// header, and ggml's op_params facts the block's placement in a node rests on.
-    static spark_probe_op_params_layout: [usize; 14];
+    static spark_probe_op_params_layout: [usize; 22];
 }
 
 #[test]
 fn the_op_params_block_matches_the_headers_and_fits_after_ggmls_part() {
-    use spark_backend::params::{self, OpParams};
+    use spark_backend::params::{self, OpParams, RopeParams};
     // SAFETY: a constant array defined by the probe object linked into this test.
     let c = unsafe { spark_probe_op_params_layout };
     let rust = [
@@ -43,6 +43,14 @@ fn the_op_params_block_matches_the_headers_and_fits_after_ggmls_part() {
         params::FFN_CUTOFF_STD_MUL as usize,
         params::GGML_CUSTOM_OP_PARAMS_SIZE,
         64,
+        size_of::<RopeParams>(),
+        align_of::<RopeParams>(),
+        offset_of!(RopeParams, layer),
+        offset_of!(RopeParams, r),
+        offset_of!(RopeParams, freq_base),
+        offset_of!(RopeParams, freq_scale),
+        offset_of!(RopeParams, scale),
+        offset_of!(RopeParams, reserved),
         size_of::<[i32; 16]>(),
         align_of::<i32>(),
     ];
@@ -59,11 +67,19 @@ fn the_op_params_block_matches_the_headers_and_fits_after_ggmls_part() {
         "SPARK_FFN_CUTOFF_STD_MUL (params::FFN_CUTOFF_STD_MUL)",
         "sizeof ggml_custom_op_params (params::GGML_CUSTOM_OP_PARAMS_SIZE)",
         "GGML_MAX_OP_PARAMS",
+        "sizeof spark_rope_params",
+        "alignof spark_rope_params",
+        "offsetof rope layer",
+        "offsetof rope r",
+        "offsetof rope freq_base",
+        "offsetof rope freq_scale",
+        "offsetof rope scale",
+        "offsetof rope reserved",
         "sizeof ggml_tensor.op_params",
         "alignof int32_t",
     ];
     let of =
-        |values: [usize; 14]| -> Vec<(&str, usize)> { names.into_iter().zip(values).collect() };
+        |values: [usize; 22]| -> Vec<(&str, usize)> { names.into_iter().zip(values).collect() };
     assert_eq!(
         of(rust),
         of(c),
@@ -71,7 +87,9 @@ fn the_op_params_block_matches_the_headers_and_fits_after_ggmls_part() {
     );
     // The block and the call state sit past ggml's struct and inside op_params.
     assert!(params::CALL_STATE_OFFSET >= c[10]);
-    assert!(params::BLOCK_OFFSET + 4 + c[0] <= c[12]);
+    assert!(params::BLOCK_OFFSET + 4 + c[0] <= c[20]);
+    // spark_rope's view is the same size as the block it is copied into.
+    assert_eq!(c[12], c[0]);
 }
 
 #[test]

@@ -6,16 +6,15 @@
 
 use super::cuda_plan::{AttnArgs, AttnPlan, KERNELS};
 use crate::cuda::driver::Gpu;
-use crate::cuda::launch::{self, cuda_launcher, CudaOp, KernelArgs};
+use crate::cuda::launch::{self, by_value_args, cuda_launcher, CudaOp};
 use crate::{stats, KernelError};
-use cudarc::driver::{DeviceRepr, LaunchArgs, PushKernelArg};
 use llama_cpp_sys_2 as sys;
 use std::ffi::c_void;
 
 // SAFETY: AttnArgs is #[repr(C)], plain integers and one f32 with no padding (size
 // asserted in super::cuda_plan), laid out as `struct SparkAttnArgs` of attn.cu, which every kernel takes
 // by value.
-unsafe impl DeviceRepr for AttnArgs {}
+by_value_args!(AttnArgs);
 
 cuda_launcher! {
     /// `spark_attn` on the GPU (attn.cu).
@@ -61,16 +60,5 @@ impl CudaOp for AttnPlan {
             stats::record_attn(self.layout.layer, kept, self.n_queries() as u64);
         }
         Ok(())
-    }
-}
-
-impl KernelArgs for AttnArgs {
-    /// The argument block, every attn.cu kernel's one parameter (by value).
-    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
-        launch.arg(self);
-    }
-
-    fn pointers(&self) -> Vec<*mut c_void> {
-        vec![std::ptr::from_ref(self).cast_mut().cast()]
     }
 }

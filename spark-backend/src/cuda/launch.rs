@@ -147,6 +147,30 @@ pub(crate) trait KernelArgs {
     fn pointers(&self) -> Vec<*mut c_void>;
 }
 
+/// Makes the `#[repr(C)]` struct `$ty` the one by-value parameter of its kernels: cudarc's
+/// `DeviceRepr` and [`KernelArgs`]. The caller vouches, in a `// SAFETY:` comment at the
+/// invocation, that `$ty` is plain data without padding laid out as the kernels' C struct.
+macro_rules! by_value_args {
+    ($ty:ty) => {
+        // SAFETY: the invocation's own SAFETY comment (plain #[repr(C)] data without padding,
+        // the kernels' C struct), which is what cudarc requires of a DeviceRepr type.
+        unsafe impl ::cudarc::driver::DeviceRepr for $ty {}
+
+        impl $crate::cuda::launch::KernelArgs for $ty {
+            /// The struct, the kernels' one parameter (by value).
+            fn push<'a>(&'a self, launch: &mut ::cudarc::driver::LaunchArgs<'a>) {
+                use ::cudarc::driver::PushKernelArg;
+                launch.arg(self);
+            }
+
+            fn pointers(&self) -> Vec<*mut ::std::ffi::c_void> {
+                vec![::std::ptr::from_ref(self).cast_mut().cast()]
+            }
+        }
+    };
+}
+pub(crate) use by_value_args;
+
 /// Whether launches on devices of compute capability 9.0 and up carry the programmatic stream
 /// serialization attribute (programmatic dependent launch: a kernel may start launching while
 /// the one before it on the stream finishes; every Spark kernel's first statement,

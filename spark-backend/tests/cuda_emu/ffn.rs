@@ -16,7 +16,6 @@
 
 use super::ffn_helpers::{op_params, Ggml, Rng, Weights, GEMMA3N_STD_MUL};
 use llama_cpp_sys_2 as sys;
-use spark_backend::cuda::options;
 use spark_backend::ffn;
 use spark_backend::ffn::cpu_ops::{spark_ffn_down, spark_ffn_fused, spark_ffn_sum, spark_ffn_up};
 use spark_backend::ffn::cuda_plan::{self as check, Arg, FfnKernel, Launch, SPARSE_MAX_TOKENS};
@@ -24,7 +23,6 @@ use spark_backend::params::OpParams;
 use spark_backend::rows::RowType;
 use spark_backend::topk::Cutoff;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 /// Relative tolerance against the sum of the absolute products (the kernels' u against an f64
@@ -38,32 +36,7 @@ const TOL: f64 = 1e-5;
 
 fn emulator() -> Option<&'static PathBuf> {
     static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_emu");
-        let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("spark_ffn_emu");
-        if let Err(e) = Command::new("g++").arg("--version").output() {
-            eprintln!("cuda_emu ffn: skipped, no g++ ({e})");
-            return None;
-        }
-        let out = Command::new("g++")
-            .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas"])
-            .args(options::type_macros())
-            .arg("-I")
-            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cuda"))
-            .arg("-o")
-            .arg(&exe)
-            .arg(dir.join("ffn_emu.cpp"))
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(exe),
-            Ok(o) => panic!(
-                "g++ could not build the FFN emulator:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => panic!("g++: {e}"),
-        }
-    })
-    .as_ref()
+    super::build_emulator(&EXE, "ffn_emu.cpp", "spark_ffn_emu")
 }
 
 /// A memory image: regions at 256-byte aligned offsets (offset 0 unused), with the host

@@ -7,7 +7,8 @@
 //! (indexing, GQA, streams, masks, thresholds, compaction, chunking) without a GPU; it says
 //! nothing about speed, occupancy or races that only a real warp schedule would expose.
 //!
-//! The FFN kernels (src/ffn/ffn.cu) get the same treatment in `ffn.rs` (module below).
+//! The FFN kernels (src/ffn/ffn.cu) get the same treatment in `ffn.rs`, the rotary embedding
+//! (src/rope/rope.cu) in `rope.rs` (modules below).
 //!
 //! Skipped (with a line on stderr) when there is no `g++`; it needs C++20's `<barrier>` (GCC 11+).
 
@@ -18,6 +19,7 @@ mod attention_helpers;
 mod ffn;
 #[path = "../ffn_helpers/mod.rs"]
 mod ffn_helpers;
+mod rope;
 
 use attention_helpers::{Case, MaskKind, Spec, Ty};
 use spark_backend::attention::cuda_plan::{AttnKernel, AttnPlan};
@@ -27,32 +29,35 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Builds the emulator once; `None` when there is no g++ (a failed compilation is a test
-/// failure: it may be the kernel's fault).
-fn emulator() -> Option<&'static PathBuf> {
-    static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_emu");
-        let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("spark_attn_emu");
+/// Builds an emulator from `cpp` (in tests/cuda_emu) into `exe` (in the target's temporary
+/// directory), once per `cell`: g++ with C++20, the -D type macros NVRTC gets
+/// (`options::type_macros`) and src/cuda on the include path. `None` when there is no g++ (a
+/// failed compilation is a test failure: it may be the kernel's fault).
+fn build_emulator(
+    cell: &'static OnceLock<Option<PathBuf>>,
+    cpp: &str,
+    exe: &str,
+) -> Option<&'static PathBuf> {
+    cell.get_or_init(|| {
+        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(exe);
         if let Err(e) = Command::new("g++").arg("--version").output() {
-            eprintln!("cuda_emu: skipped, no g++ ({e})");
+            eprintln!("cuda_emu {cpp}: skipped, no g++ ({e})");
             return None;
         }
         let out = Command::new("g++")
-            .args([
-                "-std=c++20",
-                "-O1",
-                "-pthread",
-                "-Wno-unknown-pragmas",
-                "-o",
-            ])
+            .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas"])
+            .args(spark_backend::cuda::options::type_macros())
+            .arg("-I")
+            .arg(manifest.join("src/cuda"))
+            .arg("-o")
             .arg(&exe)
-            .arg(dir.join("attn_emu.cpp"))
+            .arg(manifest.join("tests/cuda_emu").join(cpp))
             .output();
         match out {
             Ok(o) if o.status.success() => Some(exe),
             Ok(o) => panic!(
-                "g++ could not build the emulator (C++20 <barrier> needed):\n{}",
+                "g++ could not build {cpp} (C++20 <barrier> needed):\n{}",
                 String::from_utf8_lossy(&o.stderr)
             ),
             Err(e) => panic!("g++: {e}"),
@@ -61,18 +66,24 @@ fn emulator() -> Option<&'static PathBuf> {
     .as_ref()
 }
 
+/// The attention emulator.
+fn emulator() -> Option<&'static PathBuf> {
+    static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    build_emulator(&EXE, "attn_emu.cpp", "spark_attn_emu")
+}
+
 /// A memory image: regions at 256-byte aligned offsets (offset 0 unused, so no address is 0).
-struct Image {
-    bytes: Vec<u8>,
+pub(crate) struct Image {
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl Image {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Image {
             bytes: vec![0; 256],
         }
     }
-    fn push(&mut self, data: &[u8]) -> usize {
+    pub(crate) fn push(&mut self, data: &[u8]) -> usize {
         let off = self.bytes.len().div_ceil(256) * 256;
         self.bytes.resize(off, 0);
         self.bytes.extend_from_slice(data);

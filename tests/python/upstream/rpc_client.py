@@ -176,18 +176,25 @@ def contiguous_nb(elem: int, block: int, ne: tuple) -> tuple:
     return tuple(nb)
 
 
+# struct spark_op_params (layer, k, r, softcap, ffn_cutoff, ffn_z) and spark_rope's view of the
+# same 24 bytes, struct spark_rope_params (layer, r, freq_base, freq_scale, scale, reserved)
+OP_PARAMS_FORMAT = "<iiifif"
+ROPE_PARAMS_FORMAT = "<iifffi"
+
+
 def custom_op_params(op_id: int, spark: tuple | None = None, n_tasks: int = N_TASKS_MAX,
-                     magic: bytes = b"SPK1", call_state: bytes = bytes(8)) -> bytes:
+                     magic: bytes = b"SPK1", call_state: bytes = bytes(8),
+                     fmt: str = OP_PARAMS_FORMAT) -> bytes:
     """The op_params of a GGML_OP_CUSTOM node as ggml-rpc sends it: the op's id in place of the
     function pointer, n_tasks, userdata 0; then, for a Spark node, the call state (bytes 24-31,
-    zero at rest), `magic` and struct spark_op_params (layer, k, r, softcap[, ffn_cutoff, ffn_z];
-    the last two 0 when left out: docs/INTERFACES.md, "Parameters in the node")."""
+    zero at rest), `magic` and the parameter block packed as `fmt`: struct spark_op_params
+    (layer, k, r, softcap[, ffn_cutoff, ffn_z]; the last two 0 when left out), or spark_rope's
+    six fields with ROPE_PARAMS_FORMAT (docs/INTERFACES.md, "Parameters in the node")."""
     head = struct.pack("<QiiQ", op_id, n_tasks, 0, 0)
     if spark is None:
         return head
-    layer, k, r, softcap, ffn_cutoff, ffn_z = (tuple(spark) + (0, 0.0))[:6]
-    return head + call_state + magic + struct.pack("<iiifif", layer, k, r, softcap, ffn_cutoff,
-                                                   ffn_z)
+    fields = (tuple(spark) + (0, 0.0))[:6]
+    return head + call_state + magic + struct.pack(fmt, *fields)
 
 
 class Client:

@@ -240,6 +240,24 @@ def cases() -> list[Case]:
                  ne=(AH, AN, AT + 1, AS)),
         nan_case("attn: dst elements not adjacent", "spark_attn", r"nb0 = 8", src="dst",
                  nb=(8, 8 * AH, 8 * AH * AN, 8 * AH * AN * AT)),
+        # spark_rope: x [AH, AN, AT], positions [AT] i32; params (layer, r, freq_base,
+        # freq_scale, scale, reserved)
+        nan_case("rope: odd r", "spark_rope", r"r = 3 \(must be even",
+                 params=(0, 3, 10000.0, 1.0, 0.5, 0)),
+        nan_case("rope: r = H (no second part)", "spark_rope", r"r = 8 \(must be even",
+                 params=(0, AH, 10000.0, 1.0, 0.5, 0)),
+        nan_case("rope: freq_base 0", "spark_rope", r"freq_base = 0 \(must be finite",
+                 params=(0, AR, 0.0, 1.0, 0.5, 0)),
+        nan_case("rope: scale NaN", "spark_rope", r"scale = NaN \(must be finite",
+                 params=(0, AR, 10000.0, 1.0, float("nan"), 0)),
+        nan_case("rope: positions f32", "spark_rope", r"positions: unsupported type f32", src=1,
+                 type="F32"),
+        nan_case("rope: x nb0 = 8", "spark_rope", r"x: nb", src=0,
+                 nb=(8, 8 * AH, 8 * AH * AN, 8 * AH * AN * AT)),
+        nan_case("rope: dst not x's shape", "spark_rope", r"x ne .* and dst ne", src="dst",
+                 ne=(AH, AN, AT + 1)),
+        nan_case("rope: no parameter block", "spark_rope", r"carries no Spark parameters",
+                 params=None),
         nan_case("attn: mask shorter than the tokens", "spark_attn", r"mask \[.*\] does not fit",
                  src=3, ne=(ANKV, AT - 1, 1, AS)),
         nan_case("attn: mask heads do not divide N", "spark_attn", r"mask \[.*\] does not fit",
@@ -977,7 +995,8 @@ def graph_bytes(rng) -> bytes:
     spec = good_up(rng)
     tensors = [rpc.Tensor(TYPES["F32"], ne4(t.ne), strides(t)) for t in spec.srcs]
     node = rpc.Tensor(TYPES["F32"], ne4(spec.dst.ne), strides(spec.dst), op=OPS["CUSTOM"],
-                      op_params=rpc.custom_op_params(rpc.fnv1a64(spec.op), spec.params),
+                      op_params=rpc.custom_op_params(rpc.fnv1a64(spec.op), spec.params,
+                                                     fmt=spec.params_format),
                       flags=rpc.FLAG_COMPUTE, src=tensors)
     return rpc.graph_payload([node])
 

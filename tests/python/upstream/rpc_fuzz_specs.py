@@ -73,6 +73,7 @@ class Node:
     op_id: int | None = None  # None: the FNV-1a id of `op`
     ggml_op: str = "CUSTOM"
     n_tasks: int = rpc.N_TASKS_MAX
+    params_format: str = rpc.OP_PARAMS_FORMAT  # spark_rope's: rpc.ROPE_PARAMS_FORMAT
 
 
 def ne4(ne) -> tuple:
@@ -229,6 +230,17 @@ def good_attn(rng, k=AK, cache="F32"):
     return Node("spark_attn", [q, *kv, mask], TS("F32", (AH, AN, AT, AS)), (2, k, AR, 0.0))
 
 
+# spark_rope: x [AH, AN, AT] (a head of AH = 8: parts of AR = 4 and 4), positions [AT] i32
+ROPE_POS = (3, 700)
+
+
+def good_rope(rng):
+    x = TS("F32", (AH, AN, AT), values=rand_values(rng, TS(ne=(AH, AN, AT))))
+    pos = TS("I32", (AT,), values=np.array(ROPE_POS, np.int32).view(np.uint8))
+    return Node("spark_rope", [x, pos], TS("F32", (AH, AN, AT)), (4, AR, 10000.0, 1.0, 0.5, 0),
+                params_format=rpc.ROPE_PARAMS_FORMAT)
+
+
 def quantized_variants(op: str, make) -> dict:
     """`make` with weights of each type the CPU kernels read through their own code (f16, q8_0,
     q4_0, and q4_K, whose blocks are 256 wide), at width DQ."""
@@ -239,7 +251,7 @@ def quantized_variants(op: str, make) -> dict:
 
 # The good nodes by label: the written cases change one of them, mutations any.
 GOOD = {"spark_ffn_up": good_up, "spark_ffn_down": good_down, "spark_ffn_fused": good_fused,
-        "spark_ffn_sum": good_sum, "spark_attn": good_attn,
+        "spark_ffn_sum": good_sum, "spark_attn": good_attn, "spark_rope": good_rope,
         "spark_attn f16 cache": lambda rng: good_attn(rng, cache="F16"),
         **quantized_variants("spark_ffn_up", good_up),
         **quantized_variants("spark_ffn_down", lambda rng, wtype, d: good_down(
@@ -294,6 +306,22 @@ def attn_ref(node: Node) -> np.ndarray:
     return out
 
 
+def rope_ref(node: Node) -> np.ndarray:
+    """SPEC 4's rotary embedding of each part (widths r and AH - r), NEOX pairs, times scale."""
+    x = arr(node.srcs[0], (AT, AN, AH))
+    _, r, base, freq_scale, scale, _ = node.params
+    out = np.zeros_like(x)
+    for t, pos in enumerate(ROPE_POS):
+        for off, w in ((0, r), (r, AH - r)):
+            i = np.arange(w // 2)
+            theta = pos * freq_scale * float(base) ** (-2.0 * i / w)
+            # (x[t] first: x[t, :, idx] would put idx's axis in front, numpy's mixed indexing)
+            x0, x1 = x[t][:, off + i], x[t][:, off + i + w // 2]
+            out[t][:, off + i] = scale * (x0 * np.cos(theta) - x1 * np.sin(theta))
+            out[t][:, off + i + w // 2] = scale * (x0 * np.sin(theta) + x1 * np.cos(theta))
+    return out
+
+
 def reference(node: Node) -> tuple[np.ndarray, float] | None:
     """What a good node computes, as its dst reads (numpy order), and the tolerance (relative,
     and of the output's scale): f32 arithmetic throughout (a weight's rows are dequantized, the
@@ -309,6 +337,8 @@ def reference(node: Node) -> tuple[np.ndarray, float] | None:
         return ffn_partials(node), 1e-4 if quant_k2(node) else 1e-5
     if node.op == "spark_attn":
         return attn_ref(node), 1e-5
+    if node.op == "spark_rope":
+        return rope_ref(node), 1e-5
     return None
 
 
@@ -405,7 +435,8 @@ class Placed:
         fill = struct.pack("<f", SENTINEL) if n.dst.type == "F32" else b"\xa5"
         dst = self.tensor(n.dst, fill)
         op_id = rpc.fnv1a64(n.op) if n.op_id is None else n.op_id
-        params = rpc.custom_op_params(op_id, n.params, n.n_tasks, n.magic, n.call_state)
+        params = rpc.custom_op_params(op_id, n.params, n.n_tasks, n.magic, n.call_state,
+                                      n.params_format)
         if n.params is None:
             params = params[:24]
         node = dataclasses.replace(dst, op=OPS[n.ggml_op], op_params=params,

@@ -438,7 +438,7 @@ def test_hostile_rpc_clients_get_refusals_or_nan_and_the_server_keeps_serving(
         with rpc.Client.connect(harness.server.endpoint) as c:
             version = c.version
             missing = [op for op in ("spark_ffn_up", "spark_ffn_down", "spark_ffn_fused",
-                                     "spark_ffn_sum", "spark_attn")
+                                     "spark_ffn_sum", "spark_attn", "spark_rope")
                        if not c.custom_op_supported(op)]
             extra_types = [name for name, _, _ in c.extra_bufts()]
         assert not missing, harness.server.explain(f"the server has not registered {missing}")

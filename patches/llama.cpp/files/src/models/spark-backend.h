@@ -64,6 +64,19 @@ struct spark_op_params {
     float   ffn_z;      // the std multiplier of SPARK_FFN_CUTOFF_STD_MUL (finite), 0 otherwise
 };
 
+// spark_rope's view of the parameter block (the same 24 bytes as struct spark_op_params; the graph
+// copies it into one for spark_op_set_params): a head of width H is two rotary embeddings, the
+// first over channels 0..r, the second over r..H, each NEOX-paired (channel i with i + width/2)
+// with theta_i = pos * freq_scale * freq_base^(-2i/width), every output channel times scale
+struct spark_rope_params {
+    int32_t layer;      // for messages
+    int32_t r;          // the first part's width (r_a: even, 0 < r < H, H even)
+    float   freq_base;  // > 0
+    float   freq_scale; // llama.cpp's rope frequency scale (1 without linear scaling)
+    float   scale;      // multiplies every channel: attn_factor, and Q's attention scale for Q
+    int32_t reserved;   // 0
+};
+
 // "spark_op_set_params": stores *p in node, a GGML_OP_CUSTOM node made with one of the entry's
 // custom ops, before the graph is computed. Returns 0, or -1 and changes nothing (node or p NULL,
 // node not a custom op)

@@ -296,7 +296,7 @@ static bool spark_ffn_steps_aside(const llama_layer & layer) {
 }
 
 static bool spark_attn_steps_aside(const llama_layer & layer) {
-    return !spark_weight_on_rpc(layer.wo) && !spark_ops_run_where({ "spark_attn" }, { layer.wo });
+    return !spark_weight_on_rpc(layer.wo) && !spark_ops_run_where({ "spark_attn", "spark_rope" }, { layer.wo });
 }
 
 // The dense FFN's down projection, out [n_embd, n_tokens] = sum_j u[j, t] V_j for gated values
@@ -487,9 +487,12 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_dense(
     return cur;
 }
 
-// Q and K are split per head at r and each part RoPE'd as a rotary embedding of its own width:
-// one rope over the first r channels, one offset to the H - r after them (each rope copies the
-// channels it does not rotate), so the heads stay whole and contiguous
+// Q and K are split per head at r and each part RoPE'd as a rotary embedding of its own width,
+// so the heads stay whole and contiguous. With stock ops that is one rope over the first r
+// channels and one offset to the H - r after them (each rope copies the channels it does not
+// rotate); where the layer runs the Spark attention, Q takes the Spark backend's spark_rope
+// instead (both parts and the attention scale in one node: one kernel on a GPU, where K's
+// second rope is fused with its cache store by ggml-cuda)
 ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn(
         const llama_model_spark_gemma2 & model, ggml_tensor * cur, ggml_tensor * inp_pos,
         const llm_graph_input_attn_kv_iswa * inp_attn, ggml_custom_op_t attn_kernel,
@@ -513,7 +516,19 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn(
         return ggml_rope_set_offset(rope(rope(x, n_r), n_embd_head - n_r), n_r);
     };
 
-    Qcur = rope_parts(Qcur, hparams.f_attention_scale);
+    // (not on an RPC device: its graphs keep the stock ropes, as before the op; a server without
+    // the plugin refused a graph that referenced the client's spark_rope node)
+    ggml_custom_op_t rope_kernel = attn_kernel ? spark_kernel("spark_rope") : nullptr;
+    const bool one_rope = rope_kernel != nullptr && ext_factor == 0.0f && rope_type == LLAMA_ROPE_TYPE_NEOX &&
+                          n_r > 0 && n_r < n_embd_head && n_r % 2 == 0 && n_embd_head % 2 == 0 &&
+                          !spark_weight_on_rpc(model.layers[il].wo);
+    if (one_rope) {
+        const spark_rope_params rp = { il, (int32_t) n_r, freq_base_l, freq_scale_l,
+                                       attn_factor * hparams.f_attention_scale, 0 };
+        Qcur = spark_rope_node(ctx0, rope_kernel, Qcur, inp_pos, rp);
+    } else {
+        Qcur = rope_parts(Qcur, hparams.f_attention_scale);
+    }
     Kcur = rope_parts(Kcur, 1.0f);
     cb(Qcur, "Qcur", il);
     cb(Kcur, "Kcur", il);
@@ -592,7 +607,7 @@ static void spark_say_layers_off_the_spark_devices(const llama_model_spark_gemma
     std::vector<bool> aside(n), on_cpu(n);
     for (size_t il = 0; il < n; ++il) {
         const auto & layer = model.layers[il];
-        const bool off = !spark_ops_run_where({ "spark_attn", "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
+        const bool off = !spark_ops_run_where({ "spark_attn", "spark_rope", "spark_ffn_fused", "spark_ffn_sum", "spark_ffn_up", "spark_ffn_down" },
                                               { layer.ffn_up, layer.ffn_down, layer.wo });
         const bool rpc = spark_weight_on_rpc(layer.ffn_up);
         aside[il]  = off && !rpc;

@@ -40,6 +40,15 @@ ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor *
     return node;
 }
 
+ggml_tensor * spark_rope_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor * x, ggml_tensor * pos,
+                              const spark_rope_params & p) {
+    static_assert(sizeof(spark_rope_params) == sizeof(spark_op_params), "spark_rope_params is a view of the block");
+    spark_op_params block;
+    memcpy(&block, &p, sizeof(block));
+    ggml_tensor * args[2] = { x, pos };
+    return spark_node(ctx, fun, args, 2, x->ne[0], x->ne[1], x->ne[2], 1, block);
+}
+
 // the device of the non-host buffer that holds w; nullptr for host memory or no buffer yet
 // (known is set false when ggml names no device for a non-host buffer)
 static ggml_backend_dev_t spark_weight_device(const ggml_tensor * w, bool & known) {

@@ -25,6 +25,13 @@ ggml_custom_op_t spark_kernel(const char * name);
 ggml_tensor * spark_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor ** args, int n_args,
                          int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, const spark_op_params & p);
 
+// a spark_rope node (fun from spark_kernel("spark_rope")) over x [H, n_head, n_tokens] (rows of H
+// contiguous f32, any row and token strides) at positions pos: dst [H, n_head, n_tokens], the
+// head's two rotary embeddings and the scale of p (spark-backend.h), the parameters copied into
+// the node's block
+ggml_tensor * spark_rope_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_tensor * x, ggml_tensor * pos,
+                              const spark_rope_params & p);
+
 // Whether every Spark op named in `ops` that the backend exports runs where each of `weights`
 // lives: on a host buffer (the CPU runs every Spark op), on a weight without a buffer (not
 // placed yet), or on a device whose backend says it supports a node of the op (ggml-cuda with the
