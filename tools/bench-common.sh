@@ -23,12 +23,6 @@ bench_models() {
     mkdir -p "$1"
     spark=$1/spark-gemma2-2b-q8_0.gguf
     stock=$1/gemma2-2b-q8_0.gguf
-    # a Spark file made before the stacked attention input (blk.N.attn_qkv, in the header's
-    # tensor infos after the ~5 MB vocabulary) is made again: it would measure the old layout
-    if [ -f "$spark" ] && ! LC_ALL=C grep -aq 'blk\.0\.attn_qkv\.weight' < <(head -c 32M "$spark"); then
-        echo "$(basename "$0" .sh): $spark has the three attention input matrices of older files: made again" >&2
-        rm -f "$spark"
-    fi
     [ -f "$spark" ] || "$convert" --synthetic spark-gemma2-2b "$spark" --outtype q8_0 --quiet
     [ -f "$stock" ] || "$convert" --synthetic gemma2-2b "$stock" --outtype q8_0 --quiet
 }

@@ -50,11 +50,14 @@
 #   --redo     ignore the kept sections and run every phase again (the build stays incremental)
 # Tunables (environment): GPU_CHECK_CHUNKS (40 perplexity chunks of 256 tokens),
 # GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_UB_CHUNKS (8: the -ub 1/8 rows),
-# GPU_CHECK_BENCH_REPS (3), GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), GPU_CHECK_KERNELS ("19,22":
+# GPU_CHECK_BENCH_REPS (3), GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), GPU_CHECK_KERNELS ("23,22":
 # Spark's and stock's kernels per layer per decode step for the predictions: 31 on the H200
-# 2026-11-27 by hand; now tools/cuda-kernel-count.py's count of the built graphs, 19 for Spark
-# since select-up + gather, the in-op chunk sums, no h[:r_f] copy, the stacked Q/K/V product,
-# Q's one spark_rope and K's rope fused with its store, 22 for stock),
+# 2026-11-27 by hand; now tools/cuda-kernel-count.py's count of the built graphs, 23 for Spark
+# since select-up + gather, the in-op chunk sums, no h[:r_f] copy, Q's one spark_rope and K's
+# rope fused with its store, 22 for stock),
+# GPU_CHECK_STACK_QKV (0; 1: the synthetic Spark models are written with spark-convert
+# --stack-qkv, Wq/Wk/Wv as one matrix: 19 kernels per decode layer instead of 23, set
+# GPU_CHECK_KERNELS=19,22 with it; on a fresh work folder: the models are made once),
 # GPU_CHECK_GEMMA3N_PRESET (tiny), CUDA_ARCH (from nvidia-smi); for gpu-pack.sh's prebuild:
 # GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU, portable CPU code).
 set -uo pipefail
@@ -467,6 +470,11 @@ EOF
     sched_check decode "$logs/sched-decode.log" custom
     say "CUDA graphs of the decode run (8 tokens): $(grep -c 'CUDA graph warmup complete' "$logs/sched-decode.log") captured after warmup, $(grep -c 'CUDA Graph id .* reused' "$logs/sched-decode.log") reused"
     grep -m3 'spark-backend' "$logs/sched-decode.log" | sed 's/^/plugin: /' | emit
+    # the kernels per decode layer that tools/cuda-kernel-count.py's model of ggml-cuda reads
+    # from this run's own graph (f32 weights: one kernel per matrix product), to hold against
+    # the profiler's counts (prof phase)
+    gguf_python "$root/tools/cuda-kernel-count.py" "$logs/sched-decode.log" --model "$m/shakespeare-f32.gguf" \
+        2>&1 | tail -n 2 | sed 's/^/kernel model (f32 weights): /' | emit
 
     # greedy text, CPU vs GPU, Q8_0 (informative: the -ub 1 rows above bound the decode logits)
     local dev text=()
@@ -496,7 +504,10 @@ synthetic_model() {
     [ -f "$m/$p-$t.gguf" ] && return 0
     case "$t" in
         f32|f16|bf16|q8_0)
-            "$convert" --synthetic "$p" "$m/$p-$t.gguf" --outtype "$t" --quiet >>"$logs/synthetic.log" 2>&1 ;;
+            local stack=()
+            [ "${GPU_CHECK_STACK_QKV:-0}" = 1 ] && [[ "$p" == spark-* ]] && stack=(--stack-qkv)
+            "$convert" --synthetic "$p" "$m/$p-$t.gguf" --outtype "$t" "${stack[@]}" --quiet \
+                >>"$logs/synthetic.log" 2>&1 ;;
         *)
             synthetic_model "$p" q8_0 && "$bin/llama-quantize" --allow-requantize "$m/$p-q8_0.gguf" \
                 "$m/$p-$t.gguf" "${t^^}" "$threads" >>"$logs/synthetic.log" 2>&1 ;;
@@ -508,13 +519,18 @@ synthetic_model() {
 # each decode ratio, tools/predict-ratio.py's prediction for the same files (bytes per step plus
 # GPU_CHECK_KERNELS kernels per layer; gguf-py from the carry's gguf wheel)
 bench_table() {
+    gguf_python "$root/tools/gpu-bench-table.py" "$1" --kernels "${GPU_CHECK_KERNELS:-23,22}"
+}
+
+# gguf_python SCRIPT ARGS...: python3 SCRIPT with gguf-py from the carry's gguf wheel (unpacked
+# once into $work/gguf-py)
+gguf_python() {
     local wheel
     wheel=$(ls "$carry"/gguf-*.whl 2>/dev/null | head -1)
     if [ -n "$wheel" ] && [ ! -d "$work/gguf-py/gguf" ]; then
-        python3 -m zipfile -e "$wheel" "$work/gguf-py" || say "bench: cannot unpack $wheel (no predictions)"
+        python3 -m zipfile -e "$wheel" "$work/gguf-py" || say "cannot unpack $wheel (no gguf-py)"
     fi
-    PYTHONPATH="$work/gguf-py${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/tools/gpu-bench-table.py" \
-        "$1" --kernels "${GPU_CHECK_KERNELS:-19,22}"
+    PYTHONPATH="$work/gguf-py${PYTHONPATH:+:$PYTHONPATH}" python3 "$@"
 }
 
 # bench_llama SIZE JSON: llama-bench -ngl 99 of the Spark and stock models of SIZE (2b, 9b) in

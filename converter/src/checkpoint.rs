@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use spark_gguf::schema::{Hparams, TensorKind};
+use spark_gguf::schema::{Hparams, QkvLayout, TensorKind};
 
 use crate::error::{Error, Result};
 use crate::layout::View;
@@ -118,18 +118,19 @@ fn norm_view(d: usize) -> View {
     }
 }
 
-/// Maps every tensor of `hp.arch` to its checkpoint entry, checking each entry's shape. Returns
-/// the sources in schema order and the set of entries used. `gating` is the dense FFN layout
-/// (ignored for Spark).
+/// Maps every tensor of `hp.arch` (Wq, Wk, Wv laid out as `qkv`) to its checkpoint entries,
+/// checking each entry's shape. Returns the sources in schema order and the set of entries
+/// used. `gating` is the dense FFN layout (ignored for Spark).
 pub fn plan_sources(
     shapes: &dyn Shapes,
     hp: &Hparams,
     gating: GatingLayout,
+    qkv: QkvLayout,
 ) -> Result<(Vec<TensorSource>, BTreeSet<String>)> {
     let z = Sizes::of(hp);
     let spark = hp.arch.is_spark();
-    let specs = hp.arch.tensors();
-    let expected = hp.expected_tensors();
+    let specs = hp.arch.tensors_with(qkv);
+    let expected = hp.expected_tensors_in(specs);
     let mut used = BTreeSet::new();
     let mut out = Vec::with_capacity(expected.len());
     check_embedding(shapes, z)?;
@@ -137,7 +138,13 @@ pub fn plan_sources(
     let layered =
         (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer()).map(move |s| (s, l)));
     for ((spec, l), (name, ne)) in globals.chain(layered).zip(expected) {
-        let parts = sources_of(shapes, z, spark, gating, spec.kind, l)?;
+        let parts = Mapping {
+            shapes,
+            z,
+            spark,
+            gating,
+        }
+        .sources_of(spec.kind, l)?;
         check_maps_to(&name, &parts, &ne)?;
         used.extend(parts.iter().map(|p| p.entry.clone()));
         out.push(TensorSource { name, ne, parts });
@@ -198,36 +205,40 @@ fn check_embedding(shapes: &dyn Shapes, z: Sizes) -> Result<()> {
     Ok(())
 }
 
-/// Where tensor `kind` of layer `l` (0 for global tensors) comes from: its parts in row order
-/// (Spark's stacked `attn_qkv` has three: the rows of Q, K and V).
-fn sources_of(
-    shapes: &dyn Shapes,
+/// What maps a checkpoint's entries to tensors: its shapes, the model's sizes, whether it is a
+/// Spark model, and a dense model's gating layout.
+#[derive(Clone, Copy)]
+struct Mapping<'a> {
+    shapes: &'a dyn Shapes,
     z: Sizes,
     spark: bool,
     gating: GatingLayout,
-    kind: TensorKind,
-    l: u64,
-) -> Result<Vec<SourcePart>> {
-    let one = |kind| source_of(shapes, z, spark, gating, kind, l).map(SourcePart::new);
-    match kind {
-        TensorKind::AttnQkv => [TensorKind::AttnQ, TensorKind::AttnK, TensorKind::AttnV]
-            .into_iter()
-            .map(one)
-            .collect(),
-        kind => Ok(vec![one(kind)?]),
+}
+
+impl Mapping<'_> {
+    /// Where tensor `kind` of layer `l` (0 for global tensors) comes from: its parts in row
+    /// order (Spark's stacked `attn_qkv` has three: the rows of Q, K and V).
+    fn sources_of(self, kind: TensorKind, l: u64) -> Result<Vec<SourcePart>> {
+        let one = |kind| source_of(self, kind, l).map(SourcePart::new);
+        match kind {
+            TensorKind::AttnQkv => [TensorKind::AttnQ, TensorKind::AttnK, TensorKind::AttnV]
+                .into_iter()
+                .map(one)
+                .collect(),
+            kind => Ok(vec![one(kind)?]),
+        }
     }
 }
 
 /// Where the one-part tensor `kind` of layer `l` (0 for global tensors) comes from: its entry,
 /// shape checked, and the view that turns the entry into the tensor's rows.
-fn source_of(
-    shapes: &dyn Shapes,
-    z: Sizes,
-    spark: bool,
-    gating: GatingLayout,
-    kind: TensorKind,
-    l: u64,
-) -> Result<(String, View)> {
+fn source_of(m: Mapping<'_>, kind: TensorKind, l: u64) -> Result<(String, View)> {
+    let Mapping {
+        shapes,
+        z,
+        spark,
+        gating,
+    } = m;
     let Sizes {
         v, d, n, kv, h, f, ..
     } = z;
@@ -459,8 +470,9 @@ mod tests {
     fn maps_every_spark_tensor_and_uses_every_entry() {
         for split in [false, true] {
             let shapes = spark_shapes(split);
-            let (src, used) = plan_sources(&shapes, &hp(SPARK_ARCH), GatingLayout::DF).unwrap();
-            assert_eq!(src.len(), 2 + 9 * 2);
+            let (src, used) =
+                plan_sources(&shapes, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split).unwrap();
+            assert_eq!(src.len(), 2 + 11 * 2);
             assert_eq!(used.len(), shapes.0.len());
             let gate = src
                 .iter()
@@ -480,30 +492,44 @@ mod tests {
                 (emb.parts[0].view.rows(), emb.parts[0].view.cols()),
                 (10, 8)
             );
-            // Wq, Wk, Wv stacked: Q's rows, then K's and V's from the two halves of kv_einsum
-            let qkv = src
+            let v = src
                 .iter()
-                .find(|s| s.name == "blk.1.attn_qkv.weight")
+                .find(|s| s.name == "blk.1.attn_v.weight")
                 .unwrap();
-            let h = hp(SPARK_ARCH);
-            let rows = (h.n_heads + 2 * h.n_kv_heads) * h.head_dim;
-            assert_eq!(qkv.ne, vec![h.d_model, rows]);
-            let entries: Vec<&str> = qkv.parts.iter().map(|p| p.entry.as_str()).collect();
-            let kv = "transformer/layer_1/attn/kv_einsum/w";
-            assert_eq!(entries, ["transformer/layer_1/attn/q_einsum/w", kv, kv]);
-            let kv_elems = (h.n_kv_heads * h.d_model * h.head_dim) as usize;
-            assert_eq!(
-                (qkv.parts[1].view.base, qkv.parts[2].view.base),
-                (0, kv_elems)
-            );
+            assert_eq!(v.parts.len(), 1);
         }
+    }
+
+    #[test]
+    fn stacks_wq_wk_wv_from_two_entries() {
+        let shapes = spark_shapes(false);
+        let h = hp(SPARK_ARCH);
+        let (src, used) = plan_sources(&shapes, &h, GatingLayout::DF, QkvLayout::Stacked).unwrap();
+        assert_eq!(src.len(), 2 + 9 * 2);
+        assert_eq!(used.len(), shapes.0.len());
+        assert!(src.iter().all(|s| !s.name.contains("attn_q.")));
+        // Q's rows, then K's and V's from the two halves of kv_einsum
+        let qkv = src
+            .iter()
+            .find(|s| s.name == "blk.1.attn_qkv.weight")
+            .unwrap();
+        let rows = (h.n_heads + 2 * h.n_kv_heads) * h.head_dim;
+        assert_eq!(qkv.ne, vec![h.d_model, rows]);
+        let entries: Vec<&str> = qkv.parts.iter().map(|p| p.entry.as_str()).collect();
+        let kv = "transformer/layer_1/attn/kv_einsum/w";
+        assert_eq!(entries, ["transformer/layer_1/attn/q_einsum/w", kv, kv]);
+        let kv_elems = (h.n_kv_heads * h.d_model * h.head_dim) as usize;
+        assert_eq!(
+            (qkv.parts[1].view.base, qkv.parts[2].view.base),
+            (0, kv_elems)
+        );
     }
 
     #[test]
     fn names_missing_and_misshapen_entries() {
         let mut s = spark_shapes(false);
         s.0.remove(&layer_entry(1, entry::Q_EINSUM));
-        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF)
+        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split)
             .unwrap_err()
             .to_string();
         assert!(
@@ -512,7 +538,7 @@ mod tests {
         );
         let mut s = spark_shapes(false);
         s.0.insert(layer_entry(0, entry::LINEAR), vec![8, 12]);
-        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF)
+        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split)
             .unwrap_err()
             .to_string();
         assert!(
@@ -521,16 +547,20 @@ mod tests {
         );
         let mut s = spark_shapes(false);
         s.0.insert(layer_entry(0, entry::SPARK_K1), vec![3, 12]);
-        assert!(plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF)
-            .unwrap_err()
-            .to_string()
-            .contains("both"));
+        assert!(
+            plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split)
+                .unwrap_err()
+                .to_string()
+                .contains("both")
+        );
         let mut s = spark_shapes(false);
         s.0.insert(EMBEDDING_ENTRY.into(), vec![9, 8]);
-        assert!(plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF)
-            .unwrap_err()
-            .to_string()
-            .contains("input_embedding"));
+        assert!(
+            plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split)
+                .unwrap_err()
+                .to_string()
+                .contains("input_embedding")
+        );
     }
 
     #[test]
@@ -541,7 +571,7 @@ mod tests {
             s.0.insert(layer_entry(l, entry::GATING_EINSUM), vec![2, 8, 12]);
         }
         let h = hp(Arch::Gemma2);
-        let (src, _) = plan_sources(&s, &h, GatingLayout::DF).unwrap();
+        let (src, _) = plan_sources(&s, &h, GatingLayout::DF, QkvLayout::Split).unwrap();
         let up = src
             .iter()
             .find(|t| t.name == "blk.0.ffn_up.weight")
@@ -558,6 +588,6 @@ mod tests {
             (down.ne.clone(), down.parts[0].view.clone()),
             (vec![12, 8], View::transposed(0, 12, 8))
         );
-        assert!(plan_sources(&s, &h, GatingLayout::FD).is_err());
+        assert!(plan_sources(&s, &h, GatingLayout::FD, QkvLayout::Split).is_err());
     }
 }

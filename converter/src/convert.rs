@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use spark_gguf::schema::{keys, Arch, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{keys, Arch, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
 
 use crate::chat_template;
@@ -113,6 +113,8 @@ pub struct ConvertOptions {
     pub chat_template: Option<String>,
     /// Spark parameter overrides.
     pub overrides: SparkOverrides,
+    /// How Wq, Wk and Wv are written (`--stack-qkv`: one `attn_qkv`; Spark checkpoints only).
+    pub qkv: QkvLayout,
     /// `general.name` (default: the input file's stem).
     pub name: Option<String>,
     /// Also write a llama-gguf-hash manifest of the tensor data here (see
@@ -389,6 +391,12 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
             "--ffn-k/--ffn-r/--attn-k/--attn-r apply to Spark checkpoints; this one is dense (mlp/gating_einsum)".into(),
         ));
     }
+    if arch == GEMMA2_ARCH && o.qkv != QkvLayout::Split {
+        return Err(Error::Usage(
+            "--stack-qkv applies to Spark checkpoints; this one is dense (mlp/gating_einsum)"
+                .into(),
+        ));
+    }
     o.overrides.apply(&mut cfg);
     let declared = match (o.input_dtype, &cfg.dtype) {
         (Some(d), _) => Some(d),
@@ -400,7 +408,7 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
         (None, None) => None,
     };
     let hp = model::hparams(arch, &cfg)?;
-    let (sources, used) = checkpoint::plan_sources(&npz, &hp, gating_layout(&npz, &cfg))?;
+    let (sources, used) = checkpoint::plan_sources(&npz, &hp, gating_layout(&npz, &cfg), o.qkv)?;
     check_extra_entries(&npz, &used, arch)?;
 
     let mut jobs = Vec::with_capacity(sources.len());

@@ -12,6 +12,7 @@ use spark_convert::convert::{
 use spark_convert::error::{Error, Result};
 use spark_convert::model::OutType;
 use spark_convert::synthetic::{generate_with_chat_template, SyntheticOptions};
+use spark_gguf::schema::QkvLayout;
 
 /// Convert a Spark-Gemma2 (or dense Gemma-2) .npz checkpoint to GGUF.
 ///
@@ -61,6 +62,11 @@ struct Cli {
     /// Override r_a (attention predictor dims per head).
     #[arg(long)]
     attn_r: Option<u32>,
+    /// Write Wq, Wk and Wv of a Spark model as one stacked matrix, blk.N.attn_qkv.weight, instead
+    /// of three: one matrix product per layer (four kernels fewer per decode layer on a GPU;
+    /// a few percent slower decode on the CPU measured, docs/PERF.md). llama.cpp loads either.
+    #[arg(long)]
+    stack_qkv: bool,
     /// general.name (default: the input file's stem, or the preset).
     #[arg(long)]
     name: Option<String>,
@@ -96,6 +102,11 @@ fn run(cli: Cli) -> Result<()> {
         .as_deref()
         .map(chat_template::from_arg)
         .transpose()?;
+    let qkv = if cli.stack_qkv {
+        QkvLayout::Stacked
+    } else {
+        QkvLayout::Split
+    };
     let overrides = SparkOverrides {
         ffn_k: cli.ffn_k,
         ffn_r: cli.ffn_r,
@@ -119,6 +130,7 @@ fn run(cli: Cli) -> Result<()> {
                 seed: cli.seed,
                 outtype,
                 overrides,
+                qkv,
                 name: cli.name,
                 force: cli.force,
                 quiet: cli.quiet,
@@ -147,6 +159,7 @@ fn run(cli: Cli) -> Result<()> {
         vocab_from: cli.vocab_from,
         chat_template,
         overrides,
+        qkv,
         name: cli.name,
         force: cli.force,
         quiet: cli.quiet,

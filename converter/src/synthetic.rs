@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use rayon::prelude::*;
-use spark_gguf::schema::{Arch, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{Arch, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{quant, GgmlType, GgufError, TensorPlan};
 
 use crate::config::ModelConfig;
@@ -47,6 +47,8 @@ pub struct SyntheticOptions {
     pub outtype: OutType,
     /// Spark parameter overrides.
     pub overrides: SparkOverrides,
+    /// How Wq, Wk and Wv are written (Spark presets only).
+    pub qkv: QkvLayout,
     /// `general.name` (default: the preset name).
     pub name: Option<String>,
     /// Also write a llama-gguf-hash manifest of the tensor data here, committed with the output.
@@ -200,6 +202,12 @@ pub fn generate_with_chat_template(
             o.preset
         )));
     }
+    if arch == GEMMA2_ARCH && o.qkv != QkvLayout::Split {
+        return Err(Error::Usage(format!(
+            "--stack-qkv does not apply to the dense preset '{}'",
+            o.preset
+        )));
+    }
     o.overrides.apply(&mut cfg);
     let hp = model::hparams(arch, &cfg)?;
     let outtype = if o.outtype == OutType::Auto {
@@ -209,7 +217,7 @@ pub fn generate_with_chat_template(
     };
     let mut notes = Vec::new();
     let plans: Vec<TensorPlan> = hp
-        .expected_tensors()
+        .expected_tensors_in(arch.tensors_with(o.qkv))
         .into_iter()
         .map(|(name, ne)| {
             let (ty, fallback) = model::tensor_type(outtype, GgmlType::F32, &ne);
@@ -338,6 +346,7 @@ mod tests {
             seed: 3,
             outtype: OutType::Q8_0,
             overrides: SparkOverrides::default(),
+            qkv: QkvLayout::Split,
             name: None,
             manifest: Some(manifest.clone()),
             force: false,

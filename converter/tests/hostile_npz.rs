@@ -222,6 +222,7 @@ fn check_conversion(bytes: &[u8], outtype: OutType) -> Result<bool, TestCaseErro
         vocab_from: None,
         chat_template: None,
         overrides: SparkOverrides::default(),
+        qkv: spark_gguf::schema::QkvLayout::Split,
         name: None,
         manifest: None,
         force: false,

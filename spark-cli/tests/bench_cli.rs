@@ -25,6 +25,7 @@ fn model(preset: &str, cell: &'static OnceLock<PathBuf>) -> &'static Path {
             seed: 7,
             outtype: OutType::F16,
             overrides: SparkOverrides::default(),
+            qkv: spark_gguf::schema::QkvLayout::Split,
             name: None,
             manifest: None,
             force: true,

@@ -68,23 +68,34 @@ impl Arch {
     }
 
     /// The tensors, in file order (SPEC section 3 for `spark-gemma2`; llama.cpp's layout for
-    /// `gemma2`).
+    /// `gemma2`), with Wq, Wk and Wv as three matrices ([`QkvLayout::Split`]).
     pub fn tensors(self) -> &'static [TensorSpec] {
-        match self {
-            Arch::SparkGemma2 => &SPARK_TENSORS,
-            Arch::Gemma2 => &GEMMA2_TENSORS,
-        }
+        self.tensors_with(QkvLayout::Split)
     }
 
-    /// The tensors of a file of this architecture whose attention input is three matrices
-    /// (`attn_q`, `attn_k`, `attn_v`) instead of one (`attn_qkv`): `gemma2`'s own layout, and a
-    /// `spark-gemma2` file written before the stacked form, which llama.cpp loads as well.
-    pub fn tensors_with_split_qkv(self) -> &'static [TensorSpec] {
-        match self {
-            Arch::SparkGemma2 => &SPARK_SPLIT_QKV_TENSORS,
-            Arch::Gemma2 => &GEMMA2_TENSORS,
+    /// The tensors of a file whose attention input matrices are laid out as `qkv`
+    /// ([`QkvLayout::Stacked`] is a `spark-gemma2` form; `gemma2` has llama.cpp's three
+    /// matrices either way).
+    pub fn tensors_with(self, qkv: QkvLayout) -> &'static [TensorSpec] {
+        match (self, qkv) {
+            (Arch::SparkGemma2, QkvLayout::Split) => &SPARK_TENSORS,
+            (Arch::SparkGemma2, QkvLayout::Stacked) => &SPARK_STACKED_QKV_TENSORS,
+            (Arch::Gemma2, _) => &GEMMA2_TENSORS,
         }
     }
+}
+
+/// How a file holds the attention's input matrices Wq, Wk and Wv (llama.cpp loads either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QkvLayout {
+    /// Three tensors, `attn_q`, `attn_k`, `attn_v` (llama.cpp's gemma2 layout; spark-convert's
+    /// default).
+    #[default]
+    Split,
+    /// One tensor, `attn_qkv` = [Wq; Wk; Wv] (rows): one matrix product per layer, four kernels
+    /// fewer per decode layer on ggml-cuda (two per quantized product), about 4 % slower decode
+    /// on the 2-core CPU it was measured on (docs/PERF.md); `spark-convert --stack-qkv`.
+    Stacked,
 }
 
 impl std::fmt::Display for Arch {
@@ -408,15 +419,13 @@ const SPARK_V: TensorSpec = t(
     "V, neuron-major: row j = neuron j's output",
 );
 
-/// Spark's layout: Wq, Wk and Wv stacked into one matrix (`attn_qkv`), so that a layer's
-/// attention input is one matrix product (on a GPU one activation quantization and one
-/// matrix-vector kernel per decode step instead of three of each).
-static SPARK_TENSORS: [TensorSpec; 11] = gemma2_layout!([WQKV], SPARK_K1, SPARK_K2, SPARK_V);
+/// Spark's layout ([`QkvLayout::Split`]).
+static SPARK_TENSORS: [TensorSpec; 13] = gemma2_layout!([WQ, WK, WV], SPARK_K1, SPARK_K2, SPARK_V);
 
-/// Spark's layout with Wq, Wk and Wv as three matrices, as spark-convert wrote them before the
-/// stacked form: llama.cpp loads either, so a file of this layout stays valid.
-static SPARK_SPLIT_QKV_TENSORS: [TensorSpec; 13] =
-    gemma2_layout!([WQ, WK, WV], SPARK_K1, SPARK_K2, SPARK_V);
+/// Spark's layout with Wq, Wk and Wv stacked into one matrix, `attn_qkv`
+/// ([`QkvLayout::Stacked`]).
+static SPARK_STACKED_QKV_TENSORS: [TensorSpec; 11] =
+    gemma2_layout!([WQKV], SPARK_K1, SPARK_K2, SPARK_V);
 
 static GEMMA2_TENSORS: [TensorSpec; 13] = gemma2_layout!(
     [WQ, WK, WV],
@@ -655,7 +664,7 @@ impl Hparams {
     }
 
     /// [`expected_tensors`](Self::expected_tensors) of the layout `specs` (one of
-    /// [`Arch::tensors`] and [`Arch::tensors_with_split_qkv`]).
+    /// [`Arch::tensors_with`]'s).
     pub fn expected_tensors_in(&self, specs: &[TensorSpec]) -> Vec<(String, Vec<u64>)> {
         let shape = |s: &TensorSpec| s.dims.iter().map(|d| d.resolve(self)).collect::<Vec<u64>>();
         let mut out: Vec<(String, Vec<u64>)> = specs
@@ -788,21 +797,21 @@ mod tests {
         hp.validate().unwrap();
         assert_eq!(hp.vocab, 7);
         let t = hp.expected_tensors();
-        assert_eq!(t.len(), 2 + 2 * 9);
+        assert_eq!(t.len(), 2 + 2 * 11);
         assert_eq!(t[0], ("token_embd.weight".to_string(), vec![2304, 7]));
         let find = |n: &str| t.iter().find(|(k, _)| k == n).unwrap().1.clone();
         assert_eq!(find("blk.1.ffn_gate.weight"), vec![1024, 13824]);
         assert_eq!(find("blk.1.ffn_up.weight"), vec![1280, 13824]);
         assert_eq!(find("blk.0.ffn_down_t.weight"), vec![2304, 13824]);
         assert_eq!(find("blk.0.attn_output.weight"), vec![2048, 2304]);
-        assert_eq!(find("blk.0.attn_qkv.weight"), vec![2304, (8 + 2 * 4) * 256]);
-        assert!(t.iter().all(|(n, _)| !n.contains("attn_k.")));
-        // the layout with three attention input matrices, which older files have
-        let split = hp.expected_tensors_in(SPARK_ARCH.tensors_with_split_qkv());
-        assert_eq!(split.len(), 2 + 2 * 11);
-        let find = |n: &str| split.iter().find(|(k, _)| k == n).unwrap().1.clone();
         assert_eq!(find("blk.0.attn_k.weight"), vec![2304, 1024]);
+        // Wq, Wk, Wv stacked into one matrix
+        let stacked = hp.expected_tensors_in(SPARK_ARCH.tensors_with(QkvLayout::Stacked));
+        assert_eq!(stacked.len(), 2 + 2 * 9);
+        let find = |n: &str| stacked.iter().find(|(k, _)| k == n).unwrap().1.clone();
+        assert_eq!(find("blk.0.attn_qkv.weight"), vec![2304, (8 + 2 * 4) * 256]);
         assert_eq!(find("blk.1.ffn_down_t.weight"), vec![2304, 13824]);
+        assert!(stacked.iter().all(|(n, _)| !n.contains("attn_k.")));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::reader::GgufFile;
-use crate::schema::{Arch, Hparams, TensorKind, GEMMA2_ARCH, SPARK_ARCH};
+use crate::schema::{Arch, Hparams, QkvLayout, TensorKind, GEMMA2_ARCH, SPARK_ARCH};
 use crate::writer::MAX_TENSOR_NAME_BYTES;
 use crate::{keys, Array, Value, ValueType};
 
@@ -361,14 +361,14 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
         .iter()
         .map(|t| (t.name.as_str(), t))
         .collect();
-    // a file with Wq, Wk, Wv as three matrices is checked against that layout (llama.cpp loads
-    // either); every other file against the stacked one
-    let split_qkv = present.contains_key(TensorKind::AttnQ.name().replace("{l}", "0").as_str());
-    let expected = hp.expected_tensors_in(if split_qkv {
-        arch.tensors_with_split_qkv()
+    // a file with Wq, Wk, Wv stacked (attn_qkv) is checked against that layout (llama.cpp
+    // loads either); every other file against the three matrices
+    let stacked = present.contains_key(TensorKind::AttnQkv.name().replace("{l}", "0").as_str());
+    let expected = hp.expected_tensors_in(arch.tensors_with(if stacked {
+        QkvLayout::Stacked
     } else {
-        arch.tensors()
-    });
+        QkvLayout::Split
+    }));
     for (name, shape) in &expected {
         match present.get(name.as_str()) {
             None => r.add(name, format!("is missing (expected shape {shape:?})")),

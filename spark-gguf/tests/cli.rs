@@ -37,12 +37,12 @@ fn inspect_prints_keys_tensors_and_totals() {
         out.contains("  output_norm.weight f32 [96] 384 bytes\n"),
         "{out}"
     );
-    assert!(out.contains("tensors (20):\n"), "{out}");
+    assert!(out.contains("tensors (24):\n"), "{out}");
     assert!(
         out.lines()
             .last()
             .unwrap()
-            .starts_with("total: 20 tensors, "),
+            .starts_with("total: 24 tensors, "),
         "{out}"
     );
 }
@@ -55,7 +55,7 @@ fn validate_reports_and_exits() {
     assert_eq!(code, 0);
     assert_eq!(
         out,
-        format!("{}: valid (20 tensors, 29 keys)\n", path.display())
+        format!("{}: valid (24 tensors, 29 keys)\n", path.display())
     );
 
     // A truncated copy is a structural error: one line on stderr, no report.

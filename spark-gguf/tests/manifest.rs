@@ -155,16 +155,15 @@ fn a_manifest_of_another_file_is_refused() {
         )
     );
 
-    // the other file under this one's name: its tensors differ (the gemma2 model has neither
-    // the stacked attn_qkv nor Spark's FFN tensors; the first one the manifest lists and the
-    // file lacks is named)
+    // the other file under this one's name: its tensors differ (the gemma2 model has no
+    // Spark tensors; the first one the manifest lists and the file lacks is named)
     let other_dir = tmpdir();
     let impostor = other_dir.path().join(file_name(&a));
     std::fs::copy(&b, &impostor).unwrap();
     let (code, _, err) = validate_with(&impostor, &a_manifest);
     assert_eq!(code, 1);
     assert!(
-        err.contains("lists tensor 'blk.0.attn_qkv.weight', which"),
+        err.contains("lists tensor 'blk.0.ffn_down_t.weight', which"),
         "{err}"
     );
 

@@ -3,7 +3,7 @@
 mod gguf_helpers;
 
 use gguf_helpers::*;
-use spark_gguf::schema::{suffix, Hparams, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{suffix, Hparams, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::validate::validate;
 use spark_gguf::{keys, Array, GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
 
@@ -206,25 +206,17 @@ fn tensor_set_must_match_the_schema_exactly() {
 }
 
 #[test]
-fn spark_files_with_three_attention_input_matrices_stay_valid() {
-    // spark-convert stacks Wq, Wk, Wv into attn_qkv; files written before that have the three
-    // matrices, which llama.cpp loads as well
+fn spark_files_with_wq_wk_wv_stacked_are_valid_too() {
+    // spark-convert --stack-qkv writes Wq, Wk, Wv as one attn_qkv; llama.cpp loads either
     let base = tiny_metadata(SPARK_ARCH);
-    let stacked = tiny_plans(&base, GgmlType::F32);
-    let qkv = stacked
-        .iter()
-        .find(|t| t.name == "blk.1.attn_qkv.weight")
-        .unwrap();
+    let split = tiny_plans(&base, GgmlType::F32);
+    assert!(split.iter().any(|t| t.name == "blk.1.attn_v.weight"));
     let hp = Hparams::from_metadata(SPARK_ARCH, |k| {
         base.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)
     })
     .unwrap();
-    let qkv_rows = (hp.n_heads + 2 * hp.n_kv_heads) * hp.head_dim;
-    assert_eq!(qkv.ne, vec![hp.d_model, qkv_rows]);
-    assert!(stacked.iter().all(|t| !t.name.contains("attn_q.")));
-
-    let split: Vec<TensorPlan> = hp
-        .expected_tensors_in(SPARK_ARCH.tensors_with_split_qkv())
+    let stacked: Vec<TensorPlan> = hp
+        .expected_tensors_in(SPARK_ARCH.tensors_with(QkvLayout::Stacked))
         .into_iter()
         .map(|(name, ne)| TensorPlan {
             name,
@@ -232,10 +224,16 @@ fn spark_files_with_three_attention_input_matrices_stay_valid() {
             ne,
         })
         .collect();
-    assert!(split.iter().any(|t| t.name == "blk.1.attn_v.weight"));
-    assert_eq!(violations(&base, &split), Vec::<String>::new());
+    let qkv = stacked
+        .iter()
+        .find(|t| t.name == "blk.1.attn_qkv.weight")
+        .unwrap();
+    let qkv_rows = (hp.n_heads + 2 * hp.n_kv_heads) * hp.head_dim;
+    assert_eq!(qkv.ne, vec![hp.d_model, qkv_rows]);
+    assert!(stacked.iter().all(|t| !t.name.contains("attn_q.")));
+    assert_eq!(violations(&base, &stacked), Vec::<String>::new());
 
-    // one layout or the other, never both
+    // one layout or the other, never both: three matrices and one stacked one
     let mut both = split.clone();
     both.push(qkv.clone());
     assert_eq!(

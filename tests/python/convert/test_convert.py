@@ -19,7 +19,7 @@ from spark_checkpoint import default_tiny_config, load_checkpoint, make_checkpoi
 SPARK = "spark-gemma2"
 
 
-def expected_tensors(cfg: dict, w: dict, dense: bool) -> dict:
+def expected_tensors(cfg: dict, w: dict, dense: bool, stacked: bool = False) -> dict:
     """GGUF tensor name -> numpy array (shape = reversed ggml ne), per SPEC sections 3 and 5."""
     V, D, L = cfg["vocab_size"], cfg["d_model"], cfg["n_layers"]
     N, KV, H, F, rf = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"], cfg["d_ff"], cfg["ffn_r"]
@@ -35,10 +35,10 @@ def expected_tensors(cfg: dict, w: dict, dense: bool) -> dict:
         wq = w[p + "attn/q_einsum/w"].transpose(0, 2, 1).reshape(N * H, D)
         wk = kv[0].transpose(0, 2, 1).reshape(KV * H, D)
         wv = kv[1].transpose(0, 2, 1).reshape(KV * H, D)
-        if dense:  # llama.cpp's gemma2 layout
-            out[b + "attn_q.weight"], out[b + "attn_k.weight"], out[b + "attn_v.weight"] = wq, wk, wv
-        else:  # Spark stacks them, ggml ne [D, (N + 2 KV) H]
+        if stacked:  # --stack-qkv: one tensor, ggml ne [D, (N + 2 KV) H]
             out[b + "attn_qkv.weight"] = np.concatenate([wq, wk, wv])
+        else:
+            out[b + "attn_q.weight"], out[b + "attn_k.weight"], out[b + "attn_v.weight"] = wq, wk, wv
         # HF o_proj [D, N*H]; ggml ne [N*H, D].
         out[b + "attn_output.weight"] = w[p + "attn/attn_vec_einsum/w"].reshape(N * H, D).T
         out[b + "post_attention_norm.weight"] = 1 + w[p + "post_attention_norm/scale"]
@@ -64,11 +64,11 @@ def tensor_bytes(t) -> bytes:
     return np.ascontiguousarray(t.data).tobytes()
 
 
-def check_tensors(path, cfg, weights, dense, outtype, src_type=QT.F32):
+def check_tensors(path, cfg, weights, dense, outtype, src_type=QT.F32, stacked=False):
     """Every tensor: right name, shape and type, and bytes equal to gguf-py's encoding of the
     expected array (f32/f16 exactly by numpy, bf16/q8_0 by gguf.quants)."""
     r = gguf.GGUFReader(path)
-    exp = expected_tensors(cfg, weights, dense)
+    exp = expected_tensors(cfg, weights, dense, stacked)
     got = {t.name: t for t in r.tensors}
     assert set(got) == set(exp)
     for name, e in exp.items():
@@ -120,13 +120,29 @@ def test_fused_f32_checkpoint_all_outtypes(tmp_path, outdir, sp_model, outtype):
     ck = make(tmp_path, tokenizer=sp_model.read_bytes(), vocab_pad=16)
     out = outdir / "m.gguf"
     p = run_convert(ck, out, "--outtype", outtype)
-    assert f"wrote {out}: 20 tensors" in p.stdout  # 2 global + 9 per layer (attn_qkv stacked)
+    assert f"wrote {out}: 24 tensors" in p.stdout
     validate(out)
     cfg, w = load_checkpoint(str(ck))
     r = check_tensors(out, cfg, w, dense=False, outtype=outtype)
     file_type = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "auto": 0}[outtype]
     assert field(r, "general.file_type") == ([VT.UINT32], file_type)
     assert field(r, "general.quantization_version") == ([VT.UINT32], 2)
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_stack_qkv_writes_wq_wk_wv_as_one_tensor(tmp_path, outdir, sp_model, outtype):
+    ck = make(tmp_path, tokenizer=sp_model.read_bytes(), vocab_pad=16)
+    out = outdir / "m.gguf"
+    p = run_convert(ck, out, "--outtype", outtype, "--stack-qkv")
+    assert f"wrote {out}: 20 tensors" in p.stdout  # 2 global + 9 per layer
+    validate(out)
+    cfg, w = load_checkpoint(str(ck))
+    check_tensors(out, cfg, w, dense=False, outtype=outtype, stacked=True)
+
+
+def test_stack_qkv_is_refused_for_a_dense_checkpoint_and_preset(tmp_path, outdir):
+    assert_fails(outdir, ["--synthetic", "tiny-dense", outdir / "d.gguf", "--stack-qkv"],
+                 "--stack-qkv does not apply to the dense preset 'tiny-dense'")
 
 
 @pytest.mark.parametrize("dtype,compressed,split_k", [
@@ -354,11 +370,14 @@ def test_bad_entries(tmp_path, outdir, tiny_arrays):
     a["transformer/layer_1/attn/kv_einsum/w"] = a["transformer/layer_1/attn/kv_einsum/w"].copy()
     a["transformer/layer_1/attn/kv_einsum/w"][1, 0, 3, 2] = np.nan
     save_raw(tmp_path / "nan.npz", a)
-    # V's half of kv_einsum, KV head 0, column h = 2: row N*H + KV*H + 2 of the stacked attn_qkv
+    # V's half of kv_einsum, KV head 0, column h = 2: row 2 of attn_v, row N*H + KV*H + 2 of the
+    # stacked attn_qkv
+    assert_fails(outdir, [tmp_path / "nan.npz", out], "transformer/layer_1/attn/kv_einsum/w", "non-finite",
+                 "row 2 of tensor 'blk.1.attn_v.weight'")
     n, _, h = a["transformer/layer_1/attn/q_einsum/w"].shape
     kv = a["transformer/layer_1/attn/kv_einsum/w"].shape[1]
-    assert_fails(outdir, [tmp_path / "nan.npz", out], "transformer/layer_1/attn/kv_einsum/w", "non-finite",
-                 f"row {n * h + kv * h + 2} of tensor 'blk.1.attn_qkv.weight'")
+    assert_fails(outdir, [tmp_path / "nan.npz", out, "--stack-qkv"], "transformer/layer_1/attn/kv_einsum/w",
+                 "non-finite", f"row {n * h + kv * h + 2} of tensor 'blk.1.attn_qkv.weight'")
 
     a = dict(tiny_arrays)
     a["transformer/final_norm/scale"] = a["transformer/final_norm/scale"].copy()

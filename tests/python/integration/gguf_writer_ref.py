@@ -83,11 +83,9 @@ def write_spark_gguf(path: str, cfg: dict, w: dict, skip_tensors=(), float_keys=
         wq = w[f"{q}/attn/q_einsum/w"]  # [N, D, H]
         kv = w[f"{q}/attn/kv_einsum/w"]  # [2, KV, D, H]
         wo = w[f"{q}/attn/attn_vec_einsum/w"]  # [N, H, D]
-        # Wq, Wk, Wv stacked (SPEC section 3): Q's rows, then K's, then V's
-        t(f"blk.{l}.attn_qkv.weight", np.concatenate([
-            wq.transpose(0, 2, 1).reshape(N * H, D),
-            kv[0].transpose(0, 2, 1).reshape(KV * H, D),
-            kv[1].transpose(0, 2, 1).reshape(KV * H, D)]))
+        t(f"blk.{l}.attn_q.weight", wq.transpose(0, 2, 1).reshape(N * H, D))
+        t(f"blk.{l}.attn_k.weight", kv[0].transpose(0, 2, 1).reshape(KV * H, D))
+        t(f"blk.{l}.attn_v.weight", kv[1].transpose(0, 2, 1).reshape(KV * H, D))
         t(f"blk.{l}.attn_output.weight", wo.reshape(N * H, D).T)
         t(f"blk.{l}.post_attention_norm.weight", 1.0 + w[f"{q}/post_attention_norm/scale"])
         t(f"blk.{l}.ffn_norm.weight", 1.0 + w[f"{q}/pre_ffw_norm/scale"])

@@ -9,8 +9,8 @@ GGUF; llama.cpp tokenizes with its own SPM implementation).
 
 What imatrix sees of a Spark layer (docs/QUALITY.md, "Importance matrix"): llama-imatrix
 collects the inputs of GGML_OP_MUL_MAT / MUL_MAT_ID nodes whose weight is named blk.*. The
-predictor K1 (ffn_gate) and attention's input (Wq, Wk, Wv stacked as attn_qkv) and output
-projections are stock mul_mats on both paths. K2 (ffn_up) is a mul_mat only on the dense stock-op graph (no plugin); with the plugin
+predictor K1 (ffn_gate) and attention's Q, K, V and output projections are stock mul_mats on
+both paths. K2 (ffn_up) is a mul_mat only on the dense stock-op graph (no plugin); with the plugin
 it is read inside the spark_ffn_* custom ops and gets no entry. V (ffn_down_t, neuron-major) is
 applied with ggml_out_prod on the dense graph and inside the custom ops with the plugin: no entry
 either way."""
@@ -131,7 +131,7 @@ N_CTX = 256
 
 def expected_entries(with_plugin: bool) -> dict:
     """{entry name: columns}: the mul_mat weights of the graph that runs (module docstring)."""
-    kinds = {"attn_qkv": D,
+    kinds = {"attn_q": D, "attn_k": D, "attn_v": D,
              "attn_output": CFG["n_heads"] * CFG["head_dim"], "ffn_gate": R_F}
     if not with_plugin:
         kinds["ffn_up"] = D - R_F
@@ -201,7 +201,7 @@ def reference_mean_squares() -> dict:
         state["norm_calls"] += 1
         if i % 4 == 0 and i // 4 < cfg["n_layers"]:  # pre-attention norm of layer i // 4
             state["layer"] = i // 4
-            add([f"blk.{i // 4}.attn_qkv.weight"], out)
+            add([f"blk.{i // 4}.{k}.weight" for k in ("attn_q", "attn_k", "attn_v")], out)
         return out
 
     def attention_hook(q, k, v, layer, c, stats=None):
