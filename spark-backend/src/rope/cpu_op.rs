@@ -4,7 +4,7 @@
 //! contiguous blocks of rows (one head of one token each), a function of the shapes and `nth`;
 //! every row is computed the same way whoever computes it.
 
-use super::{rope_head, RopeCall};
+use super::{rope_angles, rope_head, RopeCall};
 use crate::cpu_op::{Claims, SparkOp};
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
@@ -67,21 +67,27 @@ impl SparkOp for Rope {
 
     unsafe fn run(&self, _ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
         let c = &self.call;
-        let (h, n_head) = (c.head_dim(), c.n_head());
+        let (h, n_head, r) = (c.head_dim(), c.n_head(), c.params.r as usize);
+        // the angles of the token the last row was of (rows are heads of a token, then tokens)
+        let mut angles = Vec::with_capacity(h / 2);
+        let mut angles_of = None;
         for chunk in claims {
             for row in self.rows(chunk) {
                 let (n, t) = (row % n_head, row / n_head);
-                // SAFETY: x holds H f32 values at every (n, t) offset (checked strides), pos
-                // n_tokens i32 values; both are live for the call.
-                let (x, pos) = unsafe {
+                if angles_of != Some(t) {
+                    // SAFETY: pos holds n_tokens i32 values (checked), live for the call.
+                    let pos = unsafe { c.pos.data.cast::<i32>().add(t).read_unaligned() };
+                    rope_angles(pos, &c.params, h, &mut angles);
+                    angles_of = Some(t);
+                }
+                // SAFETY: x holds H f32 values at every (n, t) offset (checked strides), live
+                // for the call.
+                let x = unsafe {
                     let at = c.x.data.add(t * c.x.nb[2] + n * c.x.nb[1]).cast::<f32>();
-                    (
-                        std::slice::from_raw_parts(at.cast_const(), h),
-                        c.pos.data.cast::<i32>().add(t).read_unaligned(),
-                    )
+                    std::slice::from_raw_parts(at.cast_const(), h)
                 };
                 // SAFETY: chunk was claimed by this thread (SparkOp contract).
-                rope_head(x, pos, &c.params, unsafe { self.out_row(row) });
+                rope_head(x, &angles, r, unsafe { self.out_row(row) });
             }
         }
         Ok(())

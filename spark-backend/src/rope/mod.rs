@@ -17,8 +17,9 @@
 //! positions, i32 `[n_tokens]` contiguous; dst `[H, n_head, n_tokens]` f32 contiguous; the
 //! parameters are the node's block read as [`RopeParams`].
 //!
-//! [`rope_head`] is the scalar function both the CPU op ([`cpu_op`]) and the CUDA kernel
-//! (`rope.cu`) compute; [`RopeCall`] the checks they share.
+//! [`rope_angles`] (once per token: every head of it shares them) and [`rope_head`] are the
+//! scalar functions both the CPU op ([`cpu_op`]) and the CUDA kernel (`rope.cu`, per block)
+//! compute; [`RopeCall`] the checks they share.
 
 pub mod cpu_op;
 pub mod cuda_plan;
@@ -160,17 +161,28 @@ impl RopeCall {
     }
 }
 
-/// One head: `out[..H]` from `x[..H]` at position `pos` (module docs; `r` checked by
-/// [`RopeCall`]). The exact f32 operations of the CUDA kernel.
-pub fn rope_head(x: &[f32], pos: i32, p: &RopeParams, out: &mut [f32]) {
-    let h = out.len();
+/// The scaled (cos, sin) of every pair of a head of width `h` at position `pos`, first part's
+/// pairs first (module docs; `r` checked by [`RopeCall`]): what every head of one token shares.
+/// The exact f32 operations of the CUDA kernel.
+pub fn rope_angles(pos: i32, p: &RopeParams, h: usize, angles: &mut Vec<(f32, f32)>) {
+    angles.clear();
     let r = p.r as usize;
+    for width in [r, h - r] {
+        let theta_scale = p.freq_base.powf(-2.0 / width as f32);
+        for i in 0..width / 2 {
+            let theta = p.freq_scale * (pos as f32 * theta_scale.powf(i as f32));
+            angles.push((theta.cos() * p.scale, theta.sin() * p.scale));
+        }
+    }
+}
+
+/// One head: `out[..H]` from `x[..H]` with the angles of its token ([`rope_angles`]).
+pub fn rope_head(x: &[f32], angles: &[(f32, f32)], r: usize, out: &mut [f32]) {
+    let h = out.len();
+    let mut pairs = angles.iter();
     for (offset, width) in [(0, r), (r, h - r)] {
         let half = width / 2;
-        let theta_scale = p.freq_base.powf(-2.0 / width as f32);
-        for i in 0..half {
-            let theta = p.freq_scale * (pos as f32 * theta_scale.powf(i as f32));
-            let (c, s) = (theta.cos() * p.scale, theta.sin() * p.scale);
+        for (i, &(c, s)) in (0..half).zip(&mut pairs) {
             let (x0, x1) = (x[offset + i], x[offset + i + half]);
             out[offset + i] = x0 * c - x1 * s;
             out[offset + i + half] = x0 * s + x1 * c;

@@ -5,7 +5,7 @@
 
 use spark_backend::params::RopeParams;
 use spark_backend::rope::cuda_plan::RopePlan;
-use spark_backend::rope::{rope_head, RopeCall};
+use spark_backend::rope::{rope_angles, rope_head, RopeCall};
 use spark_backend::tensor::TensorView;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -84,9 +84,11 @@ fn check(h: usize, r: usize, n_head: usize, stride: usize, pos: &[i32]) {
         .map(|i| f32::from_le_bytes(mem[d_off + 4 * i..][..4].try_into().unwrap()))
         .collect();
     let mut cpu = vec![0f32; n_out];
+    let mut angles = Vec::new();
     for (row, out) in cpu.chunks_mut(h).enumerate() {
         let (n, tk) = (row % n_head, row / n_head);
-        rope_head(&x[tk * stride + n * h..][..h], pos[tk], &params, out);
+        rope_angles(pos[tk], &params, h, &mut angles);
+        rope_head(&x[tk * stride + n * h..][..h], &angles, r, out);
     }
     let differ = gpu
         .iter()
