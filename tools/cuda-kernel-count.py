@@ -154,8 +154,8 @@ def count(nodes: list, types: dict) -> dict:
         elif n.op == "MUL_MAT":
             ty = weight_type(types, n.srcs[0]) if n.srcs else None
             quantized = ty is not None and ty not in UNQUANTIZED
-            if (nxt is not None and nxt.op == "MUL_MAT" and nxt2 is not None and nxt2.op == "GLU"
-                    or nxt is not None and nxt.op == "MUL_MAT" and nxt2 is not None and nxt2.op == "GEGLU"):
+            # (the log names a GLU node by its kind: GEGLU, SWIGLU, ...)
+            if nxt is not None and nxt.op == "MUL_MAT" and nxt2 is not None and nxt2.op.endswith("GLU"):
                 used, kind = 3, "mul_mat x2+glu"
             kernels = 2 if quantized else 1
         elif n.op == "CUSTOM":

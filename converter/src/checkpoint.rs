@@ -387,16 +387,15 @@ fn dense_ffn_in(
 
 /// The view's shape is the schema's `ne` for tensor `name` (an internal consistency check).
 fn check_maps_to(name: &str, parts: &[SourcePart], ne: &[u64]) -> Result<()> {
-    let cols: Vec<usize> = parts.iter().map(|p| p.view.cols()).collect();
+    // the parts' rows are as wide as the tensor's and add up to its rows
+    let width = parts.first().map_or(0, |p| p.view.cols()) as u64;
     let rows: usize = parts.iter().map(|p| p.view.rows()).sum();
-    let got: Vec<u64> = if ne.len() == 1 {
-        cols.iter().map(|&c| c as u64).collect()
-    } else if cols.windows(2).all(|w| w[0] == w[1]) {
-        vec![cols.first().copied().unwrap_or(0) as u64, rows as u64]
+    let got = if ne.len() == 1 {
+        vec![width]
     } else {
-        cols.iter().map(|&c| c as u64).collect()
+        vec![width, rows as u64]
     };
-    if got != ne {
+    if got != ne || parts.iter().any(|p| p.view.cols() as u64 != width) {
         return Err(Error::Internal(format!(
             "internal: tensor '{name}' maps to {got:?}, the schema says {ne:?}"
         )));

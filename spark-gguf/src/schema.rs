@@ -332,6 +332,11 @@ impl TensorKind {
     pub fn per_layer(self) -> bool {
         self.name().contains("{l}")
     }
+
+    /// The tensor's name for layer `l` (ignored by global tensors).
+    pub fn name_for(self, l: u64) -> String {
+        self.name().replace("{l}", &l.to_string())
+    }
 }
 
 /// One tensor of an architecture.
@@ -358,7 +363,7 @@ impl TensorSpec {
 
     /// The tensor's name for layer `l` (ignored by global tensors).
     pub fn name_for(&self, l: u64) -> String {
-        self.name().replace("{l}", &l.to_string())
+        self.kind.name_for(l)
     }
 }
 

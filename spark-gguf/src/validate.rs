@@ -363,7 +363,7 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
         .collect();
     // a file with Wq, Wk, Wv stacked (attn_qkv) is checked against that layout (llama.cpp
     // loads either); every other file against the three matrices
-    let stacked = present.contains_key(TensorKind::AttnQkv.name().replace("{l}", "0").as_str());
+    let stacked = present.contains_key(TensorKind::AttnQkv.name_for(0).as_str());
     let expected = hp.expected_tensors_in(arch.tensors_with(if stacked {
         QkvLayout::Stacked
     } else {

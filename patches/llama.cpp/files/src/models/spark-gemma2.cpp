@@ -516,11 +516,11 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn(
         return ggml_rope_set_offset(rope(rope(x, n_r), n_embd_head - n_r), n_r);
     };
 
-    // (not on an RPC device: its graphs keep the stock ropes, as before the op; a server without
-    // the plugin refused a graph that referenced the client's spark_rope node)
+    // (r is even, in (0, H), with H - r even: load_hparams; not on an RPC device: its graphs keep
+    // the stock ropes, as before the op; a server without the plugin refused a graph that
+    // referenced the client's spark_rope node)
     ggml_custom_op_t rope_kernel = attn_kernel ? spark_kernel("spark_rope") : nullptr;
     const bool one_rope = rope_kernel != nullptr && ext_factor == 0.0f && rope_type == LLAMA_ROPE_TYPE_NEOX &&
-                          n_r > 0 && n_r < n_embd_head && n_r % 2 == 0 && n_embd_head % 2 == 0 &&
                           !spark_weight_on_rpc(model.layers[il].wo);
     if (one_rope) {
         const spark_rope_params rp = { il, (int32_t) n_r, freq_base_l, freq_scale_l,
