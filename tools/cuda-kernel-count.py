@@ -11,7 +11,8 @@ LOG holds the output of one run such as
         target/upstream/bin/llama-completion -m FILE.gguf -p hi -n 2 -no-cnv --no-warmup -v
 
 whose last graph is a one-token decode step (the tool reads the last graph printed). FILE.gguf
-gives the weights' types (a quantized weight costs ggml-cuda one more kernel per product).
+gives the weights' types (a quantized weight costs ggml-cuda one more kernel per product) and
+the number of query heads (the queries of a one-token `spark_attn` call).
 
 The model of ggml-cuda (the pinned llama.cpp's `ggml-cuda.cu`, `ggml_cuda_can_fuse` and
 `ggml_cuda_mul_mat_vec_q`), per node in graph order:
@@ -23,9 +24,10 @@ The model of ggml-cuda (the pinned llama.cpp's `ggml-cuda.cu`, `ggml_cuda_can_fu
   followed by their GLU (stock's gate and up): one quantization and one fused product;
 - Spark's custom ops at one token, from their CUDA plans (`spark-backend/src/*/cuda_plan.rs`,
   pinned by `tests/cuda_check.rs` and the emulation tests): `spark_ffn_fused` 2 (select-up,
-  gather; on CUDA its one chunk is the output), `spark_attn` 3 (scores, select, output),
-  `spark_rope` 1 (Q's two rotary embeddings and scale); the
-  CPU's `spark_ffn_sum` node (the CPU tiling's 16 chunks) is not in a CUDA graph: 0;
+  gather; on CUDA its one chunk is the output), `spark_attn` 2 (scores, select_output) for up to
+  16 query heads (`FUSED_MAX_QUERIES`), else 3 (scores, select, output), `spark_rope` 1 (Q's
+  two rotary embeddings and scale); the CPU's `spark_ffn_sum` node (the CPU tiling's 16
+  chunks) is not in a CUDA graph: 0;
 - every other node (ADD, SCALE, SET_ROWS, GET_ROWS, FLASH_ATTN_EXT, ...): one kernel.
 Views, reshapes and permutes launch nothing (and are not printed). This is a model: a card's
 profiler (`tools/gpu-check.sh`'s prof phase) measures the count.
@@ -51,8 +53,11 @@ LAYER_RE = re.compile(r"-(\d+)$")
 # llama.cpp's log prefix (time and level), which it writes before every part of a node line
 LOG_PREFIX_RE = re.compile(r"\d+\.\d+\.\d+\.\d+ [A-Z] ")
 
-# CUDA launches of Spark's custom ops for one token (module docstring)
-SPARK_OP_KERNELS = {"spark_ffn_fused": 2, "spark_attn": 3, "spark_ffn_sum": 0, "spark_rope": 1}
+# CUDA launches of Spark's custom ops for one token (module docstring); spark_attn's depend on
+# the number of query heads
+SPARK_OP_KERNELS = {"spark_ffn_fused": 2, "spark_ffn_sum": 0, "spark_rope": 1}
+# spark-backend/src/attention/cuda_plan.rs: FUSED_MAX_QUERIES
+ATTN_FUSED_MAX_QUERIES = 16
 
 UNQUANTIZED = {"F32", "F16", "BF16"}
 
@@ -93,14 +98,30 @@ def parse_nodes(text: str) -> list:
     return graphs[-1]
 
 
-def weight_types(model: Path) -> dict:
-    """{tensor name: ggml type name} of a GGUF file (gguf-py)."""
+@dataclass
+class Model:
+    types: dict  # {tensor name: ggml type name}
+    n_head: int  # query heads ({arch}.attention.head_count)
+
+
+def read_model(model: Path) -> Model:
+    """The weights' types and the query head count of a GGUF file (gguf-py)."""
     try:
         import gguf
         r = gguf.GGUFReader(str(model))
-    except (OSError, ValueError, ImportError) as e:
-        raise CountError(f"{model}: cannot read its tensors ({e})") from e
-    return {t.name: t.tensor_type.name for t in r.tensors}
+        arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+        heads = r.fields[f"{arch}.attention.head_count"]
+        n_head = int(heads.parts[heads.data[0]][0])
+    except (OSError, ValueError, ImportError, KeyError, IndexError) as e:
+        raise CountError(f"{model}: cannot read its tensors and head count ({e})") from e
+    return Model({t.name: t.tensor_type.name for t in r.tensors}, n_head)
+
+
+def spark_op_kernels(op: str, n_head: int) -> int:
+    """CUDA launches of one Spark op at one token (module docstring)."""
+    if op == "spark_attn":
+        return 2 if n_head <= ATTN_FUSED_MAX_QUERIES else 3
+    return SPARK_OP_KERNELS[op]
 
 
 def weight_type(types: dict, shown: str):
@@ -123,7 +144,7 @@ def spark_op(node: Node, by_name: dict) -> str:
     raise CountError(f"node #{node.number} ({node.name}): a CUSTOM node of no known Spark op")
 
 
-def count(nodes: list, types: dict) -> dict:
+def count(nodes: list, model: Model) -> dict:
     """{layer: Counter(kind -> kernels)} following the module docstring's model. A node named
     with a layer suffix (`attn_norm-3`) belongs to that layer, one without to the layer of the
     last suffixed node before it, up to the layer's output `l_out-N`; the rest (the embedding's
@@ -152,7 +173,7 @@ def count(nodes: list, types: dict) -> dict:
               and f"{n.name} (view)" in nxt.srcs and users[n.name] <= 1):
             used, kind = 2, "rope+set_rows"
         elif n.op == "MUL_MAT":
-            ty = weight_type(types, n.srcs[0]) if n.srcs else None
+            ty = weight_type(model.types, n.srcs[0]) if n.srcs else None
             quantized = ty is not None and ty not in UNQUANTIZED
             # (the log names a GLU node by its kind: GEGLU, SWIGLU, ...)
             if nxt is not None and nxt.op == "MUL_MAT" and nxt2 is not None and nxt2.op.endswith("GLU"):
@@ -160,7 +181,7 @@ def count(nodes: list, types: dict) -> dict:
             kernels = 2 if quantized else 1
         elif n.op == "CUSTOM":
             op = spark_op(n, by_name)
-            kernels, kind = SPARK_OP_KERNELS[op], op
+            kernels, kind = spark_op_kernels(op, model.n_head), op
         out.setdefault(layer, Counter())[kind] += kernels
         ended = any(x.name.startswith("l_out-") for x in nodes[i:i + used])
         i += used
@@ -178,7 +199,7 @@ def main() -> int:
             text = a.log.read_text(errors="replace")
         except OSError as e:
             raise CountError(f"{a.log}: {e}") from e
-        per_layer = count(parse_nodes(text), weight_types(a.model))
+        per_layer = count(parse_nodes(text), read_model(a.model))
     except CountError as e:
         print(f"cuda-kernel-count: {e}", file=sys.stderr)
         return 1

@@ -50,14 +50,15 @@
 #   --redo     ignore the kept sections and run every phase again (the build stays incremental)
 # Tunables (environment): GPU_CHECK_CHUNKS (40 perplexity chunks of 256 tokens),
 # GPU_CHECK_MAX_KLD (5e-4), GPU_CHECK_MIN_TOP1 (98.5 %), GPU_CHECK_UB_CHUNKS (8: the -ub 1/8 rows),
-# GPU_CHECK_BENCH_REPS (3), GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), GPU_CHECK_KERNELS ("23,22":
+# GPU_CHECK_BENCH_REPS (3), GPU_CHECK_BENCH_TYPES ("q8_0 q4_0"), GPU_CHECK_KERNELS ("22,22":
 # Spark's and stock's kernels per layer per decode step for the predictions: 31 on the H200
-# 2026-11-27 by hand; now tools/cuda-kernel-count.py's count of the built graphs, 23 for Spark
-# since select-up + gather, the in-op chunk sums, no h[:r_f] copy, Q's one spark_rope and K's
-# rope fused with its store, 22 for stock),
+# 2026-11-27 by hand; now tools/cuda-kernel-count.py's count of the built graphs, 22 for Spark
+# since select-up + gather, the in-op chunk sums, no h[:r_f] copy, Q's one spark_rope, K's
+# rope fused with its store and the attention's selection and output in one launch, 22 for
+# stock),
 # GPU_CHECK_STACK_QKV (0; 1: the synthetic Spark models are written with spark-convert
-# --stack-qkv, Wq/Wk/Wv as one matrix: 19 kernels per decode layer instead of 23, set
-# GPU_CHECK_KERNELS=19,22 with it; on a fresh work folder: the models are made once),
+# --stack-qkv, Wq/Wk/Wv as one matrix: 18 kernels per decode layer instead of 22, set
+# GPU_CHECK_KERNELS=18,22 with it; on a fresh work folder: the models are made once),
 # GPU_CHECK_GEMMA3N_PRESET (tiny), CUDA_ARCH (from nvidia-smi); for gpu-pack.sh's prebuild:
 # GPU_CHECK_WORK (target/gpuwork), GPU_CHECK_PREBUILD=1 (build only, no GPU, portable CPU code).
 set -uo pipefail
@@ -519,7 +520,7 @@ synthetic_model() {
 # each decode ratio, tools/predict-ratio.py's prediction for the same files (bytes per step plus
 # GPU_CHECK_KERNELS kernels per layer; gguf-py from the carry's gguf wheel)
 bench_table() {
-    gguf_python "$root/tools/gpu-bench-table.py" "$1" --kernels "${GPU_CHECK_KERNELS:-23,22}"
+    gguf_python "$root/tools/gpu-bench-table.py" "$1" --kernels "${GPU_CHECK_KERNELS:-22,22}"
 }
 
 # gguf_python SCRIPT ARGS...: python3 SCRIPT with gguf-py from the carry's gguf wheel (unpacked

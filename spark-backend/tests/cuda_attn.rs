@@ -75,14 +75,28 @@ fn accepts_the_cpu_ops_layouts() {
             ),
             (8, 4, 2, 3, 37, 4, 4)
         );
+        // 12 queries: selection and output in one launch, one block per query and chunk
+        let chunks = OUTPUT_CHUNKS as u32;
         let launches = plan.launches(1 << 20).unwrap();
-        let kinds: Vec<AttnKernel> = launches.iter().map(|l| l.kernel).collect();
-        assert_eq!(kinds, AttnKernel::ALL.to_vec());
+        let kinds: Vec<_> = launches.iter().map(|l| (l.kernel, l.grid)).collect();
+        assert_eq!(kinds[1..], [(AttnKernel::SelectOutput, (12, chunks, 1))]);
+        assert_eq!(kinds[0].0, AttnKernel::Scores);
         let a = launches[0].args;
         assert_eq!(a.k_vec == 1, k_ty == Ty::F16);
         assert_eq!(a.v_vec == 1, v_ty == Ty::F16 && !v_t);
         assert_eq!(a.chunks as usize, OUTPUT_CHUNKS);
-        assert_eq!(launches[1].grid, (12, 1, 1)); // one select block per query
+        // more queries than that: one select block per query, then the output
+        let mut separate = plan.clone();
+        separate.fused_max_queries = 11;
+        let launches = separate.launches(1 << 20).unwrap();
+        let kinds: Vec<_> = launches.iter().map(|l| (l.kernel, l.grid)).collect();
+        assert_eq!(
+            kinds[1..],
+            [
+                (AttnKernel::Select, (12, 1, 1)),
+                (AttnKernel::Output, (12, chunks, 1))
+            ]
+        );
     }
 }
 

@@ -18,7 +18,7 @@
 // ## Launch sequence (one `spark_attn` node, all on ggml-cuda's stream)
 //
 // The queries are processed in slabs (streams s0..s0+ns, tokens t0..t0+nt of each) so that the
-// scratch stays under a fixed budget; decode and ubatches up to 512 tokens at depth 4096 fit in
+// scratch stays under a fixed budget; decode and ubatches up to 256 tokens at depth 4096 fit in
 // one slab. Qs = ns * nt * N queries per slab, query index qi = ((s - s0) * nt + (t - t0)) * N + n.
 // Scratch (one stream-ordered allocation, reused by every slab):
 //   scores  f32 [Qs, n_kv]        capped first-part scores (written for valid positions only)
@@ -27,25 +27,36 @@
 //   norm    f32 [Qs, 2]           (max kept score, 1 / softmax denominator) per query
 //   partial f32 [Qs, CH, H]       per-chunk outputs (only when CH > 1)
 //   done    u32 [Qs]              chunks of each query finished (only when CH > 1; zeroed by
-//                                 select, counted by output)
+//                                 scores, counted by output)
+//
+// Few queries (Qs <= FUSED_MAX_QUERIES of cuda_plan.rs: one-token decode) take two kernels,
+// scores then select_output; more take three, scores, select, output.
 //
 // 1. spark_attn_scores   grid (ceil(n_kv / P), KV * ceil(G / GB), ns * ceil(nt / TT)),
-//                        block 256 (8 warps), P = 64 positions per block.
+//                        block 256 (8 warps), P = 32 positions per block (one pass of its warps).
 //    A block holds M = (<= TT tokens) x (<= GB heads of one KV group) <= 8 queries (GB =
 //    min(G, 8), TT = max(1, 8 / GB)), so each K1 row read from the cache serves every head of
 //    the group and several tokens. A warp takes 4 positions at a time: lane (p, m) = (lane / 8,
 //    lane % 8) reads the mask of position p for query m, a ballot skips positions no query of the
 //    block may see (causal upper triangle, outside the window, other sequences, padding), and
 //    the K1 rows of the others are read once (half2 loads over the r dims split across lanes),
-//    reduced by an xor butterfly, soft-capped and written by lane (p, m) if valid.
-// 2. spark_attn_select   grid (Qs), block 256: one block per query, over its scores row.
+//    reduced by an xor butterfly, soft-capped and written by lane (p, m) if valid. The blocks of
+//    the first positions zero their queries' `done` counters.
+// 2. The selection of one query (spark_select_row), by one block of 128 threads over the
+//    query's scores row; thread tid takes positions tid, tid + 128, ... (held in registers for
+//    rows up to SPARK_SEL_CACHE * 128 = 4096 positions, read again per pass above that):
 //    (a) |C|, the number of finite scores and the first finite position (integer reductions);
 //    (b) if |C| > k: shifted f64 sums of the finite scores (fixed per-thread strides, xor
 //        butterflies, warp partials in order), theta in f64 as topk.rs, rounded down to f32;
-//    (c) |{s > theta}|; when 0, the max over the non-NaN scores for the tie rule;
-//    (d) ordered compaction (ballot prefix within a warp, warp counts in shared memory) of the
-//        kept positions into list, ascending; their max score mx;
-//    (e) z = sum over kept of expf(s - mx) in f64 (fixed tree), norm = (mx, 1 / z), count = |S|.
+//    (c) |S| = |{s > theta}| and mx, their max score; when 0, the tie rule: mx = the max over
+//        the non-NaN scores, S = the positions equal to it;
+//    (d) ordered compaction (ballot prefix within a warp, per-round warp counts in shared
+//        memory) of the kept positions of a range of ranks into list, ascending;
+//    (e) z = sum over kept of expf(s - mx) in f64 (per thread in order, fixed tree).
+//    spark_attn_select (grid Qs) writes every rank, count = |S| and norm = (mx, 1 / z);
+//    spark_attn_select_output (grid (Qs, CH)) selects in every block of the query (the same
+//    result in each), writes the ranks of its chunk (chunk 0: count and norm too) and goes on
+//    as the output kernel: the same values and scratch as the separate kernels.
 // 3. spark_attn_output   grid (Qs, CH), block 128: chunk c of query qi takes kept entries
 //    [c |S| / CH, (c + 1) |S| / CH) in sub-batches of 64 positions: each warp computes q2 . k2_j
 //    for some of them (half2 loads, xor butterfly) and w_j = softplus(.) * (expf(s1_j - mx) / z)
@@ -53,7 +64,8 @@
 //    position order (coalesced rows of the f16 V cache). CH == 1 writes dst directly; else
 //    each chunk writes its partial row, and the query's last chunk to finish (an integer
 //    atomic count in `done` after a fence) adds the CH partial rows in chunk order into dst.
-//    Which block is last varies from run to run; what it computes does not.
+//    Which block is last varies from run to run; what it computes does not. Nothing kept:
+//    chunk 0 writes the zero row.
 //
 // Deterministic: every partition is a fixed function of the shapes and of |S|, reductions are
 // xor butterflies and ordered loops, no float atomics. One query's result depends only on its
@@ -61,7 +73,7 @@
 // token gives the same output in decode and in a prefill ubatch.
 //
 // Limits checked by the host: H <= 512 (shared-memory query rows), blockDim a multiple of 32,
-// H <= 8 * blockDim of the output kernel.
+// H <= 8 * blockDim of the output kernel, the select kernel's blockDim equal to the output's.
 
 
 #define SPARK_MAX_HEAD_DIM 512
@@ -69,7 +81,10 @@
 #define SPARK_SUB 64
 #define SPARK_OUT_ACC 8
 #define SPARK_POS_UNROLL 4
+#define SPARK_SUM_UNROLL 8
 #define SPARK_FULL_MASK 0xffffffffu
+// Scores per thread a selection holds in registers (rows of up to this * blockDim positions).
+#define SPARK_SEL_CACHE 32
 
 struct SparkAttnArgs {
     // Device addresses.
@@ -293,6 +308,12 @@ extern "C" __global__ void spark_attn_scores(const SparkAttnArgs a) {
     const int hc = min(GB, (g + 1) * G - nA);
     const int M = tc * hc;
     const int r = a.r;
+    // The output's chunk counters of this block's queries start at 0 (the first position block
+    // of each query group; the kernels after this one on the stream count).
+    if (a.chunks > 1 && blockIdx.x == 0 && (int)threadIdx.x < M) {
+        const int m = threadIdx.x;
+        ((unsigned int*)a.done)[((long long)sl * a.nt + (tA + m / hc - a.t0)) * a.n_head + nA + m % hc] = 0u;
+    }
 
     float* qf = (float*)&qsh[0][0];
     for (int idx = threadIdx.x; idx < M * r; idx += blockDim.x) {
@@ -380,46 +401,79 @@ extern "C" __global__ void spark_attn_scores(const SparkAttnArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Threshold, selection and softmax normaliser (one block per query).
+// 2. Threshold, selection and softmax normaliser of one query, over its scores row.
 
-extern "C" __global__ void spark_attn_select(const SparkAttnArgs a) {
-    spark_attn_pdl_enter();
+// What every block of query qi computes from its row (the same values in each).
+struct SparkSel {
+    int kept;    // |S|
+    float mx;    // max kept score (0 when nothing is kept)
+    float inv_z; // 1 / sum over S of expf(s1_j - mx) (0 when nothing is kept)
+};
+
+// Position tid + i * blockDim.x of query qi's row: whether it is valid (its mask element is
+// exactly 0), and its capped score in x (only read when valid).
+__device__ __forceinline__ bool spark_sel_elem(const SparkAttnArgs& a, const char* mrow, const float* sc, int i,
+                                               float& x) {
+    const int j = threadIdx.x + i * blockDim.x;
+    if (j >= a.n_kv || !spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) return false;
+    x = sc[j];
+    return true;
+}
+
+// Steps (a)-(e) of the header for query qi, by the whole block (every thread must call it;
+// every thread gets the result). Writes the kept positions of ranks [c |S| / CH, (c + 1) |S| /
+// CH) into list (ascending positions; other blocks of the query write the other ranks) and
+// makes them visible to the block. CACHED: the row fits SPARK_SEL_CACHE positions per thread,
+// which are loaded once (every load in flight together) and kept in registers for every
+// pass; else each pass reads the row again. Thread tid takes positions tid + i * blockDim.x,
+// i ascending, in every pass: the sums' order depends on the block size only.
+template <bool CACHED>
+__device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int CH) {
     __shared__ double sh_d[32];
     __shared__ int sh_i[32];
     __shared__ float sh_f[32];
-    __shared__ int sh_cnt[32];
-    const int qi = blockIdx.x;
+    __shared__ int sh_cnt[32][32]; // ballot counts per (round of a group, warp)
     int n, t, s;
     spark_query(a, qi, n, t, s);
     const char* mrow = spark_mask_row(a, t, n, s);
-    if (a.chunks > 1 && threadIdx.x == 0) ((unsigned int*)a.done)[qi] = 0u; // output's count
     const float* sc = (const float*)a.scores + (long long)qi * a.n_kv;
     int* list = (int*)a.list + (long long)qi * a.n_kv;
     const int nkv = a.n_kv, tid = threadIdx.x, bs = blockDim.x;
     const int lane = tid & 31, w = tid >> 5, nw = bs >> 5;
+    const int rounds = CACHED ? SPARK_SEL_CACHE : (nkv + bs - 1) / bs;
+
+    // The cached row: scores and mask bits loaded together (an invalid position's score is
+    // never read again).
+    float v[SPARK_SEL_CACHE];
+    unsigned ok = 0u;
+    if (CACHED) {
+#pragma unroll
+        for (int i = 0; i < SPARK_SEL_CACHE; ++i) {
+            const int j = tid + i * bs;
+            v[i] = j < nkv ? sc[j] : 0.0f;
+            ok |= (j < nkv && spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16) ? 1u : 0u) << i;
+        }
+    }
+#define SPARK_SEL_ELEM(i, x) (CACHED ? ((x) = v[i], ((ok >> (i)) & 1u) != 0u) : spark_sel_elem(a, mrow, sc, i, x))
 
     // (a) |C|, finite count, first finite position.
     int cnt = 0, nfin = 0, first = 0x7fffffff;
-    for (int j = tid; j < nkv; j += bs) {
-        if (spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) {
+#pragma unroll
+    for (int i = 0; i < rounds; ++i) {
+        float x;
+        if (SPARK_SEL_ELEM(i, x)) {
             ++cnt;
-            if (spark_finite_f(sc[j])) {
+            if (spark_finite_f(x)) {
                 ++nfin;
-                first = min(first, j);
+                first = min(first, tid + i * bs);
             }
         }
     }
     const int n_valid = spark_block_sum_i(cnt, sh_i);
     const int n_fin = spark_block_sum_i(nfin, sh_i);
     first = spark_block_min_i(first, sh_i);
-    if (n_valid == 0) {
-        if (tid == 0) {
-            ((int*)a.count)[qi] = 0;
-            ((float*)a.norm)[2 * qi] = 0.0f;
-            ((float*)a.norm)[2 * qi + 1] = 0.0f;
-        }
-        return;
-    }
+    SparkSel sel = {0, 0.0f, 0.0f};
+    if (n_valid == 0) return sel; // uniform across the block
 
     // (b) theta (only when |C| > k).
     const bool keep_all = a.keep >= n_valid;
@@ -430,14 +484,13 @@ extern "C" __global__ void spark_attn_select(const SparkAttnArgs a) {
         } else {
             const double shift = (double)sc[first];
             double s1 = 0.0, s2 = 0.0;
-            for (int j = tid; j < nkv; j += bs) {
-                if (spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) {
-                    const float x = sc[j];
-                    if (spark_finite_f(x)) {
-                        const double d = (double)x - shift;
-                        s1 += d;
-                        s2 += d * d;
-                    }
+#pragma unroll
+            for (int i = 0; i < rounds; ++i) {
+                float x;
+                if (SPARK_SEL_ELEM(i, x) && spark_finite_f(x)) {
+                    const double d = (double)x - shift;
+                    s1 += d;
+                    s2 += d * d;
                 }
             }
             s1 = spark_block_sum_d(s1, sh_d);
@@ -453,63 +506,112 @@ extern "C" __global__ void spark_attn_select(const SparkAttnArgs a) {
         }
     }
 
-    // (c) the tie rule when nothing exceeds theta.
+    // (c) |{s > theta}| and its maximum; the maximum over C for keep-all and the tie rule
+    // (nothing above theta: S = the positions equal to that maximum).
+    int above = 0;
+    float mx_above = -spark_inf_f(), mx_all = -spark_inf_f();
+#pragma unroll
+    for (int i = 0; i < rounds; ++i) {
+        float x;
+        if (SPARK_SEL_ELEM(i, x)) {
+            mx_all = fmaxf(mx_all, x);
+            if (x > theta) {
+                ++above;
+                mx_above = fmaxf(mx_above, x);
+            }
+        }
+    }
+    mx_all = spark_block_max_f(mx_all, sh_f);
+    int kept;
+    float mx;
     bool ties = false;
-    float mx_all = -spark_inf_f();
-    if (!keep_all) {
-        int above = 0;
-        for (int j = tid; j < nkv; j += bs)
-            if (spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16) && sc[j] > theta) ++above;
+    if (keep_all) {
+        kept = n_valid;
+        mx = mx_all;
+    } else {
         above = spark_block_sum_i(above, sh_i);
-        if (above == 0) {
+        if (above > 0) {
+            kept = above;
+            mx = spark_block_max_f(mx_above, sh_f);
+        } else {
             ties = true;
-            float m = -spark_inf_f();
-            for (int j = tid; j < nkv; j += bs)
-                if (spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) m = fmaxf(m, sc[j]);
-            mx_all = spark_block_max_f(m, sh_f);
+            mx = mx_all;
+            int eq = 0;
+#pragma unroll
+            for (int i = 0; i < rounds; ++i) {
+                float x;
+                if (SPARK_SEL_ELEM(i, x) && x == mx) ++eq;
+            }
+            kept = spark_block_sum_i(eq, sh_i);
         }
     }
 
-    // (d) ordered compaction of S into list; max kept score.
-    int total = 0;
-    float mloc = -spark_inf_f();
-    for (int base = 0; base < nkv; base += bs) {
-        const int j = base + tid;
-        bool f = false;
-        float x = 0.0f;
-        if (j < nkv && spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) {
-            x = sc[j];
-            f = keep_all || (ties ? x == mx_all : x > theta);
-        }
-        const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
-        const int before = __popc(b & ((1u << lane) - 1u));
-        __syncthreads();
-        if (lane == 0) sh_cnt[w] = __popc(b);
-        __syncthreads();
-        int off = total, all = 0;
-        for (int i = 0; i < nw; ++i) {
-            if (i < w) off += sh_cnt[i];
-            all += sh_cnt[i];
-        }
-        if (f) {
-            list[off + before] = j;
-            mloc = fmaxf(mloc, x);
-        }
-        total += all;
-    }
-    const int kept = total;
-    const float mx = spark_block_max_f(mloc, sh_f);
-    __syncthreads();  // list entries written by other threads are read below
-
-    // (e) softmax normaliser over S.
+    // (d) ordered compaction of S: the rank of a kept position is the number of kept positions
+    // before it (earlier rounds, earlier warps of its round, earlier lanes of its warp); this
+    // block writes the ranks of its chunk. Rounds go in groups of 32 (one sh_cnt table each).
+    // (e) alongside, z = sum over S of expf(s - mx), in f64, each thread over its positions in
+    // order, then the block's fixed tree.
+    const int lo = (int)(((long long)c * kept) / CH), hi = (int)(((long long)(c + 1) * kept) / CH);
     double z = 0.0;
-    for (int i = tid; i < kept; i += bs) z += (double)expf(sc[list[i]] - mx);
-    z = spark_block_sum_d(z, sh_d);
-    if (tid == 0) {
-        ((int*)a.count)[qi] = kept;
-        ((float*)a.norm)[2 * qi] = mx;
-        ((float*)a.norm)[2 * qi + 1] = (float)(1.0 / z);
+    int base = 0;
+    for (int g0 = 0; g0 < rounds; g0 += 32) {
+        const int gn = min(32, rounds - g0);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            if (i < gn) {
+                float x;
+                const bool f = SPARK_SEL_ELEM(CACHED ? i : g0 + i, x) && (keep_all || (ties ? x == mx : x > theta));
+                if (f) z += (double)expf(x - mx);
+                const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
+                if (lane == 0) sh_cnt[i][w] = __popc(b);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            if (i < gn) {
+                int before = 0, all = 0;
+                for (int k = 0; k < nw; ++k) {
+                    if (k < w) before += sh_cnt[i][k];
+                    all += sh_cnt[i][k];
+                }
+                float x;
+                const bool f = SPARK_SEL_ELEM(CACHED ? i : g0 + i, x) && (keep_all || (ties ? x == mx : x > theta));
+                const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
+                const int rank = base + before + __popc(b & ((1u << lane) - 1u));
+                if (f && rank >= lo && rank < hi) list[rank] = tid + (g0 + i) * bs;
+                base += all;
+            }
+        }
+        __syncthreads(); // sh_cnt is read by every thread before the next group writes it
     }
+#undef SPARK_SEL_ELEM
+    z = spark_block_sum_d(z, sh_d); // its barriers also publish the list entries to the block
+    sel.kept = kept;
+    sel.mx = mx;
+    sel.inv_z = (float)(1.0 / z);
+    return sel;
+}
+
+// spark_select_row for a row held in registers when it fits.
+__device__ __forceinline__ SparkSel spark_select(const SparkAttnArgs& a, int qi, int c, int CH) {
+    return a.n_kv <= SPARK_SEL_CACHE * (int)blockDim.x ? spark_select_row<true>(a, qi, c, CH)
+                                                       : spark_select_row<false>(a, qi, c, CH);
+}
+
+// count and norm of query qi (chunk 0's thread 0).
+__device__ __forceinline__ void spark_write_selection(const SparkAttnArgs& a, int qi, const SparkSel& sel) {
+    ((int*)a.count)[qi] = sel.kept;
+    ((float*)a.norm)[2 * qi] = sel.mx;
+    ((float*)a.norm)[2 * qi + 1] = sel.inv_z;
+}
+
+// Separate selection (many queries): one block per query writes its whole list, count, norm.
+extern "C" __global__ void spark_attn_select(const SparkAttnArgs a) {
+    spark_attn_pdl_enter();
+    const int qi = blockIdx.x;
+    const SparkSel sel = spark_select(a, qi, 0, 1);
+    if (threadIdx.x == 0) spark_write_selection(a, qi, sel);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -570,7 +672,7 @@ __device__ __forceinline__ bool spark_last_chunk(const SparkAttnArgs& a, int qi)
     return last != 0;
 }
 
-// dst row = query qi's CH partial rows added in chunk order (four loads in flight), read past
+// dst row = query qi's CH partial rows added in chunk order (SPARK_SUM_UNROLL loads in flight), read past
 // the L1 cache (the other blocks' rows were written from other SMs).
 __device__ __forceinline__ void spark_sum_chunks(const SparkAttnArgs& a, int qi, float* dst_row) {
     const int CH = a.chunks, H = a.head_dim;
@@ -578,41 +680,46 @@ __device__ __forceinline__ void spark_sum_chunks(const SparkAttnArgs& a, int qi,
     for (int d = threadIdx.x; d < H; d += blockDim.x) {
         float sum = __ldcg(part + d);
         int c = 1;
-        for (; c + 3 < CH; c += 4) {
-            const float p0 = __ldcg(part + (long long)c * H + d), p1 = __ldcg(part + (long long)(c + 1) * H + d);
-            const float p2 = __ldcg(part + (long long)(c + 2) * H + d), p3 = __ldcg(part + (long long)(c + 3) * H + d);
-            sum += p0;
-            sum += p1;
-            sum += p2;
-            sum += p3;
+        for (; c + SPARK_SUM_UNROLL <= CH; c += SPARK_SUM_UNROLL) {
+            float p[SPARK_SUM_UNROLL];
+#pragma unroll
+            for (int u = 0; u < SPARK_SUM_UNROLL; ++u) p[u] = __ldcg(part + (long long)(c + u) * H + d);
+#pragma unroll
+            for (int u = 0; u < SPARK_SUM_UNROLL; ++u) sum += p[u];
         }
         for (; c < CH; ++c) sum += __ldcg(part + (long long)c * H + d);
         dst_row[d] = sum;
     }
 }
 
-extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
-    spark_attn_pdl_enter();
+// Chunk c of query qi, given its selection: kept entries [c |S| / CH, (c + 1) |S| / CH) of its
+// list. Nothing kept: chunk 0 writes the zero row, the other chunks nothing (no chunk counts).
+__device__ void spark_attn_chunk(const SparkAttnArgs& a, int qi, int c, const SparkSel& sel) {
     __shared__ float2 q2sh[SPARK_MAX_HEAD_DIM / 2];
     __shared__ float wsh[SPARK_SUB];
     __shared__ int psh[SPARK_SUB];
-    const int qi = blockIdx.x, c = blockIdx.y, CH = a.chunks;
+    const int CH = a.chunks;
     int n, t, s;
     spark_query(a, qi, n, t, s);
     const int H = a.head_dim, r = a.r, h2 = H - r;
     const int g = n / (a.n_head / a.n_head_kv);
     const int tid = threadIdx.x, bs = blockDim.x;
     const int lane = tid & 31, warp = tid >> 5, nwarps = bs >> 5;
+    float* dst_row = (float*)((char*)a.dst + (long long)n * a.d_nb[1] + (long long)t * a.d_nb[2] + (long long)s * a.d_nb[3]);
+    const int kept = sel.kept;
+    if (kept == 0) { // uniform across the block
+        if (c == 0)
+            for (int d = tid; d < H; d += bs) dst_row[d] = 0.0f;
+        return;
+    }
 
     float* q2f = (float*)&q2sh[0];
     for (int i = tid; i < h2; i += bs)
         q2f[i] = *(const float*)((const char*)a.q + (long long)(r + i) * a.q_nb[0] + (long long)n * a.q_nb[1] +
                                  (long long)t * a.q_nb[2] + (long long)s * a.q_nb[3]);
-    const int kept = ((const int*)a.count)[qi];
     const int lo = (int)(((long long)c * kept) / CH);
     const int hi = (int)(((long long)(c + 1) * kept) / CH);
-    const float mx = ((const float*)a.norm)[2 * qi];
-    const float inv_z = ((const float*)a.norm)[2 * qi + 1];
+    const float mx = sel.mx, inv_z = sel.inv_z;
     const int* list = (const int*)a.list + (long long)qi * a.n_kv;
     const float* sc = (const float*)a.scores + (long long)qi * a.n_kv;
     const char* kbase = (const char*)a.k + (long long)g * a.k_nb[1] + (long long)s * a.k_nb[3];
@@ -659,7 +766,6 @@ extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
     }
 
     // Write: dst directly (one chunk) or this chunk's partial row.
-    float* dst_row = (float*)((char*)a.dst + (long long)n * a.d_nb[1] + (long long)t * a.d_nb[2] + (long long)s * a.d_nb[3]);
     float* out = CH == 1 ? dst_row : (float*)a.partial + ((long long)qi * CH + c) * H;
     if (a.v_vec) {
 #pragma unroll
@@ -678,4 +784,27 @@ extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
         }
     }
     if (CH > 1 && spark_last_chunk(a, qi)) spark_sum_chunks(a, qi, dst_row);
+}
+
+// Separate output (after spark_attn_select): grid (Qs, CH).
+extern "C" __global__ void spark_attn_output(const SparkAttnArgs a) {
+    spark_attn_pdl_enter();
+    const int qi = blockIdx.x;
+    SparkSel sel;
+    sel.kept = ((const int*)a.count)[qi];
+    sel.mx = ((const float*)a.norm)[2 * qi];
+    sel.inv_z = ((const float*)a.norm)[2 * qi + 1];
+    spark_attn_chunk(a, qi, blockIdx.y, sel);
+}
+
+// Selection and output in one launch (few queries): grid (Qs, CH); every block selects its
+// query's row itself (the same result in each), writes the list entries of its chunk's ranks
+// and goes on with that chunk. Chunk 0 writes count and norm. The same values as
+// spark_attn_select + spark_attn_output with the same block size, scratch included.
+extern "C" __global__ void spark_attn_select_output(const SparkAttnArgs a) {
+    spark_attn_pdl_enter();
+    const int qi = blockIdx.x, c = blockIdx.y;
+    const SparkSel sel = spark_select(a, qi, c, a.chunks);
+    if (c == 0 && threadIdx.x == 0) spark_write_selection(a, qi, sel);
+    spark_attn_chunk(a, qi, c, sel);
 }

@@ -29,20 +29,28 @@ pub(crate) const KERNELS: CudaSource = CudaSource {
 pub(crate) const MAX_HEAD_DIM: usize = 512;
 /// Threads per block of `spark_attn_scores`.
 pub(crate) const SCORES_THREADS: u32 = 256;
-/// Positions per `spark_attn_scores` block (4 per warp and pass, two passes).
-pub(crate) const POS_PER_BLOCK: usize = 64;
+/// Positions per `spark_attn_scores` block (4 per warp, one pass of its 8 warps): 512 blocks
+/// for Gemma-2 2B's one-token decode at depth 4096, twice an H100/H200's 132 SMs and more.
+pub(crate) const POS_PER_BLOCK: usize = 32;
 /// Most queries one `spark_attn_scores` block holds (`SPARK_QB`).
 pub(crate) const QUERIES_PER_BLOCK: usize = 8;
-/// Threads per block of `spark_attn_select` (one block per query).
-pub(crate) const SELECT_THREADS: u32 = 256;
-/// Threads per block of `spark_attn_output`.
+/// Threads per block of `spark_attn_select` (one block per query): the output kernel's, so
+/// that `spark_attn_select_output` selects with the same sums in the same order.
+pub(crate) const SELECT_THREADS: u32 = OUTPUT_THREADS;
+/// Threads per block of `spark_attn_output` and `spark_attn_select_output`.
 pub(crate) const OUTPUT_THREADS: u32 = 128;
 /// Accumulators per thread of `spark_attn_output` (`SPARK_OUT_ACC`): H <= this * threads.
 pub(crate) const OUTPUT_ACC: usize = 8;
 const _: () = assert!(MAX_HEAD_DIM <= OUTPUT_ACC * OUTPUT_THREADS as usize);
 /// Chunks per query of the output kernel (CH). A constant, so that a query's result does not
-/// depend on the batch it comes in.
-pub const OUTPUT_CHUNKS: usize = 16;
+/// depend on the batch it comes in; 48 gives a one-token decode of Gemma-2 2B's 8 heads 384
+/// blocks (above twice an H100/H200's 132 SMs).
+pub const OUTPUT_CHUNKS: usize = 48;
+/// Slabs of at most this many queries (N * tokens * streams) select and output in one launch,
+/// `spark_attn_select_output`, whose every block selects its query's row itself (CH times the
+/// selection's reads, from L2): one-token decode of models with up to 16 heads. Larger slabs
+/// select once per query (`spark_attn_select`), then output.
+pub const FUSED_MAX_QUERIES: usize = 16;
 /// Scratch budget per slab of queries; a call with more queries runs in several slabs.
 pub(crate) const SCRATCH_BUDGET: usize = 256 << 20;
 /// Largest `gridDim.y` / `gridDim.z`.
@@ -139,7 +147,7 @@ pub struct AttnArgs {
 
 const _: () = assert!(std::mem::size_of::<AttnArgs>() == 11 * 8 + 20 * 8 + 24 * 4);
 
-/// The three kernels of attn.cu.
+/// The four kernels of attn.cu.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
     /// `spark_attn_scores`.
@@ -148,11 +156,18 @@ pub enum AttnKernel {
     Select,
     /// `spark_attn_output` (with CH > 1, the last chunk of each query adds the chunks).
     Output,
+    /// `spark_attn_select_output`: `Select` and `Output` in one launch (few queries).
+    SelectOutput,
 }
 
 impl AttnKernel {
-    /// Every kernel, in launch order.
-    pub const ALL: [AttnKernel; 3] = [AttnKernel::Scores, AttnKernel::Select, AttnKernel::Output];
+    /// Every kernel (the separate path's in launch order, then the fused one).
+    pub const ALL: [AttnKernel; 4] = [
+        AttnKernel::Scores,
+        AttnKernel::Select,
+        AttnKernel::Output,
+        AttnKernel::SelectOutput,
+    ];
 
     /// The `extern "C"` name in attn.cu.
     pub fn name(self) -> &'static str {
@@ -160,6 +175,7 @@ impl AttnKernel {
             AttnKernel::Scores => "spark_attn_scores",
             AttnKernel::Select => "spark_attn_select",
             AttnKernel::Output => "spark_attn_output",
+            AttnKernel::SelectOutput => "spark_attn_select_output",
         }
     }
 }
@@ -220,6 +236,9 @@ pub struct AttnPlan {
     pub scratch: ScratchLayout,
     /// CH.
     pub(crate) chunks: usize,
+    /// Slabs of at most this many queries take `spark_attn_select_output`
+    /// ([`FUSED_MAX_QUERIES`]; tests set 0 or `usize::MAX` to run either path).
+    pub fused_max_queries: usize,
 }
 
 fn shape(msg: String) -> KernelError {
@@ -368,6 +387,7 @@ impl AttnPlan {
                 total: total.max(4),
             },
             chunks,
+            fused_max_queries: FUSED_MAX_QUERIES,
         })
     }
 
@@ -467,6 +487,7 @@ impl AttnPlan {
         let u = |x: usize| x as u32;
         let qs = slab.ns * slab.nt * l.n_head;
         let mut out = Vec::with_capacity(3);
+        let grid_out = (u(qs), u(self.chunks), 1);
         if qs == 0 {
             return Ok(out);
         }
@@ -482,18 +503,27 @@ impl AttnPlan {
                 args,
             });
         }
-        out.push(Launch {
-            kernel: AttnKernel::Select,
-            grid: (u(qs), 1, 1),
-            block: SELECT_THREADS,
-            args,
-        });
-        out.push(Launch {
-            kernel: AttnKernel::Output,
-            grid: (u(qs), u(self.chunks), 1),
-            block: OUTPUT_THREADS,
-            args,
-        });
+        if qs <= self.fused_max_queries {
+            out.push(Launch {
+                kernel: AttnKernel::SelectOutput,
+                grid: grid_out,
+                block: OUTPUT_THREADS,
+                args,
+            });
+        } else {
+            out.push(Launch {
+                kernel: AttnKernel::Select,
+                grid: (u(qs), 1, 1),
+                block: SELECT_THREADS,
+                args,
+            });
+            out.push(Launch {
+                kernel: AttnKernel::Output,
+                grid: grid_out,
+                block: OUTPUT_THREADS,
+                args,
+            });
+        }
         Ok(out)
     }
 
@@ -590,7 +620,7 @@ mod tests {
     }
 
     #[test]
-    fn decode_is_one_slab_of_three_launches() {
+    fn decode_is_one_slab_of_two_launches() {
         let p = plan(1, 1, 4096);
         assert_eq!(
             p.slabs,
@@ -606,9 +636,8 @@ mod tests {
         assert_eq!(
             kinds,
             vec![
-                (AttnKernel::Scores, (64, 4, 1)),
-                (AttnKernel::Select, (8, 1, 1)),
-                (AttnKernel::Output, (8, OUTPUT_CHUNKS as u32, 1)),
+                (AttnKernel::Scores, (128, 4, 1)),
+                (AttnKernel::SelectOutput, (8, OUTPUT_CHUNKS as u32, 1)),
             ]
         );
         let a = l[0].args;
@@ -652,7 +681,55 @@ mod tests {
                 p.scratch_bytes()
             );
         }
-        assert_eq!(plan(512, 1, 4608).slabs.len(), 1);
+        assert_eq!(plan(256, 1, 4608).slabs.len(), 1);
+    }
+
+    /// A one-token decode step at Gemma-2 2B's shapes (8 heads over 4 KV heads, H 256, r 128,
+    /// k 256, f16 caches) and depths 512 to 32768: two kernels, and each that moves more than
+    /// 1 MB launches at least twice an H100's / H200's 132 SMs in blocks (the NVIDIA issue's
+    /// budget). Bytes from the shapes: the scores kernel reads K1 of every position and writes
+    /// the scores; select_output reads each query's scores and mask row and, for its kept
+    /// positions, K2 and V.
+    #[test]
+    fn decode_attention_kernels_that_move_megabytes_fill_twice_the_sms() {
+        const SMS: usize = 132;
+        let (n, kv, h, r) = (8, 4, 256, 128);
+        for n_kv in [512, 4096, 32768] {
+            let keep = 256.min(n_kv);
+            let p = plan(1, 1, n_kv);
+            let launches = p.launches(0).unwrap();
+            assert_eq!(launches.len(), 2, "{launches:?}");
+            for l in launches {
+                let bytes = match l.kernel {
+                    AttnKernel::Scores => kv * n_kv * r * 2 + n * n_kv * 4,
+                    AttnKernel::SelectOutput => n * n_kv * 8 + n * keep * (h - r + h) * 2,
+                    other => panic!("{other:?} at one token"),
+                };
+                let blocks = (l.grid.0 * l.grid.1 * l.grid.2) as usize;
+                assert!(
+                    bytes <= 1 << 20 || blocks >= 2 * SMS,
+                    "{:?} at depth {n_kv}: {bytes} bytes on {blocks} blocks",
+                    l.kernel
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn few_queries_select_and_output_in_one_launch() {
+        let kinds = |p: &AttnPlan| -> Vec<AttnKernel> {
+            p.launches(0).unwrap().iter().map(|l| l.kernel).collect()
+        };
+        // 8 heads x 2 tokens = 16 queries: fused; 3 tokens: separate.
+        let fused = vec![AttnKernel::Scores, AttnKernel::SelectOutput];
+        let separate = vec![AttnKernel::Scores, AttnKernel::Select, AttnKernel::Output];
+        assert_eq!(kinds(&plan(2, 1, 512)), fused);
+        assert_eq!(kinds(&plan(3, 1, 512)), separate);
+        let mut p = plan(1, 1, 512);
+        p.fused_max_queries = 0;
+        assert_eq!(kinds(&p), separate);
+        // Both paths select with the same block size (the same sums in the same order).
+        assert_eq!(SELECT_THREADS, OUTPUT_THREADS);
     }
 
     #[test]

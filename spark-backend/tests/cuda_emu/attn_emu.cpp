@@ -1,7 +1,7 @@
 // Runs a launch sequence of src/attention/attn.cu on the CPU (emu.h), for tests/cuda_emu/main.rs.
 //
 // Job file (little-endian): u64 memory size, the memory image; u32 launch count; per launch:
-// u32 kernel (0 scores, 1 select, 2 output), u32 grid x, y, z, u32 block x, u32 args
+// u32 kernel (0 scores, 1 select, 2 output, 3 select_output: AttnKernel::ALL's order), u32 grid x, y, z, u32 block x, u32 args
 // size, the args bytes with the eleven address fields given as offsets into the memory image.
 // Writes the memory image after the launches to the output file.
 #include "job.h"
@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
             case 0: emu_launch(spark_attn_scores, grid, block, a); break;
             case 1: emu_launch(spark_attn_select, grid, block, a); break;
             case 2: emu_launch(spark_attn_output, grid, block, a); break;
+            case 3: emu_launch(spark_attn_select_output, grid, block, a); break;
             default: die("unknown kernel");
         }
     }

@@ -1,21 +1,23 @@
 // A CPU emulation of the small part of CUDA C that src/attention/attn.cu and src/ffn/ffn.cu use, so that g++ can compile
 // the kernel file unchanged and run it (tests/cuda_emu/main.rs). Not fast, not general:
-// - one std::thread per CUDA thread of a block, blocks one after another (in order, or shuffled:
-//   emu_block_order);
-// - `__shared__` is static storage (one block at a time), `__syncthreads` a std::barrier;
+// - one fiber (ucontext) per CUDA thread of a block, all on the calling OS thread: a thread
+//   runs until it reaches a barrier or returns, then the next one runs (round robin); blocks one
+//   after another (in order, or shuffled: emu_block_order);
+// - `__shared__` is static storage (one block at a time), `__syncthreads` a barrier of the
+//   block's fibers;
 // - warp shuffles and ballots go through a per-warp exchange buffer and a per-warp barrier, so
 //   every lane of a warp must reach them together (as the kernels guarantee);
 // - f16 -> f32 in software.
 #pragma once
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <math.h>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <setjmp.h>
+#include <ucontext.h>
 #include <vector>
 
 #define SPARK_ATTN_EMULATION 1
@@ -34,14 +36,50 @@ inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct EmuDim {
     unsigned x = 1, y = 1, z = 1;
 };
-inline thread_local EmuDim threadIdx, blockIdx;
+inline EmuDim threadIdx, blockIdx; // of the fiber running now
 inline EmuDim blockDim, gridDim;
 
+// The fibers of the block running now. A fiber starts on its own stack from its ucontext (one
+// setcontext) and from then on switches with _setjmp/_longjmp, which unlike swapcontext save
+// no signal mask (no system call per switch): the scheduler's resume point, each fiber's,
+// whether it has started and returned, and the one running.
+struct EmuJmp {
+    jmp_buf b;
+};
+inline EmuJmp emu_scheduler;
+inline std::vector<EmuJmp> emu_resume;
+inline std::vector<ucontext_t> emu_contexts;
+inline std::vector<char> emu_started, emu_returned;
+inline unsigned emu_current = 0;
+
+// Hands the OS thread back to the scheduler, which resumes this fiber after every other
+// runnable one has had its turn.
+inline void emu_yield() {
+    if (!_setjmp(emu_resume[emu_current].b)) _longjmp(emu_scheduler.b, 1);
+}
+
+// A barrier of n fibers: the last to arrive starts the next generation and goes on; the others
+// yield until the generation changes.
+struct EmuBarrier {
+    unsigned n, count = 0;
+    unsigned long long generation = 0;
+    explicit EmuBarrier(unsigned n) : n(n) {}
+    void arrive_and_wait() {
+        const unsigned long long g = generation;
+        if (++count == n) {
+            count = 0;
+            ++generation;
+            return;
+        }
+        while (generation == g) emu_yield();
+    }
+};
+
 struct EmuWarp {
-    std::barrier<> bar{32};
+    EmuBarrier bar{32};
     alignas(8) unsigned char slot[32][8];
 };
-inline std::barrier<>* emu_block_barrier = nullptr;
+inline EmuBarrier* emu_block_barrier = nullptr;
 inline std::vector<std::unique_ptr<EmuWarp>> emu_warps;
 inline std::vector<int> emu_or_slots; // one per thread of the block, for __syncthreads_or
 
@@ -173,34 +211,66 @@ inline std::vector<unsigned long long> emu_blocks(EmuDim grid) {
     return order;
 }
 
+// The body the fibers of emu_run call, type-erased for makecontext.
+inline void (*emu_body_fn)(const void*) = nullptr;
+inline const void* emu_body_arg = nullptr;
+inline void emu_fiber_main() {
+    emu_body_fn(emu_body_arg);
+    emu_returned[emu_current] = 1;
+    _longjmp(emu_scheduler.b, 1); // never returns: the context has no uc_link
+}
+
 // Runs body() (a kernel call) as each thread of grid x block (block.y = block.z = 1), blocks one
-// after another in emu_blocks' order: one std::thread per thread of a block, each running its
-// part of every block, with a barrier between blocks (the next block's threads start once the
-// last thread of the previous one has returned).
+// after another in emu_blocks' order: per block, one fiber per thread, run round robin until
+// every one has returned.
 template <class Body>
 inline void emu_run(EmuDim grid, EmuDim block, const Body& body) {
+    constexpr size_t STACK = 256 << 10;
     gridDim = grid;
     blockDim = block;
     const unsigned nt = block.x;
     const std::vector<unsigned long long> order = emu_blocks(grid);
-    std::barrier<> bar(nt);
-    std::barrier<> between(nt);
+    EmuBarrier bar(nt);
     emu_block_barrier = &bar;
     emu_warps.clear();
     for (unsigned w = 0; w < (nt + 31) / 32; ++w) emu_warps.push_back(std::make_unique<EmuWarp>());
     emu_or_slots.assign(nt, 0);
-    std::vector<std::thread> threads;
-    threads.reserve(nt);
-    for (unsigned t = 0; t < nt; ++t)
-        threads.emplace_back([=, &body, &order, &between] {
-            threadIdx = EmuDim{t, 0, 0};
-            for (const unsigned long long b : order) {
-                blockIdx = EmuDim{unsigned(b % grid.x), unsigned(b / grid.x % grid.y), unsigned(b / grid.x / grid.y)};
-                body();
-                between.arrive_and_wait();
+    emu_contexts.assign(nt, ucontext_t{});
+    emu_resume.assign(nt, EmuJmp{});
+    emu_started.assign(nt, 0);
+    emu_returned.assign(nt, 0);
+    std::unique_ptr<char[]> stacks(new char[STACK * nt]); // pages untouched until used
+    emu_body_fn = [](const void* b) { (*static_cast<const Body*>(b))(); };
+    emu_body_arg = &body;
+    for (const unsigned long long b : order) {
+        blockIdx = EmuDim{unsigned(b % grid.x), unsigned(b / grid.x % grid.y), unsigned(b / grid.x / grid.y)};
+        for (unsigned t = 0; t < nt; ++t) {
+            ucontext_t& c = emu_contexts[t];
+            getcontext(&c);
+            c.uc_stack.ss_sp = stacks.get() + STACK * t;
+            c.uc_stack.ss_size = STACK;
+            c.uc_link = nullptr;
+            makecontext(&c, emu_fiber_main, 0);
+            emu_started[t] = 0;
+            emu_returned[t] = 0;
+        }
+        // (volatile: the loop's state lives across _setjmp's second return)
+        for (volatile unsigned left = nt; left > 0;) {
+            for (volatile unsigned t = 0; t < nt; t = t + 1) {
+                if (emu_returned[t]) continue;
+                emu_current = t;
+                threadIdx = EmuDim{t, 0, 0};
+                if (!_setjmp(emu_scheduler.b)) {
+                    if (!emu_started[t]) {
+                        emu_started[t] = 1;
+                        setcontext(&emu_contexts[t]);
+                    }
+                    _longjmp(emu_resume[t].b, 1);
+                }
+                if (emu_returned[t]) left = left - 1;
             }
-        });
-    for (auto& th : threads) th.join();
+        }
+    }
 }
 
 // Runs kernel(args) over grid x block (block.y = block.z = 1), blocks in emu_blocks' order.

@@ -1,9 +1,10 @@
 //! The CUDA attention kernels (src/attention/attn.cu) run on the CPU: g++ compiles the .cu
-//! unchanged through a small CUDA emulation header (emu.h: one std::thread per CUDA thread,
+//! unchanged through a small CUDA emulation header (emu.h: one fiber per CUDA thread of a block,
 //! barriers for `__syncthreads` and warp shuffles), and the launch sequence planned by
 //! `spark_backend::attention::cuda_plan::AttnPlan` runs over a memory image holding the tensors and
 //! the scratch. The kept positions of every query must equal the CPU kernel's exactly, and the
-//! outputs must agree with the CPU kernel to f32 rounding. This checks the kernels' logic
+//! outputs must agree with the CPU kernel to f32 rounding; the two selection paths (one launch
+//! for few queries, select then output for more) must leave the same bytes. This checks the kernels' logic
 //! (indexing, GQA, streams, masks, thresholds, compaction, chunking) without a GPU; it says
 //! nothing about speed, occupancy or races that only a real warp schedule would expose.
 //!
@@ -143,13 +144,17 @@ fn at(host: &TensorView, addr: usize) -> TensorView {
 
 /// What the emulated kernels produced.
 struct GpuRun {
+    /// The memory image after the launches (tensors and scratch).
+    mem: Vec<u8>,
     out: Vec<f32>,
     /// Per slab query of the last slab: kept positions.
     kept: Vec<Vec<u32>>,
     plan: AttnPlan,
 }
 
-fn run_emulated(exe: &PathBuf, case: &mut Case) -> GpuRun {
+/// Runs `case`'s launches emulated; `fused_max_queries` overrides the plan's choice of the
+/// one-launch selection ([`AttnPlan::fused_max_queries`]) when given.
+fn run_emulated(exe: &PathBuf, case: &mut Case, fused_max_queries: Option<usize>) -> GpuRun {
     let (q, k, v, m) = (
         case.q_view(),
         case.k_view(),
@@ -172,7 +177,10 @@ fn run_emulated(exe: &PathBuf, case: &mut Case) -> GpuRun {
         mask: at(&m, m_off),
         dst: at(&d, d_off),
     };
-    let plan = AttnPlan::new(&call, &params).expect("plan");
+    let mut plan = AttnPlan::new(&call, &params).expect("plan");
+    if let Some(f) = fused_max_queries {
+        plan.fused_max_queries = f;
+    }
     let s_off = img.push(&vec![0xa5; plan.scratch_bytes()]); // garbage, as fresh device memory
     let launches = plan.launches(s_off as u64).expect("launches");
 
@@ -211,7 +219,12 @@ fn run_emulated(exe: &PathBuf, case: &mut Case) -> GpuRun {
                 .collect()
         })
         .collect();
-    GpuRun { out, kept, plan }
+    GpuRun {
+        mem,
+        out,
+        kept,
+        plan,
+    }
 }
 
 /// The CPU kernel's output and kept positions [(s, t, n)] -> positions.
@@ -236,7 +249,19 @@ fn run_cpu(case: &mut Case) -> (Vec<f32>, Vec<Vec<u32>>) {
 /// the plan chose (None when skipped).
 fn check(name: &str, mut case: Case) -> Option<(i32, i32)> {
     let exe = emulator()?;
-    let gpu = run_emulated(exe, &mut case);
+    let gpu = run_emulated(exe, &mut case, None);
+    // The other selection path (one launch per slab, or select then output) writes the same
+    // bytes, scratch included: a token's output does not depend on the path its batch takes.
+    let fused = gpu
+        .plan
+        .launches(0)
+        .unwrap()
+        .iter()
+        .any(|l| l.kernel == AttnKernel::SelectOutput);
+    let other = run_emulated(exe, &mut case, Some(if fused { 0 } else { usize::MAX }));
+    if let Some(i) = other.mem.iter().zip(&gpu.mem).position(|(a, b)| a != b) {
+        panic!("{name}: byte {i} of the memory image differs between the fused and the separate selection");
+    }
     let (cpu_out, cpu_kept) = run_cpu(&mut case);
     let sp = case.spec;
     // Kept positions of the last slab's queries, exactly.
@@ -374,4 +399,15 @@ fn empty_mask_row_gives_zeros() {
         case.mask[o..o + 4].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
     }
     check("empty-row", case);
+}
+
+/// A row longer than the selection's registers hold (128 threads x 32 positions): every pass
+/// reads the row again, and the compaction's rounds come in two groups.
+#[test]
+fn long_rows_read_per_pass() {
+    let mut s = Spec::new(8, 4, 2, 1, 1, 4500);
+    s.mask = MaskKind::Holes(0.9);
+    s.k_keep = 40;
+    s.seed = 13;
+    check("long-row", Case::build(s));
 }
