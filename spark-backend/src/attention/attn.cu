@@ -61,7 +61,9 @@
 //    [c |S| / CH, (c + 1) |S| / CH) in sub-batches of 64 positions: each warp computes q2 . k2_j
 //    for some of them (half2 loads, xor butterfly) and w_j = softplus(.) * (expf(s1_j - mx) / z)
 //    into shared memory; then every thread accumulates its dims of w_j v_j over the sub-batch in
-//    position order (coalesced rows of the f16 V cache). CH == 1 writes dst directly; else
+//    position order (coalesced rows of the f16 V cache; with 16-byte aligned f16 rows, groups of
+//    H / 8 threads each load 16 bytes of a row, the block's groups take every rows-th position
+//    in order and their sums are added in group order). CH == 1 writes dst directly; else
 //    each chunk writes its partial row, and the query's last chunk to finish (an integer
 //    atomic count in `done` after a fence) adds the CH partial rows in chunk order into dst.
 //    Which block is last varies from run to run; what it computes does not. Nothing kept:
@@ -85,6 +87,8 @@
 #define SPARK_FULL_MASK 0xffffffffu
 // Scores per thread a selection holds in registers (rows of up to this * blockDim positions).
 #define SPARK_SEL_CACHE 32
+// Most threads per block of the output kernels (cuda_plan.rs's OUTPUT_THREADS, checked there).
+#define SPARK_OUT_THREADS 128
 
 struct SparkAttnArgs {
     // Device addresses.
@@ -94,8 +98,9 @@ struct SparkAttnArgs {
     long long q_nb[4], k_nb[4], v_nb[4], m_nb[4], d_nb[4];
     int head_dim, n_head, n_head_kv, n_tokens, n_kv, n_stream;
     int mask_ne2, mask_ne3;
-    // Element types (1 = f16, 0 = f32) and the half2 fast paths (f16, adjacent elements,
-    // 4-byte aligned rows, r and H even).
+    // Element types (1 = f16, 0 = f32) and the fast paths: k_vec 1 = half2 loads (f16, adjacent
+    // elements, 4-byte aligned rows, r and H even); v_vec 1 = half2 loads (the same for V),
+    // 2 = 16-byte loads (f16, adjacent elements, 16-byte aligned rows, H % 8 == 0).
     int k_f16, v_f16, mask_f16, k_vec, v_vec;
     int keep, r;
     float softcap;
@@ -143,6 +148,16 @@ __device__ __forceinline__ float spark_h2f(unsigned short h) {
 __device__ __forceinline__ float2 spark_load_h2(const char* p) {
     const unsigned int u = *(const unsigned int*)p;
     return make_float2(spark_h2f((unsigned short)(u & 0xffffu)), spark_h2f((unsigned short)(u >> 16)));
+}
+
+// acc[e] += w * (f16 element e of the 16 bytes raw), e = 0..7.
+__device__ __forceinline__ void spark_axpy_h8(float w, const uint4 raw, float* acc) {
+    const unsigned int u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        acc[2 * k] = fmaf(w, spark_h2f((unsigned short)(u[k] & 0xffffu)), acc[2 * k]);
+        acc[2 * k + 1] = fmaf(w, spark_h2f((unsigned short)(u[k] >> 16)), acc[2 * k + 1]);
+    }
 }
 
 __device__ __forceinline__ float spark_load(const char* p, int f16) {
@@ -656,6 +671,25 @@ __device__ __forceinline__ void spark_accumulate_v(const SparkAttnArgs& a, const
     }
 }
 
+// The 16-byte path (v_vec == 2: f16 V, 16-byte aligned rows, H % 8 == 0): thread (grp, part) =
+// (tid / (H / 8), tid % (H / 8)) holds dims 8 part .. 8 part + 7 of its group's sum, and group
+// grp of the block's rows = blockDim / (H / 8) groups takes positions grp, grp + rows, ... of the
+// sub-batch in order, SPARK_POS_UNROLL rows' 16-byte loads in flight before their multiply-adds.
+// The groups' sums are added in group order at the end (spark_attn_chunk).
+__device__ __forceinline__ void spark_accumulate_v16(const SparkAttnArgs& a, const float* w, const int* pos, int cnt,
+                                                     int grp, int rows, const char* vcol, float* acc) {
+    int i = grp;
+    for (; i + (SPARK_POS_UNROLL - 1) * rows < cnt; i += SPARK_POS_UNROLL * rows) {
+        uint4 raw[SPARK_POS_UNROLL];
+#pragma unroll
+        for (int p = 0; p < SPARK_POS_UNROLL; ++p)
+            raw[p] = *(const uint4*)(vcol + (long long)pos[i + p * rows] * a.v_nb[2]);
+#pragma unroll
+        for (int p = 0; p < SPARK_POS_UNROLL; ++p) spark_axpy_h8(w[i + p * rows], raw[p], acc);
+    }
+    for (; i < cnt; i += rows) spark_axpy_h8(w[i], *(const uint4*)(vcol + (long long)pos[i] * a.v_nb[2]), acc);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3b. The last chunk of a query (spark_attn_output, CH > 1): chunk partials -> dst, in chunk order.
 
@@ -698,6 +732,7 @@ __device__ void spark_attn_chunk(const SparkAttnArgs& a, int qi, int c, const Sp
     __shared__ float2 q2sh[SPARK_MAX_HEAD_DIM / 2];
     __shared__ float wsh[SPARK_SUB];
     __shared__ int psh[SPARK_SUB];
+    __shared__ float gsum[SPARK_OUT_ACC * SPARK_OUT_THREADS]; // the 16-byte path's group sums
     const int CH = a.chunks;
     int n, t, s;
     spark_query(a, qi, n, t, s);
@@ -728,6 +763,8 @@ __device__ void spark_attn_chunk(const SparkAttnArgs& a, int qi, int c, const Sp
     float acc[SPARK_OUT_ACC];
 #pragma unroll
     for (int u = 0; u < SPARK_OUT_ACC; ++u) acc[u] = 0.0f;
+    const bool v16 = a.v_vec == 2;
+    const int tpr = v16 ? H / 8 : 1, rows = bs / tpr, grp = tid / tpr, part = tid % tpr;
     __syncthreads();
 
     for (int sb = lo; sb < hi; sb += SPARK_SUB) {
@@ -758,16 +795,32 @@ __device__ void spark_attn_chunk(const SparkAttnArgs& a, int qi, int c, const Sp
         __syncthreads();
         // o += w_j v_j over the sub-batch, in position order: SPARK_POS_UNROLL positions' V loads
         // in flight before their multiply-adds, then the rest one by one.
-        int i = 0;
-        for (; i + SPARK_POS_UNROLL <= cnt; i += SPARK_POS_UNROLL)
-            spark_accumulate_v<SPARK_POS_UNROLL>(a, wsh + i, psh + i, vbase, tid, bs, acc);
-        for (; i < cnt; ++i) spark_accumulate_v<1>(a, wsh + i, psh + i, vbase, tid, bs, acc);
+        if (v16) {
+            if (grp < rows) spark_accumulate_v16(a, wsh, psh, cnt, grp, rows, vbase + 16LL * part, acc);
+        } else {
+            int i = 0;
+            for (; i + SPARK_POS_UNROLL <= cnt; i += SPARK_POS_UNROLL)
+                spark_accumulate_v<SPARK_POS_UNROLL>(a, wsh + i, psh + i, vbase, tid, bs, acc);
+            for (; i < cnt; ++i) spark_accumulate_v<1>(a, wsh + i, psh + i, vbase, tid, bs, acc);
+        }
         __syncthreads();
     }
 
     // Write: dst directly (one chunk) or this chunk's partial row.
     float* out = CH == 1 ? dst_row : (float*)a.partial + ((long long)qi * CH + c) * H;
-    if (a.v_vec) {
+    if (v16) {
+        // the groups' sums added in group order
+        if (grp < rows) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) gsum[grp * H + 8 * part + e] = acc[e];
+        }
+        __syncthreads();
+        for (int d = tid; d < H; d += bs) {
+            float v = gsum[d];
+            for (int k = 1; k < rows; ++k) v += gsum[k * H + d];
+            out[d] = v;
+        }
+    } else if (a.v_vec) {
 #pragma unroll
         for (int u = 0; u < SPARK_OUT_ACC / 2; ++u) {
             const int d2 = tid + u * bs;

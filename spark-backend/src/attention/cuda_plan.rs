@@ -119,7 +119,7 @@ pub struct AttnArgs {
     pub(crate) mask_f16: i32,
     /// half2 fast path for K.
     pub k_vec: i32,
-    /// half2 fast path for V.
+    /// V's fast path: 1 half2 loads, 2 16-byte loads.
     pub v_vec: i32,
     /// k_a.
     pub(crate) keep: i32,
@@ -255,10 +255,10 @@ fn aligned(t: &Strided, align: usize) -> bool {
     (t.data as usize).is_multiple_of(align) && t.nb.iter().all(|&b| b.is_multiple_of(align))
 }
 
-/// True when `t`'s rows (dims 1..4) start at 4-byte aligned addresses: the half2 loads of the
-/// fast paths are then aligned (with an even element offset).
-fn rows_aligned4(t: &Strided) -> bool {
-    (t.data as usize).is_multiple_of(4) && t.nb[1..].iter().all(|&b| b.is_multiple_of(4))
+/// True when `t`'s rows (dims 1..4) start at `align`-byte aligned addresses: the half2 (4) and
+/// 16-byte loads of the fast paths are then aligned (with an element offset to match).
+fn rows_aligned(t: &Strided, align: usize) -> bool {
+    (t.data as usize).is_multiple_of(align) && t.nb[1..].iter().all(|&b| b.is_multiple_of(align))
 }
 
 fn strides(t: &Strided, name: &str) -> Result<[i64; 4], KernelError> {
@@ -416,13 +416,15 @@ impl AttnPlan {
         let i = |x: usize| x as i32; // every value below was bounded in from_layout
         let k_vec = l.k.ty == ElemType::F16
             && l.k.nb[0] == 2
-            && rows_aligned4(&l.k)
+            && rows_aligned(&l.k, 4)
             && l.r.is_multiple_of(2)
             && l.head_dim.is_multiple_of(2);
-        let v_vec = l.v.ty == ElemType::F16
-            && l.v.nb[0] == 2
-            && rows_aligned4(&l.v)
-            && l.head_dim.is_multiple_of(2);
+        let v_f16_adjacent = l.v.ty == ElemType::F16 && l.v.nb[0] == 2;
+        let v_vec = if v_f16_adjacent && rows_aligned(&l.v, 16) && l.head_dim.is_multiple_of(8) {
+            2 // 16-byte loads (H / 8 <= OUTPUT_THREADS: H <= MAX_HEAD_DIM)
+        } else {
+            i32::from(v_f16_adjacent && rows_aligned(&l.v, 4) && l.head_dim.is_multiple_of(2))
+        };
         Ok(AttnArgs {
             q: l.q.data as u64,
             k: l.k.data as u64,
@@ -460,7 +462,7 @@ impl AttnPlan {
             v_f16: i32::from(l.v.ty == ElemType::F16),
             mask_f16: i32::from(l.mask.ty == ElemType::F16),
             k_vec: i32::from(k_vec),
-            v_vec: i32::from(v_vec),
+            v_vec,
             keep: i(l.k_keep),
             r: i(l.r),
             softcap: l.softcap,
@@ -613,6 +615,9 @@ mod tests {
     #[test]
     fn kernel_limits_hold() {
         assert!(MAX_HEAD_DIM <= OUTPUT_ACC * OUTPUT_THREADS as usize);
+        // attn.cu sizes the 16-byte path's group sums for this block size
+        let define = format!("#define SPARK_OUT_THREADS {OUTPUT_THREADS}\n");
+        assert!(KERNELS.text.contains(&define), "attn.cu: {define}");
         assert_eq!(SCORES_THREADS % 32, 0);
         assert_eq!(SELECT_THREADS % 32, 0);
         assert_eq!(OUTPUT_THREADS % 32, 0);
@@ -643,7 +648,7 @@ mod tests {
         let a = l[0].args;
         assert_eq!(
             (a.k_vec, a.v_vec, a.heads_per_block, a.tokens_per_block),
-            (1, 1, 2, 4)
+            (1, 2, 2, 4)
         );
         assert_eq!(a.scores, 0x4000_0000);
         assert!(a.list >= a.scores + 4 * 8 * 4096);

@@ -314,7 +314,11 @@ fn sliding_window_gqa_small() {
     s.k_keep = 4;
     s.q_scale = 3.0;
     if let Some(paths) = check("sliding", Case::build(s)) {
-        assert_eq!(paths, (1, 1), "f16 caches take the half2 paths");
+        assert_eq!(
+            paths,
+            (1, 2),
+            "f16 caches take the half2 (K) and 16-byte (V) paths"
+        );
     }
 }
 
@@ -348,19 +352,43 @@ fn wide_heads_group_of_four() {
     s.q_scale = 2.0;
     s.seed = 3;
     if let Some(paths) = check("wide", Case::build(s)) {
+        assert_eq!(paths, (1, 2));
+    }
+}
+
+/// f16 V rows of 12 elements (24 bytes: 4-byte but not 16-byte aligned): the half2 V path.
+#[test]
+fn half2_v_rows() {
+    let mut s = Spec::new(12, 4, 4, 2, 3, 37);
+    s.k_keep = 4;
+    s.seed = 17;
+    if let Some(paths) = check("half2-v", Case::build(s)) {
         assert_eq!(paths, (1, 1));
     }
 }
 
-/// No sparsification (k >= |C|) with more than 64 kept positions per output chunk and more
-/// positions than select threads; one token.
+/// No sparsification (k >= |C|) with more than 64 kept positions per output chunk (48 chunks)
+/// and more positions than select threads; one token.
 #[test]
 fn keep_all_long_rows() {
-    let mut s = Spec::new(8, 4, 2, 1, 1, 1100);
+    let mut s = Spec::new(8, 4, 2, 1, 1, 3400);
     s.mask = MaskKind::Full;
     s.k_keep = 5000;
     s.seed = 11;
     check("keep-all", Case::build(s));
+}
+
+/// Wide heads keeping every position: 27 per output chunk, more than four times the 16-byte V
+/// path's 6 groups of 20 threads, so every group sums several rows (4 loads in flight).
+#[test]
+fn keep_all_wide_heads_fill_every_v_group() {
+    let mut s = Spec::new(160, 96, 2, 1, 1, 1300);
+    s.mask = MaskKind::Full;
+    s.k_keep = 5000;
+    s.seed = 19;
+    if let Some(paths) = check("keep-all-wide", Case::build(s)) {
+        assert_eq!(paths, (1, 2));
+    }
 }
 
 /// Group size 1 with 9 tokens (two token blocks, the second partial) and group size 16 (two
