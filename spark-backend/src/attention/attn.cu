@@ -43,8 +43,8 @@
 //    reduced by an xor butterfly, soft-capped and written by lane (p, m) if valid. The blocks of
 //    the first positions zero their queries' `done` counters.
 // 2. The selection of one query (spark_select_row), by one block of 128 threads over the
-//    query's scores row; thread tid takes positions tid, tid + 128, ... (held in registers for
-//    rows up to SPARK_SEL_CACHE * 128 = 4096 positions, read again per pass above that):
+//    query's scores row; thread tid takes positions tid, tid + 128, ... (copied once into shared
+//    memory for rows up to SPARK_SEL_CACHE = 4096 positions, read again per pass above that):
 //    (a) |C|, the number of finite scores and the first finite position (integer reductions);
 //    (b) if |C| > k: shifted f64 sums of the finite scores (fixed per-thread strides, xor
 //        butterflies, warp partials in order), theta in f64 as topk.rs, rounded down to f32;
@@ -85,8 +85,8 @@
 #define SPARK_POS_UNROLL 4
 #define SPARK_SUM_UNROLL 8
 #define SPARK_FULL_MASK 0xffffffffu
-// Scores per thread a selection holds in registers (rows of up to this * blockDim positions).
-#define SPARK_SEL_CACHE 32
+// Positions a selection holds in shared memory (longer rows are read again in every pass).
+#define SPARK_SEL_CACHE 4096
 // Most threads per block of the output kernels (cuda_plan.rs's OUTPUT_THREADS, checked there).
 #define SPARK_OUT_THREADS 128
 
@@ -425,12 +425,17 @@ struct SparkSel {
     float inv_z; // 1 / sum over S of expf(s1_j - mx) (0 when nothing is kept)
 };
 
-// Position tid + i * blockDim.x of query qi's row: whether it is valid (its mask element is
-// exactly 0), and its capped score in x (only read when valid).
-__device__ __forceinline__ bool spark_sel_elem(const SparkAttnArgs& a, const char* mrow, const float* sc, int i,
-                                               float& x) {
-    const int j = threadIdx.x + i * blockDim.x;
-    if (j >= a.n_kv || !spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) return false;
+// Position j < n_kv of query qi's row: whether it is valid (its mask element is exactly 0), and
+// its capped score in x (only read when valid); from the block's shared copy (CACHED) or from
+// global memory.
+template <bool CACHED>
+__device__ __forceinline__ bool spark_sel_elem(const SparkAttnArgs& a, const char* mrow, const float* sc,
+                                               const float* row_sh, const unsigned char* ok_sh, int j, float& x) {
+    if (CACHED) {
+        x = row_sh[j];
+        return ok_sh[j] != 0;
+    }
+    if (!spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) return false;
     x = sc[j];
     return true;
 }
@@ -438,10 +443,10 @@ __device__ __forceinline__ bool spark_sel_elem(const SparkAttnArgs& a, const cha
 // Steps (a)-(e) of the header for query qi, by the whole block (every thread must call it;
 // every thread gets the result). Writes the kept positions of ranks [c |S| / CH, (c + 1) |S| /
 // CH) into list (ascending positions; other blocks of the query write the other ranks) and
-// makes them visible to the block. CACHED: the row fits SPARK_SEL_CACHE positions per thread,
-// which are loaded once (every load in flight together) and kept in registers for every
-// pass; else each pass reads the row again. Thread tid takes positions tid + i * blockDim.x,
-// i ascending, in every pass: the sums' order depends on the block size only.
+// makes them visible to the block. CACHED: the row fits SPARK_SEL_CACHE positions, which
+// each thread copies once (its own positions: scores and mask validity) into shared memory
+// for every pass; else each pass reads the row again. Thread tid takes positions tid + i *
+// blockDim.x, i ascending, in every pass: the sums' order depends on the block size only.
 template <bool CACHED>
 __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int CH) {
     __shared__ double sh_d[32];
@@ -455,28 +460,30 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
     int* list = (int*)a.list + (long long)qi * a.n_kv;
     const int nkv = a.n_kv, tid = threadIdx.x, bs = blockDim.x;
     const int lane = tid & 31, w = tid >> 5, nw = bs >> 5;
-    const int rounds = CACHED ? SPARK_SEL_CACHE : (nkv + bs - 1) / bs;
+    const int rounds = (nkv + bs - 1) / bs;
 
-    // The cached row: scores and mask bits loaded together (an invalid position's score is
+    // The cached row: each thread's own positions (no barrier needed: no thread reads
+    // another's), scores and mask validity loaded together (an invalid position's score is
     // never read again).
-    float v[SPARK_SEL_CACHE];
-    unsigned ok = 0u;
+    __shared__ float row_sh[CACHED ? SPARK_SEL_CACHE : 1];
+    __shared__ unsigned char ok_sh[CACHED ? SPARK_SEL_CACHE : 1];
     if (CACHED) {
-#pragma unroll
-        for (int i = 0; i < SPARK_SEL_CACHE; ++i) {
-            const int j = tid + i * bs;
-            v[i] = j < nkv ? sc[j] : 0.0f;
-            ok |= (j < nkv && spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16) ? 1u : 0u) << i;
+#pragma unroll 8
+        for (int j = tid; j < nkv; j += bs) {
+            row_sh[j] = sc[j];
+            ok_sh[j] = spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16) ? 1 : 0;
         }
     }
-#define SPARK_SEL_ELEM(i, x) (CACHED ? ((x) = v[i], ((ok >> (i)) & 1u) != 0u) : spark_sel_elem(a, mrow, sc, i, x))
+// Element i (round i: position tid + i * bs, which must be < n_kv) into x; whether it is valid.
+#define SPARK_SEL_ELEM(i, x) spark_sel_elem<CACHED>(a, mrow, sc, row_sh, ok_sh, tid + (i) * bs, x)
+// Whether round i has a position for this thread.
+#define SPARK_SEL_HAS(i) (tid + (i) * bs < nkv)
 
     // (a) |C|, finite count, first finite position.
     int cnt = 0, nfin = 0, first = 0x7fffffff;
-#pragma unroll
     for (int i = 0; i < rounds; ++i) {
         float x;
-        if (SPARK_SEL_ELEM(i, x)) {
+        if (SPARK_SEL_HAS(i) && SPARK_SEL_ELEM(i, x)) {
             ++cnt;
             if (spark_finite_f(x)) {
                 ++nfin;
@@ -499,10 +506,9 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
         } else {
             const double shift = (double)sc[first];
             double s1 = 0.0, s2 = 0.0;
-#pragma unroll
             for (int i = 0; i < rounds; ++i) {
                 float x;
-                if (SPARK_SEL_ELEM(i, x) && spark_finite_f(x)) {
+                if (SPARK_SEL_HAS(i) && SPARK_SEL_ELEM(i, x) && spark_finite_f(x)) {
                     const double d = (double)x - shift;
                     s1 += d;
                     s2 += d * d;
@@ -525,10 +531,9 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
     // (nothing above theta: S = the positions equal to that maximum).
     int above = 0;
     float mx_above = -spark_inf_f(), mx_all = -spark_inf_f();
-#pragma unroll
     for (int i = 0; i < rounds; ++i) {
         float x;
-        if (SPARK_SEL_ELEM(i, x)) {
+        if (SPARK_SEL_HAS(i) && SPARK_SEL_ELEM(i, x)) {
             mx_all = fmaxf(mx_all, x);
             if (x > theta) {
                 ++above;
@@ -552,10 +557,9 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
             ties = true;
             mx = mx_all;
             int eq = 0;
-#pragma unroll
             for (int i = 0; i < rounds; ++i) {
                 float x;
-                if (SPARK_SEL_ELEM(i, x) && x == mx) ++eq;
+                if (SPARK_SEL_HAS(i) && SPARK_SEL_ELEM(i, x) && x == mx) ++eq;
             }
             kept = spark_block_sum_i(eq, sh_i);
         }
@@ -571,27 +575,27 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
     int base = 0;
     for (int g0 = 0; g0 < rounds; g0 += 32) {
         const int gn = min(32, rounds - g0);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            if (i < gn) {
+        for (int i = 0; i < gn; ++i) {
+            {
                 float x;
-                const bool f = SPARK_SEL_ELEM(CACHED ? i : g0 + i, x) && (keep_all || (ties ? x == mx : x > theta));
+                const bool f = SPARK_SEL_HAS(g0 + i) && SPARK_SEL_ELEM(g0 + i, x) &&
+                               (keep_all || (ties ? x == mx : x > theta));
                 if (f) z += (double)expf(x - mx);
                 const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
                 if (lane == 0) sh_cnt[i][w] = __popc(b);
             }
         }
         __syncthreads();
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            if (i < gn) {
+        for (int i = 0; i < gn; ++i) {
+            {
                 int before = 0, all = 0;
                 for (int k = 0; k < nw; ++k) {
                     if (k < w) before += sh_cnt[i][k];
                     all += sh_cnt[i][k];
                 }
                 float x;
-                const bool f = SPARK_SEL_ELEM(CACHED ? i : g0 + i, x) && (keep_all || (ties ? x == mx : x > theta));
+                const bool f = SPARK_SEL_HAS(g0 + i) && SPARK_SEL_ELEM(g0 + i, x) &&
+                               (keep_all || (ties ? x == mx : x > theta));
                 const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
                 const int rank = base + before + __popc(b & ((1u << lane) - 1u));
                 if (f && rank >= lo && rank < hi) list[rank] = tid + (g0 + i) * bs;
@@ -601,6 +605,7 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
         __syncthreads(); // sh_cnt is read by every thread before the next group writes it
     }
 #undef SPARK_SEL_ELEM
+#undef SPARK_SEL_HAS
     z = spark_block_sum_d(z, sh_d); // its barriers also publish the list entries to the block
     sel.kept = kept;
     sel.mx = mx;
@@ -608,10 +613,9 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
     return sel;
 }
 
-// spark_select_row for a row held in registers when it fits.
+// spark_select_row, the row held in shared memory when it fits.
 __device__ __forceinline__ SparkSel spark_select(const SparkAttnArgs& a, int qi, int c, int CH) {
-    return a.n_kv <= SPARK_SEL_CACHE * (int)blockDim.x ? spark_select_row<true>(a, qi, c, CH)
-                                                       : spark_select_row<false>(a, qi, c, CH);
+    return a.n_kv <= SPARK_SEL_CACHE ? spark_select_row<true>(a, qi, c, CH) : spark_select_row<false>(a, qi, c, CH);
 }
 
 // count and norm of query qi (chunk 0's thread 0).
