@@ -576,31 +576,27 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
     for (int g0 = 0; g0 < rounds; g0 += 32) {
         const int gn = min(32, rounds - g0);
         for (int i = 0; i < gn; ++i) {
-            {
-                float x;
-                const bool f = SPARK_SEL_HAS(g0 + i) && SPARK_SEL_ELEM(g0 + i, x) &&
-                               (keep_all || (ties ? x == mx : x > theta));
-                if (f) z += (double)expf(x - mx);
-                const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
-                if (lane == 0) sh_cnt[i][w] = __popc(b);
-            }
+            float x;
+            const bool f = SPARK_SEL_HAS(g0 + i) && SPARK_SEL_ELEM(g0 + i, x) &&
+                           (keep_all || (ties ? x == mx : x > theta));
+            if (f) z += (double)expf(x - mx);
+            const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
+            if (lane == 0) sh_cnt[i][w] = __popc(b);
         }
         __syncthreads();
         for (int i = 0; i < gn; ++i) {
-            {
-                int before = 0, all = 0;
-                for (int k = 0; k < nw; ++k) {
-                    if (k < w) before += sh_cnt[i][k];
-                    all += sh_cnt[i][k];
-                }
-                float x;
-                const bool f = SPARK_SEL_HAS(g0 + i) && SPARK_SEL_ELEM(g0 + i, x) &&
-                               (keep_all || (ties ? x == mx : x > theta));
-                const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
-                const int rank = base + before + __popc(b & ((1u << lane) - 1u));
-                if (f && rank >= lo && rank < hi) list[rank] = tid + (g0 + i) * bs;
-                base += all;
+            int before = 0, all = 0;
+            for (int k = 0; k < nw; ++k) {
+                if (k < w) before += sh_cnt[i][k];
+                all += sh_cnt[i][k];
             }
+            float x;
+            const bool f = SPARK_SEL_HAS(g0 + i) && SPARK_SEL_ELEM(g0 + i, x) &&
+                           (keep_all || (ties ? x == mx : x > theta));
+            const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
+            const int rank = base + before + __popc(b & ((1u << lane) - 1u));
+            if (f && rank >= lo && rank < hi) list[rank] = tid + (g0 + i) * bs;
+            base += all;
         }
         __syncthreads(); // sh_cnt is read by every thread before the next group writes it
     }
