@@ -425,21 +425,6 @@ struct SparkSel {
     float inv_z; // 1 / sum over S of expf(s1_j - mx) (0 when nothing is kept)
 };
 
-// Position j < n_kv of query qi's row: whether it is valid (its mask element is exactly 0), and
-// its capped score in x (only read when valid); from the block's shared copy (CACHED) or from
-// global memory.
-template <bool CACHED>
-__device__ __forceinline__ bool spark_sel_elem(const SparkAttnArgs& a, const char* mrow, const float* sc,
-                                               const float* row_sh, const unsigned char* ok_sh, int j, float& x) {
-    if (CACHED) {
-        x = row_sh[j];
-        return ok_sh[j] != 0;
-    }
-    if (!spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) return false;
-    x = sc[j];
-    return true;
-}
-
 // Steps (a)-(e) of the header for query qi, by the whole block (every thread must call it;
 // every thread gets the result). Writes the kept positions of ranks [c |S| / CH, (c + 1) |S| /
 // CH) into list (ascending positions; other blocks of the query write the other ranks) and
@@ -460,7 +445,6 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
     int* list = (int*)a.list + (long long)qi * a.n_kv;
     const int nkv = a.n_kv, tid = threadIdx.x, bs = blockDim.x;
     const int lane = tid & 31, w = tid >> 5, nw = bs >> 5;
-    const int rounds = (nkv + bs - 1) / bs;
 
     // The cached row: each thread's own positions (no barrier needed: no thread reads
     // another's), scores and mask validity loaded together (an invalid position's score is
@@ -474,20 +458,27 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
             ok_sh[j] = spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16) ? 1 : 0;
         }
     }
-// Element i (round i: position tid + i * bs, which must be < n_kv) into x; whether it is valid.
-#define SPARK_SEL_ELEM(i, x) spark_sel_elem<CACHED>(a, mrow, sc, row_sh, ok_sh, tid + (i) * bs, x)
-// Whether round i has a position for this thread.
-#define SPARK_SEL_HAS(i) (tid + (i) * bs < nkv)
+    // Position j < n_kv: whether it is valid (its mask element is exactly 0), and its capped
+    // score in x (only read when valid).
+    auto elem = [&](int j, float& x) -> bool {
+        if (CACHED) {
+            x = row_sh[j];
+            return ok_sh[j] != 0;
+        }
+        if (!spark_mask_valid(mrow + (long long)j * a.m_nb[0], a.mask_f16)) return false;
+        x = sc[j];
+        return true;
+    };
 
     // (a) |C|, finite count, first finite position.
     int cnt = 0, nfin = 0, first = 0x7fffffff;
-    for (int i = 0; i < rounds; ++i) {
+    for (int j = tid; j < nkv; j += bs) {
         float x;
-        if (SPARK_SEL_HAS(i) && SPARK_SEL_ELEM(i, x)) {
+        if (elem(j, x)) {
             ++cnt;
             if (spark_finite_f(x)) {
                 ++nfin;
-                first = min(first, tid + i * bs);
+                first = min(first, j);
             }
         }
     }
@@ -506,9 +497,9 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
         } else {
             const double shift = (double)sc[first];
             double s1 = 0.0, s2 = 0.0;
-            for (int i = 0; i < rounds; ++i) {
+            for (int j = tid; j < nkv; j += bs) {
                 float x;
-                if (SPARK_SEL_HAS(i) && SPARK_SEL_ELEM(i, x) && spark_finite_f(x)) {
+                if (elem(j, x) && spark_finite_f(x)) {
                     const double d = (double)x - shift;
                     s1 += d;
                     s2 += d * d;
@@ -531,9 +522,9 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
     // (nothing above theta: S = the positions equal to that maximum).
     int above = 0;
     float mx_above = -spark_inf_f(), mx_all = -spark_inf_f();
-    for (int i = 0; i < rounds; ++i) {
+    for (int j = tid; j < nkv; j += bs) {
         float x;
-        if (SPARK_SEL_HAS(i) && SPARK_SEL_ELEM(i, x)) {
+        if (elem(j, x)) {
             mx_all = fmaxf(mx_all, x);
             if (x > theta) {
                 ++above;
@@ -557,9 +548,9 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
             ties = true;
             mx = mx_all;
             int eq = 0;
-            for (int i = 0; i < rounds; ++i) {
+            for (int j = tid; j < nkv; j += bs) {
                 float x;
-                if (SPARK_SEL_HAS(i) && SPARK_SEL_ELEM(i, x) && x == mx) ++eq;
+                if (elem(j, x) && x == mx) ++eq;
             }
             kept = spark_block_sum_i(eq, sh_i);
         }
@@ -570,15 +561,19 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
     // block writes the ranks of its chunk. Rounds go in groups of 32 (one sh_cnt table each).
     // (e) alongside, z = sum over S of expf(s - mx), in f64, each thread over its positions in
     // order, then the block's fixed tree.
+    // Position j (any value: false at and past n_kv) is in S; its score in x.
+    auto in_s = [&](int j, float& x) -> bool {
+        return j < nkv && elem(j, x) && (keep_all || (ties ? x == mx : x > theta));
+    };
     const int lo = (int)(((long long)c * kept) / CH), hi = (int)(((long long)(c + 1) * kept) / CH);
+    const int rounds = (nkv + bs - 1) / bs; // the same in every thread: the ballots' loop
     double z = 0.0;
     int base = 0;
     for (int g0 = 0; g0 < rounds; g0 += 32) {
         const int gn = min(32, rounds - g0);
         for (int i = 0; i < gn; ++i) {
             float x;
-            const bool f = SPARK_SEL_HAS(g0 + i) && SPARK_SEL_ELEM(g0 + i, x) &&
-                           (keep_all || (ties ? x == mx : x > theta));
+            const bool f = in_s(tid + (g0 + i) * bs, x);
             if (f) z += (double)expf(x - mx);
             const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
             if (lane == 0) sh_cnt[i][w] = __popc(b);
@@ -591,8 +586,7 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
                 all += sh_cnt[i][k];
             }
             float x;
-            const bool f = SPARK_SEL_HAS(g0 + i) && SPARK_SEL_ELEM(g0 + i, x) &&
-                           (keep_all || (ties ? x == mx : x > theta));
+            const bool f = in_s(tid + (g0 + i) * bs, x);
             const unsigned b = __ballot_sync(SPARK_FULL_MASK, f);
             const int rank = base + before + __popc(b & ((1u << lane) - 1u));
             if (f && rank >= lo && rank < hi) list[rank] = tid + (g0 + i) * bs;
@@ -600,8 +594,6 @@ __device__ SparkSel spark_select_row(const SparkAttnArgs& a, int qi, int c, int 
         }
         __syncthreads(); // sh_cnt is read by every thread before the next group writes it
     }
-#undef SPARK_SEL_ELEM
-#undef SPARK_SEL_HAS
     z = spark_block_sum_d(z, sh_d); // its barriers also publish the list entries to the block
     sel.kept = kept;
     sel.mx = mx;
