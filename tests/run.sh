@@ -14,7 +14,8 @@
 #                files through llama-completion, -bench, -server, -perplexity with the
 #                plugin), tests/python/integration/test_iq_types.py (llama-quantize) and the
 #                llama-gguf-hash tests of
-#                tests/python/convert/test_manifest.py; and the aarch64 steps: the cross build
+#                tests/python/convert/test_manifest.py; the AMX checks (tools/amx-check.sh, with
+#                and without --emulate); and the aarch64 steps: the cross build
 #                (tools/arm-build.sh), spark-backend's tests under qemu (tools/arm-check.sh)
 #                and tests/python/arm. Run the whole suite before pushing.
 set -euo pipefail
@@ -76,6 +77,9 @@ if [ "$quick" = 0 ]; then
     bash tools/upstream.sh --quiet
     stage "llama-cpp-python on that build (tools/python.sh: pinned sdist, headers checked)"
     bash tools/python.sh --quiet --no-build
+    stage "AMX products against plain ones (tools/amx-check.sh: this build's on AMX CPUs; --emulate: ggml's AMX code on software tiles)"
+    bash tools/amx-check.sh --quiet
+    bash tools/amx-check.sh --emulate --quiet
 fi
 # The aarch64 steps cross-build on x86-64 hosts; on an ARM host the native build is the ARM build.
 arm=0
