@@ -33,6 +33,18 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def calm(tmp_path_factory) -> dict[str, Path]:
+    """outtype -> the tiny-calm Gemma 3n (seed 1): tiny's shapes, layers that add a tenth as
+    much to the residual stream, so that distances measure computations, not chaos."""
+    d = tmp_path_factory.mktemp("gemma3n-calm")
+    out = {}
+    for t in TINY_OUTTYPES:
+        out[t] = d / f"gemma3n-tiny-calm-{t}.gguf"
+        synth("tiny-calm", out[t], "--outtype", t, "--seed", 1, "--quiet")
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_meta(tiny) -> dict:
     """The tiny model's shapes, read back from its file."""
     import gguf

@@ -84,49 +84,86 @@ def figures(res) -> tuple[float, float, float]:
 
 
 @pytest.fixture(scope="module")
-def kld_base(tiny, tmp_path_factory):
-    """Upstream's graph (no plugin): the base log-probabilities of each tiny model."""
+def kld_base(tmp_path_factory):
+    """Upstream's graph (no plugin): the base log-probabilities of a model file, made once."""
     bases = {}
-    for outtype, model in tiny.items():
-        base = tmp_path_factory.mktemp("kld") / f"{outtype}.kld"
-        res = uh.llama_perplexity(model, "-f", uh.HELDOUT, "-c", CTX, "--chunks", CHUNKS,
-                                  "--kl-divergence-base", base, with_plugin=False)
-        assert base.is_file() and base.stat().st_size > 0, res.explain(f"{base} not written")
-        bases[outtype] = base
-    return bases
+
+    def get(model):
+        if model not in bases:
+            base = tmp_path_factory.mktemp("kld") / f"{model.stem}.kld"
+            res = uh.llama_perplexity(model, "-f", uh.HELDOUT, "-c", CTX, "--chunks", CHUNKS,
+                                      "--kl-divergence-base", base, with_plugin=False)
+            assert base.is_file() and base.stat().st_size > 0, res.explain(f"{base} not written")
+            bases[model] = base
+        return bases[model]
+    return get
 
 
 def test_f32_kl_divergence_from_upstreams_graph(tiny, tiny_meta, kld_base):
     """f32 weights: the plugin's distribution against upstream's graph on the same file. What
     differs is the gelu: upstream's CPU gelu looks its input up rounded to f16 (GGML_GELU_FP16),
     the op computes gelu_tanh in f32 (up to ~5e-4 relative on each kept activation)."""
-    res = kld_run(tiny["f32"], kld_base["f32"], with_plugin=True)
+    res = kld_run(tiny["f32"], kld_base(tiny["f32"]), with_plugin=True)
     mean, p99, top = figures(res)
     print(f"\nf32, plugin vs upstream: mean KLD {mean:.2e}, 99% {p99:.2e}, same top {top} %")
     assert mean <= 1e-4 and p99 <= 1e-3 and top >= 97.0, res.stdout
     assert_sparse_layer_stats(res, tiny_meta["n_layer"])
 
 
+# Upstream's own rounding error on the tiny-calm files against their f32 file (mean KLD),
+# measured 1.3e-3 (q8_0) and 1.8e-4 (bf16) on x86 with and without AVX-512 (2026-12-06); the
+# bound is ~4x. Far above it, upstream's graph is broken on this machine, not the plugin (AMX
+# gave 7.5 before patch 0018).
+CALM_ROUNDING_BOUND = {"q8_0": 5e-3, "bf16": 1e-3}
+
+
 @pytest.mark.parametrize("outtype", ["q8_0", "bf16"])
-def test_stays_within_upstreams_rounding_error(tiny, tiny_meta, kld_base, outtype):
-    """q8_0 and bf16 weights: ggml rounds each matrix product's input to the weights' dot type
-    (q8_0 blocks, bf16), upstream's up and down products included, where the op multiplies f32
-    activations (and its gelu differs by rounding, above). So the plugin's distribution is
-    compared with upstream's on the same file, and both with upstream's f32 model of the same
-    seed (the rounding error itself): the plugin must be no farther from f32 than upstream's
-    graph on the file is, and its distance from upstream's on the file well inside that error."""
-    model, base_f32 = tiny[outtype], kld_base["f32"]
-    stock_err = figures(kld_run(model, base_f32, with_plugin=False))
+def test_stays_within_upstreams_rounding_error(calm, tiny_meta, kld_base, outtype):
+    """q8_0 and bf16 weights, on the tiny-calm model (tiny's 25 random layers turn q8_0
+    rounding alone into KLD 0.065 and 20 % changed top tokens, so their distances say little):
+    ggml rounds each matrix product's input to the weights' dot type (q8_0 blocks, bf16),
+    upstream's up and down products included, where the op multiplies f32 activations (and its
+    gelu differs by rounding, above), and the neuron-major down copy is f16. So the plugin's
+    distribution is compared with upstream's on the same file, and both with upstream's f32
+    model of the same seed (the rounding error itself). Measured (2026-12-06, AMD EPYC):
+    upstream 1.32e-3 / 1.81e-4 (q8_0 / bf16), the plugin 1.50e-3 / 2.00e-4 (1.13x / 1.10x),
+    plugin vs upstream on the file 8.0e-4 / 6.2e-5 (0.61x / 0.34x of the rounding error).
+    Bounds: the plugin within 1.3x of upstream's error and 2 points of its top-1 agreement,
+    and within 0.75x of that error of upstream's own distribution."""
+    model, base_f32 = calm[outtype], kld_base(calm["f32"])
+    stock = kld_run(model, base_f32, with_plugin=False)
+    stock_err = figures(stock)
     res = kld_run(model, base_f32, with_plugin=True)
     spark_err = figures(res)
-    direct = figures(kld_run(model, kld_base[outtype], with_plugin=True))
+    direct = figures(kld_run(model, kld_base(model), with_plugin=True))
     print(f"\n{outtype} vs upstream f32: upstream mean KLD {stock_err[0]:.2e} (same top {stock_err[2]} %), "
           f"plugin {spark_err[0]:.2e} ({spark_err[2]} %); plugin vs upstream {outtype}: {direct[0]:.2e} "
           f"(99% {direct[1]:.2e}, same top {direct[2]} %)")
-    assert spark_err[0] <= 1.15 * stock_err[0], res.stdout
-    assert spark_err[2] >= stock_err[2] - 5.0, res.stdout
+    assert stock_err[0] <= CALM_ROUNDING_BOUND[outtype], stock.explain(
+        f"upstream's own graph is {stock_err[0]:.3g} from f32 on {outtype} (its rounding: about "
+        f"{CALM_ROUNDING_BOUND[outtype] / 4:g}): ggml computes wrong on this machine; compare -nr "
+        "(docs/USAGE.md, 'Intel CPUs with AMX')")
+    assert spark_err[0] <= 1.3 * stock_err[0], res.stdout
+    assert spark_err[2] >= stock_err[2] - 2.0, res.stdout
     assert direct[0] <= 0.75 * stock_err[0], (direct, stock_err)
     assert_sparse_layer_stats(res, tiny_meta["n_layer"])
+
+
+@pytest.mark.parametrize("ub", ["512", "1", "17"])
+@pytest.mark.parametrize("with_plugin", [False, True], ids=["upstream", "plugin"])
+def test_extra_buffers_agree_with_plain(calm, with_plugin, ub, tmp_path):
+    """The tiny-calm q8_0 file, whose 3-D altup_proj / altup_unembd_proj are Q8_0 too, with the
+    extra CPU buffer types (AMX on Xeons with AMX_INT8) against -nr, as
+    tests/python/upstream/test_extra_buffers.py does for Gemma-2 files; skipped, saying so, where
+    no extra type takes a q8_0 weight (x86 without AMX). Bound mean KLD 1.5e-3, same top 97 %:
+    ggml's AMX code on software tiles (tools/amx-check.sh --emulate, patch 0018) measured
+    6.9-8.4e-4 and 98.8-99.6 % at -ub 512, 1 and 17 (each AMX product agrees with the plain
+    one to 3e-6 of its rms; what spreads the rest is not known yet); before patch 0018, 7.6
+    and NaN."""
+    res, extra = uh.extra_buffers_vs_plain(calm["q8_0"], tmp_path, ub, "-f", uh.HELDOUT, "-c",
+                                           CTX, "--chunks", CHUNKS, with_plugin=with_plugin)
+    uh.assert_extra_buffers_agree(res, extra, 1.5e-3, 97.0,
+                                  f"gemma3n tiny-calm q8_0 {'plugin' if with_plugin else 'upstream'} -ub {ub}")
 
 
 @pytest.mark.parametrize("v_type, stored", [(None, "f16"), ("f16", "f16"), ("bf16", "bf16"),

@@ -190,3 +190,21 @@ def test_ceiling_table():
     for row in rows:
         ceiling = float(row.split("|")[-2].strip().rstrip("x"))
         assert 1.05 < ceiling < 1.5, row
+
+
+def test_tiny_calm_is_tiny_with_branch_post_norms_of_a_tenth(tiny, calm, tiny_meta):
+    """tiny-calm (the fixture of the distance tests) is tiny with each layer's four branch
+    post-norms (attention, FFN, per-layer input, laurel) scaled by 0.1, every other tensor the
+    same values: the same stream of each tensor, SeedSequence([seed, crc32(name)])."""
+    a, b = gguf.GGUFReader(tiny["f32"]), gguf.GGUFReader(calm["f32"])
+    calm_tensors = {t.name: t for t in b.tensors}
+    scaled = set()
+    for t in a.tensors:
+        x, y = np.asarray(t.data), np.asarray(calm_tensors.pop(t.name).data)
+        if not np.array_equal(x, y):
+            np.testing.assert_allclose(y, np.float32(0.1) * x, rtol=1e-6, err_msg=t.name)
+            scaled.add(t.name)
+    assert not calm_tensors, f"tensors only in tiny-calm: {sorted(calm_tensors)}"
+    want = {f"blk.{il}.{n}.weight" for il in range(tiny_meta["n_layer"])
+            for n in ("post_attention_norm", "post_ffw_norm", "post_norm", "laurel_post_norm")}
+    assert scaled == want, sorted(scaled ^ want)
