@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from upstream_helpers import (HELDOUT, ROOT, Server, final_ppl, llama_completion,
+from upstream_helpers import (HELDOUT, ROOT, Server, assert_extra_buffers_agree,
+                              extra_buffers_vs_plain, final_ppl, llama_completion,
                               llama_perplexity, parse_stats, sibling_module, stat)
 
 test_python = sibling_module("spark_test_python", "test_python.py")
@@ -73,6 +74,22 @@ def test_logits_with_the_plugin_are_stocks(real_models, name, tmp_path):
     print(f"\n{name}: PPL {final_ppl(stock)}, with the plugin: mean KLD "
           f"{stat(res, 'Mean    KLD'):.6f}, max {stat(res, 'Maximum KLD'):.6f}, same top-1 "
           f"{stat(res, 'Same top p')} %")
+
+
+@pytest.mark.parametrize("ub", ["512", "1"])
+@pytest.mark.parametrize("name", MODELS)
+def test_extra_buffers_agree_with_plain(real_models, name, ub, tmp_path):
+    """With the plugin loaded, llama.cpp's extra CPU buffer types (AMX, CPU_REPACK) against
+    -nr, as tests/python/upstream/test_extra_buffers.py does for Spark's files; a skip says why
+    (SmolLM2's Q4_1 has no repacked layout on x86). Bound mean KLD 1e-2, same top 94 %: on
+    CPU_REPACK (AMD EPYC, 2026-12-06) gemma-3-270m's Q4_K_M measured 5.4-6.1e-3 and 96.1-96.5 %
+    (the repacked layout takes its q4_K matrices, whose products agree with the plain ones to
+    2e-6 of their rms on random inputs: `tools/amx-check.sh -- --buffer-type CPU_REPACK --gguf
+    FILE`; the model's own activations spread it further, not explained yet). A wrong kernel
+    or layout gives KLD of 1 and more."""
+    res, extra = extra_buffers_vs_plain(real_models[name], tmp_path, ub, "-f", HELDOUT, "-c",
+                                        "256", "--chunks", "2", "-b", "256")
+    assert_extra_buffers_agree(res, extra, 1e-2, 94.0, f"{name} -ub {ub}")
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -520,3 +520,61 @@ def stat(res, name: str) -> float:
     m = re.search(re.escape(name) + r"\s*:\s*(-?[0-9.]+)", res.stdout + res.stderr)
     assert m, res.explain(f"no '{name}' in the output")
     return float(m.group(1))
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp's extra CPU buffer types (AMX, CPU_REPACK) against plain buffers (-nr)
+
+# "load_tensors:   CPU_REPACK model buffer size =     1.05 MiB" (-v; the memory-fit pass prints
+# the same lines first with 0.00 MiB, the load after it with the real sizes)
+MODEL_BUFFER = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+PLAIN_BUFFER_TYPES = {"CPU", "CPU_Mapped"}
+
+
+def extra_buffer_types(stderr: str) -> dict[str, float]:
+    """{buffer type: MiB} of the weights a -v run loaded into extra CPU buffer types."""
+    sizes = {}
+    for name, mib in MODEL_BUFFER.findall(stderr):
+        sizes[name] = float(mib)  # the last line of each type: the real load's
+    return {k: v for k, v in sizes.items() if k not in PLAIN_BUFFER_TYPES and v > 0}
+
+
+def cpu_flags() -> str:
+    """The instruction-set flags that decide which extra buffer types a CPU has."""
+    try:
+        flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines()
+                     if l.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "flags unknown"
+    wanted = ("avx2", "avx512f", "avx512_vnni", "amx_int8", "amx_tile", "asimd", "i8mm", "sve")
+    return " ".join(f for f in wanted if f in flags) or "none of avx2/avx512f/amx_int8"
+
+
+def extra_buffers_vs_plain(model: Path, tmp: Path, ub: str, *args, with_plugin: bool = True):
+    """llama-perplexity with the extra buffer types off (-nr: every weight in a plain buffer)
+    writes the base log-probabilities; the default run (AMX, CPU_REPACK on) is scored against
+    it with the same ubatch. Both compute the same quantized dot products; only where a weight
+    sits, and so the kernel and its order of float sums, differs. Returns the scored run and
+    {extra buffer type: MiB} of its load; the test is skipped, saying why, when no extra type
+    took a weight (then both runs are the same computation)."""
+    base = tmp / f"{model.stem}-nr-ub{ub}.kld"
+    llama_perplexity(model, *args, "-ub", ub, "-nr", "--kl-divergence-base", base,
+                     with_plugin=with_plugin)
+    res = llama_perplexity(model, *args, "-ub", ub, "-v", "--kl-divergence-base", base,
+                           "--kl-divergence", with_plugin=with_plugin)
+    extra = extra_buffer_types(res.stderr)
+    if not extra:
+        pytest.skip(f"no extra CPU buffer type took a weight of {model.name} on this CPU "
+                    f"({cpu_flags()}): the default run is -nr's computation")
+    return res, extra
+
+
+def assert_extra_buffers_agree(res, extra: dict, mean_kld: float, same_top: float, what: str):
+    """The default run against -nr's: mean KLD and top-1 agreement within the bounds."""
+    mean, top = stat(res, "Mean    KLD"), stat(res, "Same top p")
+    where = ", ".join(f"{k} {v:.2f} MiB" for k, v in extra.items())
+    print(f"\n{what}: extra buffers ({where}) vs -nr: mean KLD {mean:.2e}, same top {top} %")
+    assert mean <= mean_kld and top >= same_top, res.explain(
+        f"{what}: with the extra buffer types ({where}) the logits are not -nr's: mean KLD "
+        f"{mean:.3g} (bound {mean_kld:g}), same top {top} % (bound {same_top} %); an error in "
+        f"ggml's {'/'.join(extra)} kernels (docs/USAGE.md, 'Intel CPUs with AMX')")
