@@ -157,9 +157,11 @@ def test_extra_buffers_agree_with_plain(calm, with_plugin, ub, tmp_path):
     tests/python/upstream/test_extra_buffers.py does for Gemma-2 files; skipped, saying so, where
     no extra type takes a q8_0 weight (x86 without AMX). Bound mean KLD 1.5e-3, same top 97 %:
     ggml's AMX code on software tiles (tools/amx-check.sh --emulate, patch 0018) measured
-    6.9-8.4e-4 and 98.8-99.6 % at -ub 512, 1 and 17 (each AMX product agrees with the plain
-    one to 3e-6 of its rms; what spreads the rest is not known yet); before patch 0018, 7.6
-    and NaN."""
+    6.9-8.4e-4 and 98.8-99.6 % at -ub 512, 1 and 17; before patch 0018, 7.6 and NaN. Each AMX
+    product agrees with the plain one to 3e-6 of its rms; the model spreads such differences
+    by flipping the q8_0 rounding of the next product's inputs now and then: ggml's own plain
+    kernels differ as much from each other (-nr -ub 1 or 17 against -nr -ub 512 on this file:
+    8.1-8.4e-4)."""
     res, extra = uh.extra_buffers_vs_plain(calm["q8_0"], tmp_path, ub, "-f", uh.HELDOUT, "-c",
                                            CTX, "--chunks", CHUNKS, with_plugin=with_plugin)
     uh.assert_extra_buffers_agree(res, extra, 1.5e-3, 97.0,

@@ -11,7 +11,10 @@ Bounds: measured on CPU_REPACK (AMD EPYC, AVX-512, 2026-12-06), default against 
 shipped spark-gemma2 (with the plugin; discontinuous where the statistical top-k sits, so a
 rounding flips a kept neuron now and then) 6.8e-5 (q4_0) and 0.99-1.1e-4 (q4_k_m) mean KLD,
 98.4-99.6 % same top; Gemma-2 of the shipped weights, q4_0: 1.5e-4 and 98.4 %. More than sum
-order alone: the repacked kernels do not round as the plain ones do. Bound for both 1e-3 and
+order alone would give: a product that differs in its last bits now and then flips the
+quantized rounding of a later product's input, as ggml's own plain kernels do between each
+other (the -nr runs at another ubatch differ from -nr at 512 by as much: tests/python/gemma3n,
+tests/python/upstream/test_real_models.py). Bound for both 1e-3 and
 97 % (512 scored tokens: a changed top token is 0.2 %); a wrong kernel gives KLD of 1 and more."""
 
 from __future__ import annotations

@@ -84,9 +84,10 @@ def test_extra_buffers_agree_with_plain(real_models, name, ub, tmp_path):
     (SmolLM2's Q4_1 has no repacked layout on x86). Bound mean KLD 1e-2, same top 94 %: on
     CPU_REPACK (AMD EPYC, 2026-12-06) gemma-3-270m's Q4_K_M measured 5.4-6.1e-3 and 96.1-96.5 %
     (the repacked layout takes its q4_K matrices, whose products agree with the plain ones to
-    2e-6 of their rms on random inputs: `tools/amx-check.sh -- --buffer-type CPU_REPACK --gguf
-    FILE`; the model's own activations spread it further, not explained yet). A wrong kernel
-    or layout gives KLD of 1 and more."""
+    2e-6 of their rms: `tools/amx-check.sh -- --buffer-type CPU_REPACK --gguf FILE`; the model
+    spreads such differences by flipping the quantized rounding of later products' inputs, as
+    it does those of ggml's own plain kernels: -nr -ub 1 against -nr -ub 512, 6.9e-3 and
+    95.7 %). A wrong kernel or layout gives KLD of 1 and more."""
     res, extra = extra_buffers_vs_plain(real_models[name], tmp_path, ub, "-f", HELDOUT, "-c",
                                         "256", "--chunks", "2", "-b", "256")
     assert_extra_buffers_agree(res, extra, 1e-2, 94.0, f"{name} -ub {ub}")
