@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Spark and stock Gemma-2 under memory budgets, side by side in one run: decode (and prefill) with
+# upstream llama-bench while tools/memory-budget.py holds the rest of the machine's memory, from
+# "the model fits" down to "Spark's always-read set + 10 %", repack on and off (docs/PERF.md,
+# "Models larger than memory").
+#
+# Usage: bash tools/bench-memory.sh [--size 2b|9b] [--leave GB,GB,...] [--repack 0,1] [-n 16]
+#                                   [-p 0] [-r 1] [--overhead GB] [--models DIR] [--upstream DIR]
+#   --size      the synthetic model pair (spark-convert --synthetic spark-gemma2-SIZE and
+#               gemma2-SIZE, Q8_0, made once in --models)                        default: 9b
+#   --leave     the budgets (GB left to llama-bench, as MemAvailable counts it); "all" runs
+#               without a holder. Default: all, then from Spark's file (memory-budget.py --sizes):
+#               always + rows + overhead (its whole FFN pool fits), always + rows / 2 + overhead,
+#               1.1 x always + overhead
+#   --overhead  GB the process needs besides the file (KV cache, compute buffers)   default: 0.6
+#   --repack    llama-bench --repack values (1: ggml's repacked / AMX weights, anonymous memory
+#               that must fit; 0: every weight memory-mapped)                     default: 0,1
+#   -n -p -r    as llama-bench                                     default: 16 / 0 / 1
+#   --models DIR    where the models are made                      default: target/bench-models
+#   --upstream DIR  what tools/upstream.sh installed               default: target/upstream
+# Before each run the model file's pages are dropped from the page cache (memory-budget.py
+# --evict), so each starts cold. A run the kernel kills (it did not fit) is reported as such.
+# Prints the CPU, the storage's cold sequential read rate of the model file, the files' always/
+# rows split, then one row per (budget, repack): Spark and stock t/s and their ratio, and Spark's
+# speed as a share of its in-memory ("all") speed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+size=9b leaves="" repacks=0,1 gen=16 prompt=0 reps=1 overhead=0.6
+models=target/bench-models upstream=target/upstream
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --size) size=$2; shift 2 ;;
+        --leave) leaves=$2; shift 2 ;;
+        --repack) repacks=$2; shift 2 ;;
+        --overhead) overhead=$2; shift 2 ;;
+        -n) gen=$2; shift 2 ;;
+        -p) prompt=$2; shift 2 ;;
+        -r) reps=$2; shift 2 ;;
+        --models) models=$2; shift 2 ;;
+        --upstream) upstream=$2; shift 2 ;;
+        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench-memory: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$size" in 2b|9b) ;; *) echo "bench-memory: --size is 2b or 9b, not '$size'" >&2; exit 2 ;; esac
+
+bench=$upstream/bin/llama-bench
+plugin=$upstream/lib/libggml-spark.so
+# shellcheck source=tools/bench-common.sh
+source tools/bench-common.sh
+bench_need "$bench" "$plugin"
+bench_python
+convert=
+for c in ${SPARK_CONVERT:-} target/debug/spark-convert target/release/spark-convert; do
+    if [ -x "$c" ]; then convert=$c; break; fi
+done
+[ -n "$convert" ] || { echo "bench-memory: spark-convert not found: cargo build" >&2; exit 1; }
+mkdir -p "$models"
+spark=$models/spark-gemma2-$size-q8_0.gguf
+stock=$models/gemma2-$size-q8_0.gguf
+[ -f "$spark" ] || "$convert" --synthetic "spark-gemma2-$size" "$spark" --outtype q8_0
+[ -f "$stock" ] || "$convert" --synthetic "gemma2-$size" "$stock" --outtype q8_0
+
+budget="$python tools/memory-budget.py --quiet"
+size_of() { $python tools/memory-budget.py --sizes "$1" | awk -v k="$2" '$1 == k { print $2 }'; }
+always=$(size_of "$spark" always) rows=$(size_of "$spark" rows)
+if [ -z "$leaves" ]; then
+    leaves=$(awk -v a="$always" -v r="$rows" -v o="$overhead" \
+        'BEGIN { printf "all,%.1f,%.1f,%.1f", a + r + o, a + r / 2 + o, 1.1 * a + o }')
+fi
+
+# cold sequential read of the Spark file: what storage gives a reader that streams it
+$budget --evict "$spark"
+t0=$(date +%s.%N)
+cat "$spark" >/dev/null
+seq_gbs=$(awk -v t0="$t0" -v t1="$(date +%s.%N)" -v b="$(stat -c %s "$spark")" \
+    'BEGIN { printf "%.2f", b / 1e9 / (t1 - t0) }')
+
+echo "CPU: $(bench_cpu); MemAvailable $(awk '/MemAvailable/ { printf "%.1f", $2 / 1e6 }' /proc/meminfo) GB"
+echo "storage: cold sequential read of $(basename "$spark") at $seq_gbs GB/s"
+echo "Spark $size q8_0: $(size_of "$spark" total) GB = always-read $always GB + FFN rows $rows GB" \
+     "(a token reads ~8 % of the rows); stock: $(size_of "$stock" total) GB, all read per token"
+echo "llama-bench -n $gen -p $prompt -r $reps -t 2, file evicted before each run"
+echo
+echo "| GB left | repack | Spark t/s | stock t/s | Spark / stock | Spark vs its in-RAM speed |"
+echo "|---|---|---|---|---|---|"
+
+# llama-bench's tg (or pp) t/s of one model under one budget; "killed" or "failed" otherwise
+run_one() {
+    local model=$1 leave=$2 repack=$3 with_plugin=$4 out rc=0 hold=()
+    [ "$leave" = all ] || hold=($budget --leave "$leave" --evict "$model" --)
+    [ "$leave" = all ] && $budget --evict "$model"  # cold start; the file then fits in memory
+    local env=()
+    [ "$with_plugin" = 1 ] && env=(GGML_BACKEND_PATH="$PWD/$plugin")
+    out=$(env "${env[@]}" "${hold[@]}" "$bench" -m "$model" -n "$gen" -p "$prompt" -r "$reps" \
+        -t 2 --repack "$repack" -o jsonl 2>/dev/null) || rc=$?
+    if [ "$rc" -ge 128 ]; then echo killed; return; fi
+    [ "$rc" = 0 ] || { echo failed; return; }
+    echo "$out" | "$python" -c 'import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+print("%.2f" % rows[-1]["avg_ts"] if rows else "failed")'
+}
+
+declare -A in_ram
+IFS=, read -r -a leave_list <<<"$leaves"
+IFS=, read -r -a repack_list <<<"$repacks"
+for leave in "${leave_list[@]}"; do
+    for repack in "${repack_list[@]}"; do
+        s=$(run_one "$spark" "$leave" "$repack" 1)
+        k=$(run_one "$stock" "$leave" "$repack" 0)
+        [ "$leave" = all ] && in_ram[$repack]=$s
+        ratio=$(awk -v s="$s" -v k="$k" 'BEGIN { if (s + 0 > 0 && k + 0 > 0) printf "%.2fx", s / k; else print "-" }')
+        share=$(awk -v s="$s" -v r="${in_ram[$repack]:-}" 'BEGIN { if (s + 0 > 0 && r + 0 > 0) printf "%.0f %%", 100 * s / r; else print "-" }')
+        echo "| $leave | $repack | $s | $k | $ratio | $share |"
+    done
+done
