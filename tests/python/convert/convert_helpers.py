@@ -43,3 +43,10 @@ def validate(path: Path) -> None:
     assert p.returncode == 0, f"spark-gguf validate {path}:\n{p.stdout}\n{p.stderr}"
 
 
+def tiny_q8_0_pair(directory: Path) -> tuple[Path, Path]:
+    """The `tiny` (spark-gemma2) and `tiny-dense` (gemma2) synthetic presets in q8_0, written
+    into `directory`: (spark, stock)."""
+    for preset in ("tiny", "tiny-dense"):
+        run_convert("--synthetic", preset, directory / f"{preset}.gguf", "--outtype", "q8_0",
+                    "--quiet")
+    return directory / "tiny.gguf", directory / "tiny-dense.gguf"

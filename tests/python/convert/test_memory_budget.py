@@ -13,7 +13,7 @@ import pytest
 
 import gguf
 
-from convert_helpers import ROOT, run_convert
+from convert_helpers import ROOT, tiny_q8_0_pair
 
 SCRIPT = ROOT / "tools" / "memory-budget.py"
 D, L, F, R_F = 128, 2, 512, 64  # converter/src/synthetic.rs, tiny
@@ -41,10 +41,7 @@ def mem_available_gb() -> float:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    d = tmp_path_factory.mktemp("budget")
-    for preset in ("tiny", "tiny-dense"):
-        run_convert("--synthetic", preset, d / f"{preset}.gguf", "--outtype", "q8_0", "--quiet")
-    return d / "tiny.gguf", d / "tiny-dense.gguf"
+    return tiny_q8_0_pair(tmp_path_factory.mktemp("budget"))
 
 
 def test_sizes_split_a_spark_file_into_always_read_and_rows(pair):

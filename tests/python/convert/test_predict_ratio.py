@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from convert_helpers import ROOT, run_convert
+from convert_helpers import ROOT, tiny_q8_0_pair
 
 SCRIPT = ROOT / "tools" / "predict-ratio.py"
 D, L, N, KV, H, F, VOCAB, W = 128, 2, 4, 2, 32, 512, 512, 64
@@ -52,10 +52,7 @@ def kv(spark: bool, depth: int) -> float:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    d = tmp_path_factory.mktemp("predict")
-    for preset in ("tiny", "tiny-dense"):
-        run_convert("--synthetic", preset, d / f"{preset}.gguf", "--outtype", "q8_0", "--quiet")
-    return d / "tiny.gguf", d / "tiny-dense.gguf"
+    return tiny_q8_0_pair(tmp_path_factory.mktemp("predict"))
 
 
 def predict(*args) -> subprocess.CompletedProcess:

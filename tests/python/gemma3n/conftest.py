@@ -21,27 +21,27 @@ from gemma3n_helpers import synth  # noqa: E402
 TINY_OUTTYPES = ("f32", "q8_0", "bf16")
 
 
+def synth_all_types(tmp_path_factory, preset: str) -> dict[str, Path]:
+    """outtype -> `preset` (seed 1) in that type, written once into a new folder."""
+    d = tmp_path_factory.mktemp(f"gemma3n-{preset}")
+    out = {}
+    for t in TINY_OUTTYPES:
+        out[t] = d / f"gemma3n-{preset}-{t}.gguf"
+        synth(preset, out[t], "--outtype", t, "--seed", 1, "--quiet")
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """outtype -> the tiny Gemma 3n (seed 1) in that type."""
-    d = tmp_path_factory.mktemp("gemma3n")
-    out = {}
-    for t in TINY_OUTTYPES:
-        out[t] = d / f"gemma3n-tiny-{t}.gguf"
-        synth("tiny", out[t], "--outtype", t, "--seed", 1, "--quiet")
-    return out
+    return synth_all_types(tmp_path_factory, "tiny")
 
 
 @pytest.fixture(scope="session")
 def calm(tmp_path_factory) -> dict[str, Path]:
     """outtype -> the tiny-calm Gemma 3n (seed 1): tiny's shapes, layers that add a tenth as
     much to the residual stream, so that distances measure computations, not chaos."""
-    d = tmp_path_factory.mktemp("gemma3n-calm")
-    out = {}
-    for t in TINY_OUTTYPES:
-        out[t] = d / f"gemma3n-tiny-calm-{t}.gguf"
-        synth("tiny-calm", out[t], "--outtype", t, "--seed", 1, "--quiet")
-    return out
+    return synth_all_types(tmp_path_factory, "tiny-calm")
 
 
 @pytest.fixture(scope="session")
