@@ -13,10 +13,11 @@
 #               (tools/amx/amx-emu.h): the same check on any x86-64 CPU with AVX-512 F/BW/VL/DQ
 #               and VNNI, which the AMX code also uses; elsewhere it says so and exits 0.
 #               ~1.5 min to build ggml once (again when the patch series changes).
-#   --models    also the weight shapes of the models the project runs (below), q8_0, q4_0,
-#               q4_K and q6_K; ~N minutes more under --emulate
+#   --models    the weight shapes of the models the project runs (below) in q8_0, q4_0, q4_K
+#               and q6_K, instead of the built-in cases (minutes under --emulate: K up to 16384)
 #   --quiet     only failing cases, skips and the summary line
-#   CHECK_ARGS  passed to amx-mul-mat-check (--rows, --types, K,N[,NE2[,NE3]][:B], --gguf FILE)
+#   CHECK_ARGS  passed to amx-mul-mat-check (--rows, --types, --threads, --buffer-type NAME,
+#               --zeros P, --full-n, K,N[,NE2[,NE3]][:B], --gguf FILE: its header says more)
 #
 # Exit status: 0 every product agrees (or no AMX to check), 1 a product disagrees or crashed,
 # 2 usage error.
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
         --quiet) quiet=1 ;;
         --models) models=1 ;;
         --) shift; check_args=("$@"); break ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "amx-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift

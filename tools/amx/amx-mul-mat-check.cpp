@@ -15,19 +15,25 @@
 // <= 1e-2 (the AMX f16 kernel multiplies f32 inputs, the plain one f16-rounded inputs: ~1e-3);
 // a wrong kernel gives O(1), inf or NaN.
 //
-// Usage: amx-mul-mat-check [--threads N] [--rows R,R,...] [--types T,T,...] [CASE...] [--gguf FILE]...
+// Usage: amx-mul-mat-check [--threads N] [--rows R,R,...] [--types T,T,...] [--buffer-type NAME]
+//                          [--zeros P] [--full-n] [CASE...] [--gguf FILE]...
 //   CASE      K,N[,NE2[,NE3]][:B]  a weight shape; :B gives the input B batches against a 2-D
-//             weight (broadcast, as ggml_mul_mat allows)
-//   --gguf    every tensor of FILE with ne[0] a multiple of 32 and two or more dims, in the file's
-//             type, as a case (N shortened: see below)
+//             weight (broadcast, as ggml_mul_mat allows); types whose block does not divide K
+//             are left out
+//   --gguf    every tensor of FILE with ne[0] a multiple of 32 and two or more dims, of one of
+//             --types, in the file's type, as a case (N shortened: see below)
 //   (none)    the built-in cases: every kernel path of ggml-cpu/amx/mmq.cpp (one K block and many;
-//             N a multiple of 32 and of 64; 2-D and 3-D weights; batched inputs)
+//             N a multiple of 32 and of 64; 2-D, 3-D and 4-D weights; batched inputs)
+//   --buffer-type  the extra buffer type to check (default AMX; CPU_REPACK for the repacked
+//             SIMD layouts)
+//   --zeros   the share of the input's values that are exactly 0 (default 0)
+//   --full-n  no shortening of N
 // N above 256 is shortened to 192 + N % 64: the kernels tile N in blocks of 32 (64 for one row)
 // and each block is independent, so only N modulo 64 and the number of blocks > 2 matter.
 // Default rows: 1 (the one-row VNNI path), 17 (a partial tile), 32 (one 2 x 2 tile block), 100.
 //
-// Exit status: 0 every case agrees (or was refused), 1 a case disagrees, 2 usage error, 77 this
-// ggml build or CPU has no AMX buffer type (a skip: it says why).
+// Exit status: 0 every case agrees (or was refused), 1 a case disagrees or crashed, 2 usage
+// error, 77 this ggml build or CPU has no such buffer type (a skip: it says why).
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
@@ -67,7 +73,8 @@ struct outcome {
 [[noreturn]] void usage(const char * msg) {
     std::fprintf(stderr, "amx-mul-mat-check: %s\n", msg);
     std::fprintf(stderr, "usage: amx-mul-mat-check [--threads N] [--rows R,R,...] [--types T,T,...] "
-                         "[K,N[,NE2[,NE3]][:B]...] [--gguf FILE]...\n");
+                         "[--buffer-type NAME] [--zeros P] [--full-n] [K,N[,NE2[,NE3]][:B]...] "
+                         "[--gguf FILE]...\n");
     std::exit(2);
 }
 
