@@ -1,9 +1,10 @@
 # Sourced by the tools/bench-*.sh scripts (run from the repository root): what they share.
 #
 #   bench_need FILE...     exits with a hint when one of what tools/upstream.sh installs is missing
-#   bench_models DIR       sets $spark and $stock: the synthetic Gemma-2 2B Q8_0 models (Spark and
-#                          stock gemma2; random weights, speed does not depend on them), made
-#                          once in DIR with spark-convert ($SPARK_CONVERT, else target/*/)
+#   bench_models DIR [SIZE] sets $spark and $stock: the synthetic Gemma-2 SIZE (2b, default, or
+#                          9b) Q8_0 models (Spark and stock gemma2; random weights, speed does not
+#                          depend on them), made once in DIR with spark-convert ($SPARK_CONVERT,
+#                          else target/*/)
 #   bench_python           sets $python: the project's .venv interpreter, else python3
 #   bench_cpu              prints the CPU model and count
 
@@ -20,11 +21,12 @@ bench_models() {
         if [ -x "$c" ]; then convert=$c; break; fi
     done
     [ -n "$convert" ] || { echo "$(basename "$0" .sh): spark-convert not found: cargo build" >&2; exit 1; }
+    local size=${2:-2b}
     mkdir -p "$1"
-    spark=$1/spark-gemma2-2b-q8_0.gguf
-    stock=$1/gemma2-2b-q8_0.gguf
-    [ -f "$spark" ] || "$convert" --synthetic spark-gemma2-2b "$spark" --outtype q8_0 --quiet
-    [ -f "$stock" ] || "$convert" --synthetic gemma2-2b "$stock" --outtype q8_0 --quiet
+    spark=$1/spark-gemma2-$size-q8_0.gguf
+    stock=$1/gemma2-$size-q8_0.gguf
+    [ -f "$spark" ] || "$convert" --synthetic "spark-gemma2-$size" "$spark" --outtype q8_0 --quiet
+    [ -f "$stock" ] || "$convert" --synthetic "gemma2-$size" "$stock" --outtype q8_0 --quiet
 }
 
 bench_python() {

@@ -51,16 +51,7 @@ plugin=$upstream/lib/libggml-spark.so
 source tools/bench-common.sh
 bench_need "$bench" "$plugin"
 bench_python
-convert=
-for c in ${SPARK_CONVERT:-} target/debug/spark-convert target/release/spark-convert; do
-    if [ -x "$c" ]; then convert=$c; break; fi
-done
-[ -n "$convert" ] || { echo "bench-memory: spark-convert not found: cargo build" >&2; exit 1; }
-mkdir -p "$models"
-spark=$models/spark-gemma2-$size-q8_0.gguf
-stock=$models/gemma2-$size-q8_0.gguf
-[ -f "$spark" ] || "$convert" --synthetic "spark-gemma2-$size" "$spark" --outtype q8_0
-[ -f "$stock" ] || "$convert" --synthetic "gemma2-$size" "$stock" --outtype q8_0
+bench_models "$models" "$size"
 
 budget="$python tools/memory-budget.py --quiet"
 size_of() { $python tools/memory-budget.py --sizes "$1" | awk -v k="$2" '$1 == k { print $2 }'; }
