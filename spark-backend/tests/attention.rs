@@ -6,6 +6,9 @@ mod attention_helpers;
 use attention_helpers::{reference_output, reference_row, Case, MaskKind, Spec, Ty};
 use spark_backend::attention::{AttnCall, SparseAttention};
 use spark_backend::params::AttnParams;
+use spark_backend::rows::quant::quantize_rows;
+use spark_backend::rows::{to_f32, Row, RowType};
+use spark_backend::tensor::TensorView;
 use std::collections::BTreeMap;
 
 type Selections = BTreeMap<(usize, usize, usize), Vec<u32>>;
@@ -405,4 +408,107 @@ fn run_records_statistics() {
     assert_eq!(after.attn_queries - before.attn_queries, 12);
     assert_eq!(after.attn_kept - before.attn_kept, kept);
     assert!(kept > 0 && kept < 12 * 64);
+}
+
+/// The K and V bytes of `case` (f32 caches) quantized to `ty` row by row, and `case` itself
+/// rewritten to hold the quantized values converted back to f32 (buffers and the reference's
+/// exact values): what a block-typed cache stores, and an f32 cache of the same values.
+fn quantize_case_caches(case: &mut Case, ty: RowType) -> (Vec<u8>, Vec<u8>) {
+    let Spec {
+        h,
+        n_head_kv: kv,
+        n_kv,
+        n_stream: ns,
+        spare_cells,
+        ..
+    } = case.spec;
+    let cells = n_kv + spare_cells;
+    let quantize = |buf: &mut Vec<u8>, exact: &mut Vec<f64>| -> Vec<u8> {
+        let x: Vec<f32> = buf
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let q = quantize_rows(ty, &x, h).expect("whole blocks");
+        let row = ty.row_bytes(h).expect("whole blocks");
+        let mut back = vec![0f32; x.len()];
+        for (bytes, out) in q.chunks_exact(row).zip(back.chunks_exact_mut(h)) {
+            to_f32(Row::new(ty, h, bytes).expect("one row"), out);
+        }
+        *buf = back.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for s in 0..ns {
+            for j in 0..n_kv {
+                for g in 0..kv {
+                    let from = ((s * cells + j) * kv + g) * h;
+                    let to = ((s * kv + g) * n_kv + j) * h;
+                    for i in 0..h {
+                        exact[to + i] = f64::from(back[from + i]);
+                    }
+                }
+            }
+        }
+        q
+    };
+    let kq = quantize(&mut case.k, &mut case.k_exact);
+    let vq = quantize(&mut case.v, &mut case.v_exact);
+    (kq, vq)
+}
+
+/// Issue 56: a cache of any block type ggml offers for K and V (bf16, q8_0, q4_0, q4_1, q5_0,
+/// q5_1, iq4_nl) gives the bits of an f32 cache holding its values converted back (which
+/// matches the float64 reference), for any thread count, in decode and prefill shapes.
+#[test]
+fn block_typed_caches_read_as_the_f32_cache_of_their_values() {
+    use RowType::*;
+    for (n_tokens, n_kv) in [(1usize, 300usize), (6, 140)] {
+        for ty in [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Iq4Nl, Bf16] {
+            let mut spec = Spec::new(64, 32, 4, 2, n_tokens, n_kv);
+            spec.k_ty = Ty::F32;
+            spec.v_ty = Ty::F32;
+            spec.k_keep = 24;
+            spec.seed = 56;
+            let mut case = Case::build(spec);
+            let (mut kq, mut vq) = quantize_case_caches(&mut case, ty);
+            let agree = check_against_reference(&mut case);
+            assert!(agree.sparse_rows > 0, "{ty:?}: {agree:?}");
+            let params = spec.params();
+            let (want, _) = run_case(&mut case, &params, 1);
+            let row = ty.row_bytes(spec.h).expect("whole blocks");
+            let cells = n_kv + spec.spare_cells;
+            let nb = [ty.block_bytes(), row, row * 2, row * 2 * cells];
+            let ne = [spec.h, spec.n_head_kv, n_kv, 1];
+            for nth in [1, 3] {
+                let mut out = vec![f32::NAN; case.out_len()];
+                let call = AttnCall {
+                    q: case.q_view(),
+                    k: TensorView {
+                        ty: ty.ggml(),
+                        ne,
+                        nb,
+                        data: kq.as_mut_ptr(),
+                    },
+                    v: TensorView {
+                        ty: ty.ggml(),
+                        ne,
+                        nb,
+                        data: vq.as_mut_ptr(),
+                    },
+                    mask: case.mask_view(),
+                    dst: case.dst_view(&mut out),
+                };
+                let op = SparseAttention::new(&call, &params)
+                    .expect("a block cache of whole blocks")
+                    .with_threads(nth);
+                for ith in 0..nth {
+                    // SAFETY: the views point into the case's buffers, kq, vq and out, alive here.
+                    unsafe { op.run(ith, nth) };
+                }
+                assert!(
+                    out.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?} T {n_tokens} nth {nth}: differs from the f32 cache of its values"
+                );
+            }
+        }
+    }
 }

@@ -108,13 +108,34 @@ impl SparkArgs {
     }
 }
 
-/// KV cache element types accepted by spark-gemma2 (quantized caches need flash attention).
+/// KV cache element types (llama.cpp's `-ctk` / `-ctv` set): spark-gemma2's attention reads
+/// f32 and f16 in place and the others in whole blocks converted to f32 (patch 0003).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CacheType {
     /// Half precision (llama.cpp's default).
     F16,
     /// Single precision.
     F32,
+    /// bfloat16.
+    Bf16,
+    /// 8-bit blocks of 32 (8.5 bits per value).
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// 4-bit blocks of 32 (4.5 bits per value).
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// 4-bit blocks of 32 with a minimum (5 bits per value).
+    #[value(name = "q4_1")]
+    Q4_1,
+    /// 4-bit non-linear blocks of 32 (4.5 bits per value).
+    #[value(name = "iq4_nl")]
+    Iq4Nl,
+    /// 5-bit blocks of 32 (5.5 bits per value).
+    #[value(name = "q5_0")]
+    Q5_0,
+    /// 5-bit blocks of 32 with a minimum (6 bits per value).
+    #[value(name = "q5_1")]
+    Q5_1,
 }
 
 impl CacheType {
@@ -123,6 +144,13 @@ impl CacheType {
         match self {
             CacheType::F16 => "f16",
             CacheType::F32 => "f32",
+            CacheType::Bf16 => "bf16",
+            CacheType::Q8_0 => "q8_0",
+            CacheType::Q4_0 => "q4_0",
+            CacheType::Q4_1 => "q4_1",
+            CacheType::Iq4Nl => "iq4_nl",
+            CacheType::Q5_0 => "q5_0",
+            CacheType::Q5_1 => "q5_1",
         }
     }
 
@@ -131,6 +159,13 @@ impl CacheType {
         match self {
             CacheType::F16 => KvCacheType::F16,
             CacheType::F32 => KvCacheType::F32,
+            CacheType::Bf16 => KvCacheType::BF16,
+            CacheType::Q8_0 => KvCacheType::Q8_0,
+            CacheType::Q4_0 => KvCacheType::Q4_0,
+            CacheType::Q4_1 => KvCacheType::Q4_1,
+            CacheType::Iq4Nl => KvCacheType::IQ4_NL,
+            CacheType::Q5_0 => KvCacheType::Q5_0,
+            CacheType::Q5_1 => KvCacheType::Q5_1,
         }
     }
 }

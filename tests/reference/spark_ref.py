@@ -261,8 +261,24 @@ def spark_attention(q, k, v, layer: int, cfg: dict, stats: list | None = None) -
     return o
 
 
-def forward(config: dict, weights: dict, tokens, return_stats: bool = False):
+def stored_kv(x, kv_type: str | None) -> np.ndarray:
+    """x [T, KV, H] as a KV cache of ggml type `kv_type` (f16, bf16, q8_0, q4_0, q4_1, q5_0,
+    q5_1, ...) holds it: each head's row of H values rounded to f32, quantized with gguf-py's
+    quantizers (NumPy ports of ggml's reference ones) and read back. None: exact."""
+    if kv_type is None:
+        return x
+    from gguf import GGMLQuantizationType, quants
+
+    ty = GGMLQuantizationType[kv_type.upper()]
+    rows = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    return quants.dequantize(quants.quantize(rows, ty), ty).astype(np.float64).reshape(x.shape)
+
+
+def forward(config: dict, weights: dict, tokens, return_stats: bool = False, kv_type: str | None = None):
     """Float64 logits [T, vocab_size] of SPEC section 4 for token ids `tokens` at positions 0..T-1.
+
+    kv_type: the KV cache's ggml type (stored_kv): keys (after RoPE) and values are read back
+    as that cache stores them; None keeps them exact.
 
     With return_stats, also returns a dict with per-layer lists:
       ffn_keep_fraction: mean over tokens of #{a_j != 0} / F (FFN activity; 1.0-ish for dense);
@@ -303,6 +319,7 @@ def forward(config: dict, weights: dict, tokens, return_stats: bool = False):
                             rope_neox(q[..., r_a:], pos, base)], axis=-1) * scale
         k = np.concatenate([rope_neox(k[..., :r_a], pos, base),
                             rope_neox(k[..., r_a:], pos, base)], axis=-1)
+        k, v = stored_kv(k, kv_type), stored_kv(v, kv_type)
         attended: list = []
         o = spark_attention(q, k, v, l, cfg, attended)
         attn_out = np.einsum("tnh,nhd->td", o, wo)

@@ -12,7 +12,7 @@
 //! With the `cuda` feature, `super::cuda_launch` holds the launcher ggml-cuda calls for a
 //! `spark_attn` node, which enqueues this plan.
 
-use super::layout::{AttnCall, AttnLayout, ElemType, Strided};
+use super::layout::{AttnCall, AttnLayout, CacheType, ElemType, Strided};
 use crate::cuda::CudaSource;
 use crate::params::AttnParams;
 use crate::KernelError;
@@ -251,17 +251,29 @@ fn align_up(x: usize, a: usize) -> usize {
 
 /// True when `t`'s address and strides are multiples of `align` (every element access of the
 /// kernels is then aligned).
-fn aligned(t: &Strided, align: usize) -> bool {
+fn aligned<T>(t: &Strided<T>, align: usize) -> bool {
     (t.data as usize).is_multiple_of(align) && t.nb.iter().all(|&b| b.is_multiple_of(align))
 }
 
 /// True when `t`'s rows (dims 1..4) start at `align`-byte aligned addresses: the half2 (4) and
 /// 16-byte loads of the fast paths are then aligned (with an element offset to match).
-fn rows_aligned(t: &Strided, align: usize) -> bool {
+fn rows_aligned<T>(t: &Strided<T>, align: usize) -> bool {
     (t.data as usize).is_multiple_of(align) && t.nb[1..].iter().all(|&b| b.is_multiple_of(align))
 }
 
-fn strides(t: &Strided, name: &str) -> Result<[i64; 4], KernelError> {
+/// A K or V cache as the CUDA kernels read it: f16 or f32 in place. Block types (bf16, q8_0,
+/// q4_0, ...) are the CPU op's only (the layer's node then runs where ggml's scheduler puts it).
+fn read_in_place(c: &Strided<CacheType>, name: &str) -> Result<Strided, KernelError> {
+    match c.ty {
+        CacheType::Elems(e) => Ok(c.with_ty(e)),
+        CacheType::Blocks(t) => Err(KernelError::Shape(format!(
+            "{name} cache of type {}: the CUDA kernels read f16 and f32 caches only",
+            t.name()
+        ))),
+    }
+}
+
+fn strides<T>(t: &Strided<T>, name: &str) -> Result<[i64; 4], KernelError> {
     let mut out = [0i64; 4];
     for (o, (&b, &n)) in out.iter_mut().zip(t.nb.iter().zip(&t.ne)) {
         // The furthest byte along this dimension must fit the kernels' 64-bit offsets.
@@ -299,10 +311,11 @@ impl AttnPlan {
                 l.q.ne, l.n_kv, l.k_keep
             )));
         }
+        let (k, v) = (read_in_place(&l.k, "k")?, read_in_place(&l.v, "v")?);
         for (t, name) in [
             (&l.q, "q"),
-            (&l.k, "k"),
-            (&l.v, "v"),
+            (&k, "k"),
+            (&v, "v"),
             (&l.mask, "mask"),
             (&l.dst, "dst"),
         ] {
@@ -414,21 +427,22 @@ impl AttnPlan {
         let (gb, tt) = Self::scores_blocking(l);
         let s = &self.scratch;
         let i = |x: usize| x as i32; // every value below was bounded in from_layout
-        let k_vec = l.k.ty == ElemType::F16
-            && l.k.nb[0] == 2
-            && rows_aligned(&l.k, 4)
+        let (k, v) = (read_in_place(&l.k, "k")?, read_in_place(&l.v, "v")?);
+        let k_vec = k.ty == ElemType::F16
+            && k.nb[0] == 2
+            && rows_aligned(&k, 4)
             && l.r.is_multiple_of(2)
             && l.head_dim.is_multiple_of(2);
-        let v_f16_adjacent = l.v.ty == ElemType::F16 && l.v.nb[0] == 2;
-        let v_vec = if v_f16_adjacent && rows_aligned(&l.v, 16) && l.head_dim.is_multiple_of(8) {
+        let v_f16_adjacent = v.ty == ElemType::F16 && v.nb[0] == 2;
+        let v_vec = if v_f16_adjacent && rows_aligned(&v, 16) && l.head_dim.is_multiple_of(8) {
             2 // 16-byte loads (H / 8 <= OUTPUT_THREADS: H <= MAX_HEAD_DIM)
         } else {
-            i32::from(v_f16_adjacent && rows_aligned(&l.v, 4) && l.head_dim.is_multiple_of(2))
+            i32::from(v_f16_adjacent && rows_aligned(&v, 4) && l.head_dim.is_multiple_of(2))
         };
         Ok(AttnArgs {
             q: l.q.data as u64,
-            k: l.k.data as u64,
-            v: l.v.data as u64,
+            k: k.data as u64,
+            v: v.data as u64,
             mask: l.mask.data as u64,
             dst: l.dst.data as u64,
             scores: scratch + s.scores as u64,
@@ -446,8 +460,8 @@ impl AttnPlan {
                 0
             },
             q_nb: strides(&l.q, "q")?,
-            k_nb: strides(&l.k, "k")?,
-            v_nb: strides(&l.v, "v")?,
+            k_nb: strides(&k, "k")?,
+            v_nb: strides(&v, "v")?,
             m_nb: strides(&l.mask, "mask")?,
             d_nb: strides(&l.dst, "dst")?,
             head_dim: i(l.head_dim),
@@ -458,8 +472,8 @@ impl AttnPlan {
             n_stream: i(l.n_stream),
             mask_ne2: i(l.mask.ne[2]),
             mask_ne3: i(l.mask.ne[3]),
-            k_f16: i32::from(l.k.ty == ElemType::F16),
-            v_f16: i32::from(l.v.ty == ElemType::F16),
+            k_f16: i32::from(k.ty == ElemType::F16),
+            v_f16: i32::from(v.ty == ElemType::F16),
             mask_f16: i32::from(l.mask.ty == ElemType::F16),
             k_vec: i32::from(k_vec),
             v_vec,

@@ -19,9 +19,10 @@
 //! every tiling, thread count and schedule (and for any batch composition).
 
 use super::dot::{self, Queries, Rows, Scores};
-use super::layout::{AttnLayout, ElemType, Strided};
+use super::layout::{AttnLayout, CacheType, ElemType, Strided};
 use super::math;
 use crate::arch::Kernels;
+use crate::rows::{Row, RowType};
 use crate::topk;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -79,7 +80,15 @@ struct Scratch {
     w: Vec<f32>,
     /// Output row.
     o: Vec<f32>,
+    /// Rows of a block-typed cache converted to f32, [`STAGED_ROWS`] at a time.
+    staged: Vec<f32>,
+    /// `0, 1, ..., STAGED_ROWS - 1`: the staged rows' indices.
+    iota: Vec<u32>,
 }
+
+/// Rows of a block-typed cache converted to f32 per step: 64 rows of Gemma-2's 128 predictor
+/// dims are 32 KiB, which stay in the L1 or L2 cache between conversion and use.
+const STAGED_ROWS: usize = 64;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -283,13 +292,82 @@ unsafe fn mask_valid(ty: ElemType, p: *const u8) -> bool {
     }
 }
 
+/// The rows of one KV head's cache, as the kernel reads them.
+#[derive(Clone, Copy, Debug)]
+enum CacheRows {
+    /// f32 or f16 rows, read in place.
+    Elems(Rows),
+    /// Rows of whole blocks, converted to f32 before use ([`staged_chunks`]).
+    Blocks(BlockRows),
+}
+
+/// Rows of blocks of `ty`: row `j` at `base + j * row_stride`, its blocks adjacent.
+#[derive(Clone, Copy, Debug)]
+struct BlockRows {
+    base: *const u8,
+    ty: RowType,
+    row_stride: usize,
+}
+
 /// Rows of cache `c` for KV head `g` in stream `s`: row j = position j.
-fn cache_rows(c: &Strided, g: usize, s: usize) -> Rows {
-    Rows {
-        base: c.data.wrapping_add(g * c.nb[1] + s * c.nb[3]),
-        ty: c.ty,
-        elem_stride: c.nb[0],
-        row_stride: c.nb[2],
+fn cache_rows(c: &Strided<CacheType>, g: usize, s: usize) -> CacheRows {
+    let base = c.data.wrapping_add(g * c.nb[1] + s * c.nb[3]).cast_const();
+    match c.ty {
+        CacheType::Elems(ty) => CacheRows::Elems(Rows {
+            base,
+            ty,
+            elem_stride: c.nb[0],
+            row_stride: c.nb[2],
+        }),
+        CacheType::Blocks(ty) => CacheRows::Blocks(BlockRows {
+            base,
+            ty,
+            row_stride: c.nb[2],
+        }),
+    }
+}
+
+/// Converts dims `dims` of the listed rows of `cache` to f32, [`STAGED_ROWS`] rows at a time
+/// into `buf`, and calls `f(rows, idx, c0)` per chunk: `rows` the staged f32 rows (dims from 0),
+/// `idx` their indices among them, `c0` the chunk's first index in `rows_idx`. The conversion
+/// is exact and the f32 kernels' sums do not depend on how rows are grouped, so the results
+/// are those of an f32 cache holding the converted values.
+///
+/// # Safety
+/// Every listed row of `cache` must be readable over `dims`, which start and end on block
+/// boundaries (`AttnLayout` checks H and r against the block size).
+unsafe fn staged_chunks(
+    cache: BlockRows,
+    dims: Range<usize>,
+    rows_idx: &[u32],
+    buf: &mut Vec<f32>,
+    iota: &mut Vec<u32>,
+    mut f: impl FnMut(Rows, &[u32], usize),
+) {
+    let width = dims.len();
+    let (be, bb) = (cache.ty.block_elems(), cache.ty.block_bytes());
+    let (skip, len) = (dims.start / be * bb, width / be * bb);
+    buf.resize(STAGED_ROWS * width, 0.0);
+    if iota.len() != STAGED_ROWS {
+        *iota = (0..STAGED_ROWS as u32).collect();
+    }
+    for (chunk_no, chunk) in rows_idx.chunks(STAGED_ROWS).enumerate() {
+        for (&j, out) in chunk.iter().zip(buf.chunks_exact_mut(width)) {
+            let p = cache
+                .base
+                .wrapping_add(j as usize * cache.row_stride + skip);
+            // SAFETY: row j's dims `dims` are `len` readable bytes of whole blocks (contract).
+            let bytes = unsafe { std::slice::from_raw_parts(p, len) };
+            let row = Row::new(cache.ty, width, bytes).expect("AttnLayout checked whole blocks");
+            crate::rows::to_f32(row, out);
+        }
+        let rows = Rows {
+            base: buf.as_ptr().cast(),
+            ty: ElemType::F32,
+            elem_stride: 4,
+            row_stride: width * 4,
+        };
+        f(rows, &iota[..chunk.len()], chunk_no * STAGED_ROWS);
     }
 }
 
@@ -445,30 +523,55 @@ fn union_of_valid_positions(l: &AttnLayout, sc: &mut Scratch) {
 unsafe fn first_part_scores(
     l: &AttnLayout,
     kernels: &Kernels,
-    k_rows: Rows,
+    k_rows: CacheRows,
     n_q: usize,
     sc: &mut Scratch,
 ) {
     let width = sc.union.len();
     sc.d.resize(n_q * width, 0.0);
-    // SAFETY: union positions are < n_kv, dims 0..r < H lie inside the K view; q and d sized above.
-    unsafe {
-        dot::dots(
-            kernels,
-            k_rows,
-            0..l.r,
-            &sc.union,
-            Queries {
-                q: &sc.q,
-                stride: l.head_dim,
-                n: n_q,
-            },
-            Scores {
-                out: &mut sc.d,
-                ld: width,
-            },
-        )
+    let Scratch {
+        q,
+        union,
+        d,
+        staged,
+        iota,
+        ..
+    } = sc;
+    let queries = Queries {
+        q,
+        stride: l.head_dim,
+        n: n_q,
     };
+    match k_rows {
+        // SAFETY: union positions are < n_kv, dims 0..r < H lie inside the K view; q and d
+        // sized above.
+        CacheRows::Elems(rows) => unsafe {
+            dot::dots(
+                kernels,
+                rows,
+                0..l.r,
+                union,
+                queries,
+                Scores { out: d, ld: width },
+            )
+        },
+        // SAFETY: as above; each chunk's scores are columns c0.. of d (ld = width).
+        CacheRows::Blocks(rows) => unsafe {
+            staged_chunks(rows, 0..l.r, union, staged, iota, |f32_rows, idx, c0| {
+                dot::dots(
+                    kernels,
+                    f32_rows,
+                    0..l.r,
+                    idx,
+                    queries,
+                    Scores {
+                        out: &mut d[c0..],
+                        ld: width,
+                    },
+                )
+            })
+        },
+    }
 }
 
 /// Query `m` (with at least one valid position) attends: its capped scores over C, the kept
@@ -482,8 +585,8 @@ unsafe fn first_part_scores(
 unsafe fn attend(
     l: &AttnLayout,
     kernels: &Kernels,
-    k_rows: Rows,
-    v_rows: Rows,
+    k_rows: CacheRows,
+    v_rows: CacheRows,
     m: usize,
     sc: &mut Scratch,
 ) -> usize {
@@ -517,31 +620,76 @@ unsafe fn attend(
     let z: f64 = sc.e.iter().map(|&x| f64::from(x)).sum();
     let inv_z = (1.0 / z) as f32;
     // Second-part dots over the kept rows only, then softplus.
-    // SAFETY: kept positions are < n_kv; dims r..H lie inside the K view.
-    unsafe {
-        dot::dots(
-            kernels,
-            k_rows,
-            l.r..h,
-            &sc.pos,
-            Queries {
-                q: &sc.q[m * h + l.r..(m + 1) * h],
-                stride: h,
-                n: 1,
-            },
-            Scores {
-                out: &mut sc.w,
-                ld: kept,
-            },
-        )
+    let q2 = Queries {
+        q: &sc.q[m * h + l.r..(m + 1) * h],
+        stride: h,
+        n: 1,
     };
+    match k_rows {
+        // SAFETY: kept positions are < n_kv; dims r..H lie inside the K view.
+        CacheRows::Elems(rows) => unsafe {
+            dot::dots(
+                kernels,
+                rows,
+                l.r..h,
+                &sc.pos,
+                q2,
+                Scores {
+                    out: &mut sc.w,
+                    ld: kept,
+                },
+            )
+        },
+        // SAFETY: as above; each chunk's dots are entries c0.. of w.
+        CacheRows::Blocks(rows) => unsafe {
+            let w = &mut sc.w;
+            staged_chunks(
+                rows,
+                l.r..h,
+                &sc.pos,
+                &mut sc.staged,
+                &mut sc.iota,
+                |f32_rows, idx, c0| {
+                    dot::dots(
+                        kernels,
+                        f32_rows,
+                        0..h - l.r,
+                        idx,
+                        q2,
+                        Scores {
+                            out: &mut w[c0..],
+                            ld: kept,
+                        },
+                    )
+                },
+            )
+        },
+    }
     math::softplus_in_place(&mut sc.w);
     for (w, &e) in sc.w.iter_mut().zip(&sc.e) {
         *w *= e * inv_z;
     }
-    // o = sum_j w_j v_j over the kept rows only.
-    // SAFETY: kept positions are < n_kv; dims 0..H lie inside the V view.
-    unsafe { dot::accumulate(kernels, v_rows, &sc.pos, &sc.w, &mut sc.o) };
+    // o = sum_j w_j v_j over the kept rows only, in list order.
+    match v_rows {
+        // SAFETY: kept positions are < n_kv; dims 0..H lie inside the V view.
+        CacheRows::Elems(rows) => unsafe {
+            dot::accumulate(kernels, rows, &sc.pos, &sc.w, &mut sc.o)
+        },
+        // SAFETY: as above; chunks in list order, so the same sum as one pass.
+        CacheRows::Blocks(rows) => unsafe {
+            let (w, o) = (&sc.w, &mut sc.o);
+            staged_chunks(
+                rows,
+                0..h,
+                &sc.pos,
+                &mut sc.staged,
+                &mut sc.iota,
+                |f32_rows, idx, c0| {
+                    dot::accumulate(kernels, f32_rows, idx, &w[c0..c0 + idx.len()], o)
+                },
+            )
+        },
+    }
     kept
 }
 
@@ -568,8 +716,8 @@ mod tests {
             n_kv,
             n_stream,
             q: none,
-            k: none,
-            v: none,
+            k: none.with_ty(CacheType::Elems(ElemType::F16)),
+            v: none.with_ty(CacheType::Elems(ElemType::F16)),
             mask: none,
             dst: none,
             layer: 0,

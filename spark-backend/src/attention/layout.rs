@@ -5,11 +5,13 @@
 //! Dimensions (ggml order, ne0 fastest), with `S` the number of KV streams (1 unless llama.cpp
 //! splits the batch into streams):
 //! - q    `[H, N, T, S]` f32
-//! - k, v `[H, KV, n_kv, S]` f16 or f32, any byte strides (a transposed V cache included)
+//! - k, v `[H, KV, n_kv, S]` f16 or f32, any byte strides (a transposed V cache included); or
+//!   any other type ggml converts to f32 in blocks (bf16, q8_0, q4_0, ...: [`CacheType`]) with
+//!   adjacent blocks, H whole blocks and, for k, r too (the predictor's dims are a block prefix)
 //! - mask `[n_kv, >= T, N / i, S / j]` f32 or f16 (dims 2 and 3 broadcast like ggml's)
 //! - dst  `[H, N, T, S]` f32 with adjacent elements
 
-pub(crate) use crate::kernel_types::ElemType;
+pub(crate) use crate::kernel_types::{CacheType, ElemType};
 use crate::params::AttnParams;
 use crate::tensor::TensorView;
 use crate::KernelError;
@@ -18,13 +20,14 @@ use std::ffi::c_void;
 
 pub(crate) use crate::tensor::GGML_TYPE_F32;
 
-/// A strided tensor: element `(i0, i1, i2, i3)` at `data + sum(i_d * nb[d])`.
+/// A strided tensor: element `(i0, i1, i2, i3)` at `data + sum(i_d * nb[d])` (for a
+/// [`CacheType::Blocks`] cache, block `i0 / block` at `i0 / block * nb[0]`).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Strided {
+pub(crate) struct Strided<T = ElemType> {
     /// First byte.
     pub(crate) data: *mut u8,
     /// Element type.
-    pub(crate) ty: ElemType,
+    pub(crate) ty: T,
     /// Byte strides.
     pub(crate) nb: [usize; 4],
     /// Extent of each dimension.
@@ -39,6 +42,46 @@ impl Strided {
             nb: view.nb,
             ne: view.ne,
         })
+    }
+}
+
+impl Strided<CacheType> {
+    /// A K or V cache view; a block type must have adjacent blocks (nb0 = the block's bytes)
+    /// and rows of whole blocks, with the first `prefix` elements whole blocks too (k's
+    /// predictor dims r; 0 for v).
+    fn cache(view: &TensorView, tensor: &'static str, prefix: usize) -> Result<Self, KernelError> {
+        let ty = CacheType::from_ggml(view.ty, tensor)?;
+        if let CacheType::Blocks(t) = ty {
+            let (be, bb) = (t.block_elems(), t.block_bytes());
+            if view.nb[0] != bb || !view.ne[0].is_multiple_of(be) || !prefix.is_multiple_of(be) {
+                return Err(shape_err(format!(
+                    "{tensor} cache of type {}: rows of {} elements{} are not whole blocks of {be} \
+                     adjacent elements ({bb} bytes; nb0 = {})",
+                    t.name(),
+                    view.ne[0],
+                    if prefix > 0 { format!(" split at {prefix}") } else { String::new() },
+                    view.nb[0]
+                )));
+            }
+        }
+        Ok(Self {
+            data: view.data,
+            ty,
+            nb: view.nb,
+            ne: view.ne,
+        })
+    }
+}
+
+impl<T> Strided<T> {
+    /// The same view with element type `ty`.
+    pub(crate) fn with_ty<U>(&self, ty: U) -> Strided<U> {
+        Strided {
+            data: self.data,
+            ty,
+            nb: self.nb,
+            ne: self.ne,
+        }
     }
 
     /// Byte offset of `(i0, i1, i2, i3)`.
@@ -119,9 +162,9 @@ pub struct AttnLayout {
     /// Queries.
     pub(crate) q: Strided,
     /// Key cache view.
-    pub(crate) k: Strided,
+    pub(crate) k: Strided<CacheType>,
     /// Value cache view.
-    pub(crate) v: Strided,
+    pub(crate) v: Strided<CacheType>,
     /// KQ mask.
     pub(crate) mask: Strided,
     /// Output.
@@ -224,8 +267,8 @@ impl AttnLayout {
             n_kv,
             n_stream: s,
             q: Strided::new(q, "q")?,
-            k: Strided::new(k, "k")?,
-            v: Strided::new(v, "v")?,
+            k: Strided::cache(k, "k", r)?,
+            v: Strided::cache(v, "v", 0)?,
             mask: Strided::new(mask, "mask")?,
             dst: Strided::new(dst, "dst")?,
             layer: params.layer,
@@ -300,6 +343,46 @@ mod tests {
         );
     }
 
+    /// A q8_0 view of `ne` (blocks of 32 elements in 34 bytes, adjacent).
+    fn q8_0_view(ne: [usize; 4]) -> TensorView {
+        let row = ne[0] / 32 * 34;
+        TensorView {
+            ty: llama_cpp_sys_2::GGML_TYPE_Q8_0,
+            ne,
+            nb: [34, row, row * ne[1], row * ne[1] * ne[2]],
+            data: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+        }
+    }
+
+    /// Quantized caches are read in whole blocks: H and k's r must be whole blocks.
+    #[test]
+    fn block_caches_need_whole_blocks() {
+        let q = view(0, [64, 4, 3, 1]);
+        let m = view(0, [10, 3, 1, 1]);
+        let kq = q8_0_view([64, 2, 10, 1]);
+        let p = |r| AttnParams {
+            layer: 0,
+            k: 4,
+            r,
+            softcap: 0.0,
+        };
+        let l = AttnLayout::new(&call(q, kq, kq, m, q), &p(32)).unwrap();
+        assert_eq!(l.k.ty, CacheType::Blocks(crate::rows::RowType::Q8_0));
+        let err = AttnLayout::new(&call(q, kq, kq, m, q), &p(16))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("k cache of type q8_0") && err.contains("split at 16"),
+            "{err}"
+        );
+        let (q48, m48) = (view(0, [48, 4, 3, 1]), m);
+        let k48 = q8_0_view([48, 2, 10, 1]);
+        let err = AttnLayout::new(&call(q48, k48, k48, m48, q48), &p(32))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rows of 48 elements"), "{err}");
+    }
+
     #[test]
     fn rejects_bad_arguments_with_a_named_error() {
         let q = view(0, [8, 4, 3, 1]);
@@ -316,7 +399,7 @@ mod tests {
             AttnLayout::new(&call(q16, k, k, m, q), &p),
             Err(KernelError::UnsupportedType { tensor: "q", .. })
         ));
-        let kq = view(8, [8, 2, 10, 1]);
+        let kq = view(llama_cpp_sys_2::GGML_TYPE_Q8_1, [8, 2, 10, 1]);
         assert!(matches!(
             AttnLayout::new(&call(q, kq, k, m, q), &p),
             Err(KernelError::UnsupportedType { tensor: "k", .. })

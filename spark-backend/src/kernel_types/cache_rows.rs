@@ -1,8 +1,11 @@
 //! The cache rows attention's inner loops read ([`Rows`] of an [`ElemType`], one element at a
 //! time with [`load1`]), the queries they score ([`Queries`]) into a score matrix ([`Scores`]),
 //! and the lane-reduction tree every version sums in ([`reduce8`]): what the attention kernels
-//! of every table take and `attention` hands them.
+//! of every table take and `attention` hands them. A cache of any other type ggml stores
+//! ([`CacheType::Blocks`]: bf16, q8_0, q4_0, ...) reaches those kernels as f32 rows converted
+//! from its blocks first.
 
+use super::RowType;
 use crate::KernelError;
 use llama_cpp_sys_2::{GGML_TYPE_F16, GGML_TYPE_F32};
 
@@ -31,6 +34,30 @@ impl ElemType {
             ElemType::F32 => 4,
             ElemType::F16 => 2,
         }
+    }
+}
+
+/// How the attention kernels read a K or V cache's elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CacheType {
+    /// f32 or f16 elements, read where they lie (one element at any byte stride).
+    Elems(ElemType),
+    /// Rows of whole blocks of another type ggml stores caches in (bf16, q8_0, q4_0, q4_1,
+    /// q5_0, q5_1, iq4_nl, ...): the rows a step needs are converted to f32 first (the type's
+    /// own conversion kernel, `crate::rows::to_f32`), then read as f32 rows.
+    Blocks(RowType),
+}
+
+impl CacheType {
+    /// The cache type of ggml type id `ty`, or an error naming `tensor`: f32 and f16 are read
+    /// in place, every other type ggml can convert to f32 in blocks.
+    pub(crate) fn from_ggml(ty: u32, tensor: &'static str) -> Result<Self, KernelError> {
+        if let Ok(e) = ElemType::from_ggml(ty, tensor) {
+            return Ok(CacheType::Elems(e));
+        }
+        RowType::from_ggml(ty)
+            .map(CacheType::Blocks)
+            .ok_or(KernelError::UnsupportedType { tensor, ty })
     }
 }
 

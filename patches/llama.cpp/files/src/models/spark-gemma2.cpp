@@ -429,13 +429,21 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_dense(
     const int64_t n_r = model.spark_attn_r;
 
     // K cache [H, n_head_kv, n_kv, n_stream] -> the two parts, permuted to [part, n_kv, n_head_kv, n_stream]
-    ggml_tensor * k1 = ggml_view_4d(ctx0, k, n_r,               k->ne[1], k->ne[2], k->ne[3], k->nb[1], k->nb[2], k->nb[3], 0);
-    ggml_tensor * k2 = ggml_view_4d(ctx0, k, k->ne[0] - n_r,    k->ne[1], k->ne[2], k->ne[3], k->nb[1], k->nb[2], k->nb[3], n_r*ggml_element_size(k));
-    // copied contiguous: each part is a prefix or suffix of the cache's rows, and ggml-vulkan's
-    // one-token matrix-vector product reads such a view wrongly (mean KL divergence 1.3 against
-    // the CPU at -ub 1 on lavapipe, 1e-6 with the copies); small next to the scores
-    k1 = ggml_cont(ctx0, ggml_permute(ctx0, k1, 0, 2, 1, 3));
-    k2 = ggml_cont(ctx0, ggml_permute(ctx0, k2, 0, 2, 1, 3));
+    // (a quantized cache's part starts on a whole block: llama_init_from_model checks r; it is
+    // converted to f32 first, as the K-shift does)
+    auto k_part = [&](int64_t offset, int64_t width) {
+        ggml_tensor * x = ggml_view_4d(ctx0, k, width, k->ne[1], k->ne[2], k->ne[3], k->nb[1], k->nb[2], k->nb[3],
+                ggml_row_size(k->type, offset));
+        if (ggml_is_quantized(k->type)) {
+            x = ggml_cast(ctx0, x, GGML_TYPE_F32);
+        }
+        // copied contiguous: each part is a prefix or suffix of the cache's rows, and ggml-vulkan's
+        // one-token matrix-vector product reads such a view wrongly (mean KL divergence 1.3 against
+        // the CPU at -ub 1 on lavapipe, 1e-6 with the copies); small next to the scores
+        return ggml_cont(ctx0, ggml_permute(ctx0, x, 0, 2, 1, 3));
+    };
+    ggml_tensor * k1 = k_part(0, n_r);
+    ggml_tensor * k2 = k_part(n_r, k->ne[0] - n_r);
 
     // s1: [n_kv, n_tokens, n_head, n_stream]
     ggml_tensor * s1 = ggml_mul_mat(ctx0, k1, q1);
@@ -473,8 +481,11 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_attn_dense(
     w = ggml_mul(ctx0, w, ggml_softplus(ctx0, s2));
     cb(w, "spark_attn_w", il);
 
-    // V: [n_kv, H, n_head_kv, n_stream]
+    // V: [n_kv, H, n_head_kv, n_stream] (a quantized cache, never transposed, converted to f32 first)
     const bool v_trans = v->nb[1] > v->nb[2];
+    if (ggml_is_quantized(v->type)) {
+        v = ggml_cast(ctx0, v, GGML_TYPE_F32);
+    }
     v = ggml_permute(ctx0, v, 0, 2, 1, 3);
     if (!v_trans) {
         v = ggml_cont(ctx0, ggml_transpose(ctx0, v));
