@@ -7,7 +7,7 @@
 //! [`Kernels::attn_accumulate`]). The tables themselves are `generic::KERNELS`, `x86::AVX2`
 //! and `arm::NEON`; this file imports none of them.
 
-use crate::kernel_types::{Queries, RowType, Rows, Scores, Start};
+use crate::kernel_types::{BlockRows, Queries, RowType, Rows, Scores, Start};
 use std::ops::Range;
 
 /// An instruction set the kernels have a table for. Variants exist only on their
@@ -101,6 +101,11 @@ pub type ShiftedSumsFn = unsafe fn(x: &[f32], shift: f64) -> (f64, f64, usize);
 pub(crate) type AttnDotsFn = unsafe fn(Rows, Range<usize>, &[u32], Queries<'_>, Scores<'_>);
 /// Weighted sum of listed cache rows into `out` (`attention::dot::accumulate`).
 pub(crate) type AttnAccumulateFn = unsafe fn(Rows, &[u32], &[f32], &mut [f32]);
+/// Attention's dot products over rows of blocks read in place (dims whole blocks).
+pub(crate) type AttnBlockDotsFn =
+    unsafe fn(BlockRows, Range<usize>, &[u32], Queries<'_>, Scores<'_>);
+/// Attention's value accumulation over rows of blocks read in place (whole blocks).
+pub(crate) type AttnBlockAccumulateFn = unsafe fn(BlockRows, &[u32], &[f32], &mut [f32]);
 
 /// One version of every kernel. The entries are `unsafe fn`: they may use CPU features that
 /// `arch::table` checked before handing the table out; each also states its length contract
@@ -151,6 +156,16 @@ pub struct Kernels {
     pub(crate) attn_dots_strided: AttnDotsFn,
     /// Attention's value accumulation, rows whose elements are not adjacent.
     pub(crate) attn_accumulate_strided: AttnAccumulateFn,
+    /// Attention's dot products straight from q8_0 cache rows (each value its block's scale
+    /// times its integer, as the type's conversion computes it), where the table has them;
+    /// else the caller converts the rows to f32 first.
+    pub(crate) attn_block_dots_q8_0: Option<AttnBlockDotsFn>,
+    /// The same for q4_0 cache rows.
+    pub(crate) attn_block_dots_q4_0: Option<AttnBlockDotsFn>,
+    /// Attention's value accumulation straight from q8_0 cache rows, where the table has it.
+    pub(crate) attn_block_accumulate_q8_0: Option<AttnBlockAccumulateFn>,
+    /// The same for q4_0 cache rows.
+    pub(crate) attn_block_accumulate_q4_0: Option<AttnBlockAccumulateFn>,
 }
 
 /// The dot product a table runs for rows of one type against an f32 activation.
@@ -261,6 +276,32 @@ impl Kernels {
             self.attn_dots
         } else {
             self.attn_dots_strided
+        }
+    }
+
+    /// Attention's dot products over rows of blocks of `ty` read in place, where the table has
+    /// them (else the rows are converted to f32 and take [`Self::attn_dots`]).
+    pub(crate) fn attn_block_dots(&self, ty: RowType) -> Option<AttnBlockDotsFn> {
+        use RowType::*;
+        match ty {
+            Q8_0 => self.attn_block_dots_q8_0,
+            Q4_0 => self.attn_block_dots_q4_0,
+            F32 | F16 | Bf16 | Q4_1 | Q5_0 | Q5_1 | Q2K | Q3K | Q4K | Q5K | Q6K | Iq2Xxs
+            | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S | Iq1M | Iq4Nl | Iq4Xs | Tq1_0 | Tq2_0
+            | Mxfp4 | Nvfp4 | Q1_0 | Q2_0 => None,
+        }
+    }
+
+    /// Attention's value accumulation over rows of blocks of `ty` read in place, where the
+    /// table has it (as [`Self::attn_block_dots`]).
+    pub(crate) fn attn_block_accumulate(&self, ty: RowType) -> Option<AttnBlockAccumulateFn> {
+        use RowType::*;
+        match ty {
+            Q8_0 => self.attn_block_accumulate_q8_0,
+            Q4_0 => self.attn_block_accumulate_q4_0,
+            F32 | F16 | Bf16 | Q4_1 | Q5_0 | Q5_1 | Q2K | Q3K | Q4K | Q5K | Q6K | Iq2Xxs
+            | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S | Iq1M | Iq4Nl | Iq4Xs | Tq1_0 | Tq2_0
+            | Mxfp4 | Nvfp4 | Q1_0 | Q2_0 => None,
         }
     }
 

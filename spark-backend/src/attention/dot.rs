@@ -6,11 +6,17 @@
 //! order. Results are therefore bit-identical however rows and queries are grouped, which keeps
 //! the kernel's output independent of thread count and batch composition.
 //!
-//! The types (`Rows`, `Queries`, `Scores`, `ElemType`) are `crate::kernel_types`'s; which
-//! kernel runs (dense or strided rows) is the table's choice (`Kernels::attn_dots`).
+//! The types (`Rows`, `BlockRows`, `Queries`, `Scores`, `ElemType`) are `crate::kernel_types`'s;
+//! which kernel runs (dense or strided rows) is the table's choice (`Kernels::attn_dots`).
+//! Rows of blocks (a quantized or bf16 cache) take the table's in-place kernels where it has
+//! them for the type (`Kernels::attn_block_dots`: q8_0, q4_0 on x86), else are converted to f32
+//! [`STAGED_ROWS`] at a time and take the f32 kernels: the same bits either way, those of an
+//! f32 cache holding the converted values.
 
 use crate::arch::Kernels;
-pub(crate) use crate::kernel_types::{Queries, Rows, Scores};
+use crate::kernel_types::ElemType;
+pub(crate) use crate::kernel_types::{BlockRows, Queries, Rows, Scores};
+use crate::rows::Row;
 use std::ops::Range;
 
 /// For every query `m` and every listed row `rows_idx[c]`:
@@ -51,6 +57,123 @@ pub(crate) unsafe fn accumulate(
     debug_assert_eq!(w.len(), rows_idx.len());
     // SAFETY: the table's CPU features were detected; addresses per the contract.
     unsafe { (k.attn_accumulate(&rows))(rows, rows_idx, w, out) }
+}
+
+/// Rows of blocks converted to f32 per step where the table reads none in place: 64 rows of
+/// Gemma-2's 128 predictor dims are 32 KiB, which stay in the L1 or L2 cache between conversion
+/// and use.
+pub(crate) const STAGED_ROWS: usize = 64;
+
+/// A thread's buffers for converted rows of blocks.
+#[derive(Default)]
+pub(crate) struct Staging {
+    /// Up to [`STAGED_ROWS`] converted rows.
+    buf: Vec<f32>,
+    /// `0, 1, ..., STAGED_ROWS - 1`: the converted rows' indices among them.
+    iota: Vec<u32>,
+}
+
+impl Staging {
+    /// Converts dims `dims` of the listed rows to f32, [`STAGED_ROWS`] rows at a time, and
+    /// calls `f(rows, idx, c0)` per chunk: `rows` the converted rows (dims from 0), `idx` their
+    /// indices among them, `c0` the chunk's first index in `rows_idx`.
+    ///
+    /// # Safety
+    /// Every listed row must be readable over `dims`, which start and end on block boundaries.
+    unsafe fn chunks(
+        &mut self,
+        rows: BlockRows,
+        dims: Range<usize>,
+        rows_idx: &[u32],
+        mut f: impl FnMut(Rows, &[u32], usize),
+    ) {
+        let width = dims.len();
+        let bytes = rows
+            .ty
+            .row_bytes(width)
+            .expect("dims of whole blocks (AttnLayout)");
+        self.buf.resize(STAGED_ROWS * width, 0.0);
+        if self.iota.len() != STAGED_ROWS {
+            self.iota = (0..STAGED_ROWS as u32).collect();
+        }
+        for (n, chunk) in rows_idx.chunks(STAGED_ROWS).enumerate() {
+            for (&j, out) in chunk.iter().zip(self.buf.chunks_exact_mut(width)) {
+                // SAFETY: row j's dims `dims` are `bytes` readable bytes (contract).
+                let src =
+                    unsafe { std::slice::from_raw_parts(rows.at(j as usize, dims.start), bytes) };
+                let row = Row::new(rows.ty, width, src).expect("whole blocks (AttnLayout)");
+                crate::rows::to_f32(row, out);
+            }
+            let f32_rows = Rows {
+                base: self.buf.as_ptr().cast(),
+                ty: ElemType::F32,
+                elem_stride: 4,
+                row_stride: width * 4,
+            };
+            f(f32_rows, &self.iota[..chunk.len()], n * STAGED_ROWS);
+        }
+    }
+}
+
+/// [`dots`] over rows of blocks: `out[m * ld + c] = sum_{i in dims} q_m[i - dims.start] *
+/// row(rows_idx[c])[i]`, each value its block's conversion to f32.
+///
+/// # Safety
+/// As for [`dots`], with `dims` starting and ending on block boundaries.
+pub(crate) unsafe fn block_dots(
+    k: &Kernels,
+    rows: BlockRows,
+    dims: Range<usize>,
+    rows_idx: &[u32],
+    q: Queries<'_>,
+    out: Scores<'_>,
+    staging: &mut Staging,
+) {
+    let len = dims.len();
+    debug_assert!(q.n == 0 || q.q.len() >= (q.n - 1) * q.stride + len);
+    debug_assert!(q.n == 0 || out.out.len() >= (q.n - 1) * out.ld + rows_idx.len());
+    if let Some(f) = k.attn_block_dots(rows.ty) {
+        // SAFETY: the table's CPU features were detected; the caller's contract covers every
+        // address the kernel reads or writes.
+        return unsafe { f(rows, dims, rows_idx, q, out) };
+    }
+    let ld = out.ld;
+    // SAFETY: forwarded contract; each chunk's scores are columns c0.. of `out` (ld kept).
+    unsafe {
+        staging.chunks(rows, dims, rows_idx, |f32_rows, idx, c0| {
+            let chunk_out = Scores {
+                out: &mut out.out[c0..],
+                ld,
+            };
+            dots(k, f32_rows, 0..len, idx, q, chunk_out)
+        })
+    }
+}
+
+/// [`accumulate`] over rows of blocks, each value its block's conversion to f32.
+///
+/// # Safety
+/// As for [`accumulate`], with `out.len()` whole blocks.
+pub(crate) unsafe fn block_accumulate(
+    k: &Kernels,
+    rows: BlockRows,
+    rows_idx: &[u32],
+    w: &[f32],
+    out: &mut [f32],
+    staging: &mut Staging,
+) {
+    debug_assert_eq!(w.len(), rows_idx.len());
+    if let Some(f) = k.attn_block_accumulate(rows.ty) {
+        // SAFETY: the table's CPU features were detected; addresses per the contract.
+        return unsafe { f(rows, rows_idx, w, out) };
+    }
+    let h = out.len();
+    // SAFETY: forwarded contract; chunks in list order add the rows in the order of one pass.
+    unsafe {
+        staging.chunks(rows, 0..h, rows_idx, |f32_rows, idx, c0| {
+            accumulate(k, f32_rows, idx, &w[c0..c0 + idx.len()], out)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -239,6 +362,97 @@ mod tests {
                     };
                     assert_eq!(one[0].to_bits(), all[m * n_rows + j].to_bits(), "{isa:?}");
                 }
+            }
+        }
+    }
+
+    /// Rows of blocks (in place where a table reads the type so, converted otherwise) give
+    /// every table the bits of the f32 kernels on the converted rows, in more than one chunk of
+    /// converted rows.
+    #[test]
+    fn block_rows_give_the_bits_of_their_f32_conversion() {
+        use crate::kernel_types::RowType;
+        use crate::rows::quant::quantize_rows;
+        let (h, n_rows) = (128usize, 150usize);
+        let idx: Vec<u32> = (0..n_rows as u32).filter(|j| j % 7 != 3).collect();
+        for ty in [RowType::Q8_0, RowType::Q4_0, RowType::Q5_1, RowType::Bf16] {
+            let data = values(h * n_rows, 3);
+            let q = quantize_rows(ty, &data, h).unwrap();
+            let row_bytes = ty.row_bytes(h).unwrap();
+            let mut conv = vec![0f32; h * n_rows];
+            for (r, out) in q.chunks_exact(row_bytes).zip(conv.chunks_exact_mut(h)) {
+                crate::rows::to_f32(Row::new(ty, h, r).unwrap(), out);
+            }
+            let conv_bytes: Vec<u8> = conv.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let f32_rows = Rows {
+                base: conv_bytes.as_ptr(),
+                ty: ElemType::F32,
+                elem_stride: 4,
+                row_stride: h * 4,
+            };
+            let block_rows = BlockRows {
+                base: q.as_ptr(),
+                ty,
+                row_stride: row_bytes,
+            };
+            let n_q = 3;
+            let qv = values(n_q * h, 8);
+            let w = values(idx.len(), 9);
+            for isa in Isa::available() {
+                let k = table(isa).unwrap();
+                for dims in [0..h, 32..h, 0..64] {
+                    let (mut want, mut got) =
+                        (vec![0f32; n_q * idx.len()], vec![0f32; n_q * idx.len()]);
+                    let queries = Queries {
+                        q: &qv,
+                        stride: h,
+                        n: n_q,
+                    };
+                    // SAFETY: 150 rows of h values in both layouts; queries and scores sized.
+                    unsafe {
+                        dots(
+                            k,
+                            f32_rows,
+                            dims.clone(),
+                            &idx,
+                            queries,
+                            Scores {
+                                out: &mut want,
+                                ld: idx.len(),
+                            },
+                        );
+                        block_dots(
+                            k,
+                            block_rows,
+                            dims.clone(),
+                            &idx,
+                            queries,
+                            Scores {
+                                out: &mut got,
+                                ld: idx.len(),
+                            },
+                            &mut Staging::default(),
+                        );
+                    }
+                    assert!(
+                        want.iter()
+                            .zip(&got)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?} {ty:?} dims {dims:?}: block dots differ from the f32 ones"
+                    );
+                }
+                let (mut want, mut got) = (vec![0.25f32; h], vec![0.25f32; h]);
+                // SAFETY: every listed row has h values; w one per listed row.
+                unsafe {
+                    accumulate(k, f32_rows, &idx, &w, &mut want);
+                    block_accumulate(k, block_rows, &idx, &w, &mut got, &mut Staging::default());
+                }
+                assert!(
+                    want.iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} {ty:?}: block accumulation differs from the f32 one"
+                );
             }
         }
     }

@@ -18,11 +18,10 @@
 //! the same bits whatever queries they are blocked with), so the output is bit-identical for
 //! every tiling, thread count and schedule (and for any batch composition).
 
-use super::dot::{self, Queries, Rows, Scores};
+use super::dot::{self, BlockRows, Queries, Rows, Scores, Staging};
 use super::layout::{AttnLayout, CacheType, ElemType, Strided};
 use super::math;
 use crate::arch::Kernels;
-use crate::rows::{Row, RowType};
 use crate::topk;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -80,15 +79,9 @@ struct Scratch {
     w: Vec<f32>,
     /// Output row.
     o: Vec<f32>,
-    /// Rows of a block-typed cache converted to f32, [`STAGED_ROWS`] at a time.
-    staged: Vec<f32>,
-    /// `0, 1, ..., STAGED_ROWS - 1`: the staged rows' indices.
-    iota: Vec<u32>,
+    /// Rows of a block-typed cache converted to f32 where the table reads none in place.
+    staging: Staging,
 }
-
-/// Rows of a block-typed cache converted to f32 per step: 64 rows of Gemma-2's 128 predictor
-/// dims are 32 KiB, which stay in the L1 or L2 cache between conversion and use.
-const STAGED_ROWS: usize = 64;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -297,16 +290,8 @@ unsafe fn mask_valid(ty: ElemType, p: *const u8) -> bool {
 enum CacheRows {
     /// f32 or f16 rows, read in place.
     Elems(Rows),
-    /// Rows of whole blocks, converted to f32 before use ([`staged_chunks`]).
+    /// Rows of whole blocks ([`dot::block_dots`], [`dot::block_accumulate`]).
     Blocks(BlockRows),
-}
-
-/// Rows of blocks of `ty`: row `j` at `base + j * row_stride`, its blocks adjacent.
-#[derive(Clone, Copy, Debug)]
-struct BlockRows {
-    base: *const u8,
-    ty: RowType,
-    row_stride: usize,
 }
 
 /// Rows of cache `c` for KV head `g` in stream `s`: row j = position j.
@@ -324,50 +309,6 @@ fn cache_rows(c: &Strided<CacheType>, g: usize, s: usize) -> CacheRows {
             ty,
             row_stride: c.nb[2],
         }),
-    }
-}
-
-/// Converts dims `dims` of the listed rows of `cache` to f32, [`STAGED_ROWS`] rows at a time
-/// into `buf`, and calls `f(rows, idx, c0)` per chunk: `rows` the staged f32 rows (dims from 0),
-/// `idx` their indices among them, `c0` the chunk's first index in `rows_idx`. The conversion
-/// is exact and the f32 kernels' sums do not depend on how rows are grouped, so the results
-/// are those of an f32 cache holding the converted values.
-///
-/// # Safety
-/// Every listed row of `cache` must be readable over `dims`, which start and end on block
-/// boundaries (`AttnLayout` checks H and r against the block size).
-unsafe fn staged_chunks(
-    cache: BlockRows,
-    dims: Range<usize>,
-    rows_idx: &[u32],
-    buf: &mut Vec<f32>,
-    iota: &mut Vec<u32>,
-    mut f: impl FnMut(Rows, &[u32], usize),
-) {
-    let width = dims.len();
-    let (be, bb) = (cache.ty.block_elems(), cache.ty.block_bytes());
-    let (skip, len) = (dims.start / be * bb, width / be * bb);
-    buf.resize(STAGED_ROWS * width, 0.0);
-    if iota.len() != STAGED_ROWS {
-        *iota = (0..STAGED_ROWS as u32).collect();
-    }
-    for (chunk_no, chunk) in rows_idx.chunks(STAGED_ROWS).enumerate() {
-        for (&j, out) in chunk.iter().zip(buf.chunks_exact_mut(width)) {
-            let p = cache
-                .base
-                .wrapping_add(j as usize * cache.row_stride + skip);
-            // SAFETY: row j's dims `dims` are `len` readable bytes of whole blocks (contract).
-            let bytes = unsafe { std::slice::from_raw_parts(p, len) };
-            let row = Row::new(cache.ty, width, bytes).expect("AttnLayout checked whole blocks");
-            crate::rows::to_f32(row, out);
-        }
-        let rows = Rows {
-            base: buf.as_ptr().cast(),
-            ty: ElemType::F32,
-            elem_stride: 4,
-            row_stride: width * 4,
-        };
-        f(rows, &iota[..chunk.len()], chunk_no * STAGED_ROWS);
     }
 }
 
@@ -533,8 +474,7 @@ unsafe fn first_part_scores(
         q,
         union,
         d,
-        staged,
-        iota,
+        staging,
         ..
     } = sc;
     let queries = Queries {
@@ -555,21 +495,17 @@ unsafe fn first_part_scores(
                 Scores { out: d, ld: width },
             )
         },
-        // SAFETY: as above; each chunk's scores are columns c0.. of d (ld = width).
+        // SAFETY: as above.
         CacheRows::Blocks(rows) => unsafe {
-            staged_chunks(rows, 0..l.r, union, staged, iota, |f32_rows, idx, c0| {
-                dot::dots(
-                    kernels,
-                    f32_rows,
-                    0..l.r,
-                    idx,
-                    queries,
-                    Scores {
-                        out: &mut d[c0..],
-                        ld: width,
-                    },
-                )
-            })
+            dot::block_dots(
+                kernels,
+                rows,
+                0..l.r,
+                union,
+                queries,
+                Scores { out: d, ld: width },
+                staging,
+            )
         },
     }
 }
@@ -640,29 +576,13 @@ unsafe fn attend(
                 },
             )
         },
-        // SAFETY: as above; each chunk's dots are entries c0.. of w.
+        // SAFETY: as above.
         CacheRows::Blocks(rows) => unsafe {
-            let w = &mut sc.w;
-            staged_chunks(
-                rows,
-                l.r..h,
-                &sc.pos,
-                &mut sc.staged,
-                &mut sc.iota,
-                |f32_rows, idx, c0| {
-                    dot::dots(
-                        kernels,
-                        f32_rows,
-                        0..h - l.r,
-                        idx,
-                        q2,
-                        Scores {
-                            out: &mut w[c0..],
-                            ld: kept,
-                        },
-                    )
-                },
-            )
+            let out = Scores {
+                out: &mut sc.w,
+                ld: kept,
+            };
+            dot::block_dots(kernels, rows, l.r..h, &sc.pos, q2, out, &mut sc.staging)
         },
     }
     math::softplus_in_place(&mut sc.w);
@@ -675,19 +595,9 @@ unsafe fn attend(
         CacheRows::Elems(rows) => unsafe {
             dot::accumulate(kernels, rows, &sc.pos, &sc.w, &mut sc.o)
         },
-        // SAFETY: as above; chunks in list order, so the same sum as one pass.
+        // SAFETY: as above.
         CacheRows::Blocks(rows) => unsafe {
-            let (w, o) = (&sc.w, &mut sc.o);
-            staged_chunks(
-                rows,
-                0..h,
-                &sc.pos,
-                &mut sc.staged,
-                &mut sc.iota,
-                |f32_rows, idx, c0| {
-                    dot::accumulate(kernels, f32_rows, idx, &w[c0..c0 + idx.len()], o)
-                },
-            )
+            dot::block_accumulate(kernels, rows, &sc.pos, &sc.w, &mut sc.o, &mut sc.staging)
         },
     }
     kept

@@ -89,6 +89,27 @@ impl Rows {
     }
 }
 
+/// Rows of a block-typed cache ([`CacheType::Blocks`]): row `j` at `base + j * row_stride`,
+/// its blocks adjacent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockRows {
+    /// Address of row 0's first block.
+    pub(crate) base: *const u8,
+    /// The block type.
+    pub(crate) ty: RowType,
+    /// Byte stride between consecutive rows (positions).
+    pub(crate) row_stride: usize,
+}
+
+impl BlockRows {
+    /// Address of the block holding element `i` (a multiple of the block size) of row `j`.
+    #[inline(always)]
+    pub(crate) fn at(&self, j: usize, i: usize) -> *const u8 {
+        self.base
+            .wrapping_add(j * self.row_stride + i / self.ty.block_elems() * self.ty.block_bytes())
+    }
+}
+
 /// Reads one element as f32.
 ///
 /// # Safety

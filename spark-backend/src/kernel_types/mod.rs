@@ -12,11 +12,13 @@
 //!
 //! - [`row_type`]: the storage types of weight rows ([`RowType`]) and where a folded axpy starts
 //!   ([`Start`]).
-//! - [`cache_rows`]: attention's cache rows ([`Rows`], [`ElemType`], [`CacheType`]), queries ([`Queries`]),
+//! - [`cache_rows`]: attention's cache rows ([`Rows`], [`ElemType`], [`CacheType`], [`BlockRows`]), queries ([`Queries`]),
 //!   scores ([`Scores`]) and the shared reduction tree ([`reduce8`], [`load1`]).
 
 pub(crate) mod cache_rows;
 pub mod row_type;
 
-pub(crate) use cache_rows::{load1, reduce8, CacheType, ElemType, Queries, Rows, Scores};
+pub(crate) use cache_rows::{
+    load1, reduce8, BlockRows, CacheType, ElemType, Queries, Rows, Scores,
+};
 pub use row_type::{RowType, Start};

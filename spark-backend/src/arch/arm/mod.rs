@@ -38,4 +38,9 @@ pub(super) const NEON: Kernels = Kernels {
     // (rows whose elements are not adjacent: the generic loops)
     attn_dots_strided: super::generic::attention::dots,
     attn_accumulate_strided: super::generic::attention::accumulate,
+    // (rows of blocks are converted to f32 and take the f32 kernels)
+    attn_block_dots_q8_0: None,
+    attn_block_dots_q4_0: None,
+    attn_block_accumulate_q8_0: None,
+    attn_block_accumulate_q4_0: None,
 };

@@ -33,4 +33,9 @@ pub(crate) const KERNELS: Kernels = Kernels {
     attn_accumulate: attention::accumulate,
     attn_dots_strided: attention::dots,
     attn_accumulate_strided: attention::accumulate,
+    // (rows of blocks are converted to f32 and take the f32 kernels)
+    attn_block_dots_q8_0: None,
+    attn_block_dots_q4_0: None,
+    attn_block_accumulate_q8_0: None,
+    attn_block_accumulate_q4_0: None,
 };

@@ -34,4 +34,8 @@ pub(super) const AVX2: Kernels = Kernels {
     // (rows whose elements are not adjacent: the generic loops)
     attn_dots_strided: super::generic::attention::dots,
     attn_accumulate_strided: super::generic::attention::accumulate,
+    attn_block_dots_q8_0: Some(attention::dots_q8_0),
+    attn_block_dots_q4_0: Some(attention::dots_q4_0),
+    attn_block_accumulate_q8_0: Some(attention::accumulate_q8_0),
+    attn_block_accumulate_q4_0: Some(attention::accumulate_q4_0),
 };

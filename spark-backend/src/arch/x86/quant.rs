@@ -12,9 +12,9 @@ use std::arch::x86_64::*;
 
 /// Bytes per q8_0 block as these kernels decode it: f16 scale + 32 int8 (ggml's `block_q8_0`;
 /// equal to the linked ggml's `ggml_type_size`, tested below).
-const Q8_0_BYTES: usize = 2 + 32;
+pub(super) const Q8_0_BYTES: usize = 2 + 32;
 /// Bytes per q4_0 block as decoded here: f16 scale + 16 bytes of nibbles (`block_q4_0`).
-const Q4_0_BYTES: usize = 2 + 16;
+pub(super) const Q4_0_BYTES: usize = 2 + 16;
 
 /// A block's f16 scale (its first two bytes) as f32.
 #[inline(always)]
@@ -46,7 +46,7 @@ unsafe fn q8_0_ints(q: *const u8) -> [__m256; 4] {
 
 /// The 32 weights of one q8_0 block as four vectors of 8.
 #[inline(always)]
-unsafe fn q8_0_block(p: *const u8) -> [__m256; 4] {
+pub(super) unsafe fn q8_0_block(p: *const u8) -> [__m256; 4] {
     // SAFETY: caller guarantees a whole 34-byte block at p and AVX2.
     unsafe {
         let d = scale(p);
@@ -62,7 +62,7 @@ unsafe fn q8_0_block(p: *const u8) -> [__m256; 4] {
 /// The 32 weights of one q4_0 block as four vectors of 8 (low nibbles are weights 0..16,
 /// high nibbles 16..32, each minus 8).
 #[inline(always)]
-unsafe fn q4_0_block(p: *const u8) -> [__m256; 4] {
+pub(super) unsafe fn q4_0_block(p: *const u8) -> [__m256; 4] {
     // SAFETY: caller guarantees a whole 18-byte block at p and AVX2.
     unsafe {
         let d = scale(p);

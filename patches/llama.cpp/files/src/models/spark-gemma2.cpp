@@ -299,6 +299,28 @@ static bool spark_attn_steps_aside(const llama_layer & layer) {
     return !spark_weight_on_rpc(layer.wo) && !spark_ops_run_where({ "spark_attn", "spark_rope" }, { layer.wo });
 }
 
+// Whether spark_attn reads a cache of these types where the layer lives: the CPU op (host
+// memory, or an rpc-server's CPU) reads every type the context accepts (patch 0003); the GPU
+// kernels read f16 and f32 caches only, so a layer on a GPU with another cache type takes the
+// dense attention, which converts the cache to f32 with stock ops (said once).
+static bool spark_attn_reads_cache(const llama_layer & layer, ggml_type type_k, ggml_type type_v) {
+    auto in_place = [](ggml_type t) { return t == GGML_TYPE_F16 || t == GGML_TYPE_F32; };
+    if (in_place(type_k) && in_place(type_v)) {
+        return true;
+    }
+    const ggml_tensor * w = layer.wo;
+    if (w == nullptr || w->buffer == nullptr || ggml_backend_buffer_is_host(w->buffer) || spark_weight_on_rpc(w)) {
+        return true;
+    }
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+        LLAMA_LOG_WARN("spark-gemma2: the GPU's Spark attention reads f16 and f32 KV caches, not K %s / V %s: "
+                       "layers on %s take the dense attention\n", ggml_type_name(type_k), ggml_type_name(type_v),
+                       ggml_backend_buffer_name(w->buffer));
+    }
+    return false;
+}
+
 // The dense FFN's down projection, out [n_embd, n_tokens] = sum_j u[j, t] V_j for gated values
 // u [n_ff, n_tokens] and V neuron-major ([n_embd, n_ff]), in two forms of stock ops.
 //
@@ -692,8 +714,11 @@ llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm
         // the dense attention where the layer's device does not run spark_attn (said at load)
         // or where the Spark backend answers so for this ubatch (a GPU above its switch point)
         ggml_custom_op_t attn_layer = attn_kernel;
+        const auto * mctx_layer = is_swa ? inp_attn->mctx->get_swa() : inp_attn->mctx->get_base();
         if (attn_layer != nullptr && (spark_attn_steps_aside(model.layers[il]) ||
-                                      spark_attn_takes_dense(model.layers[il].wo, n_tokens))) {
+                                      spark_attn_takes_dense(model.layers[il].wo, n_tokens) ||
+                                      !spark_attn_reads_cache(model.layers[il], mctx_layer->get_k(ctx0, il)->type,
+                                                              mctx_layer->get_v(ctx0, il)->type))) {
             attn_layer = nullptr;
         }
         cur = build_spark_attn(model, cur, inp_pos, inp_attn, attn_layer, attn_layer ? no_rows : rows_of(is_swa), il);
