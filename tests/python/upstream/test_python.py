@@ -339,3 +339,17 @@ def test_python_sh_checks_the_headers(tmp_path, change):
             f"{change}: the differing line ({mark!r}) is not shown as ours")
     else:
         assert res.returncode == 0, res.explain(f"{change}: refused")
+
+
+def test_a_quantized_kv_cache_from_python(shipped_f32):
+    """What a user's script passes for a long context: Llama(type_k=, type_v=, flash_attn=True)
+    with ggml's GGML_TYPE_Q8_0 (8): flash attention gives way to spark-gemma2's own attention,
+    which reads the q8_0 cache; the text is `spark run --cache-type q8_0`'s."""
+    q8_0 = 8
+    out, res = run_llama(shipped_f32, [greedy(PROMPTS[0])],
+                         llama={"type_k": q8_0, "type_v": q8_0, "flash_attn": True})
+    assert "error" not in out, res.explain(f"{out}")
+    text = out["calls"][0]["choices"][0]["text"]
+    want, _ = spark_run_text(shipped_f32, PROMPTS[0], N_PREDICT, "--cache-type", "q8_0")
+    assert text == want, res.explain(f"Python gave {text!r}, spark run {want!r}")
+    assert_stats_table(res.stderr, CFG["n_layers"], TARGET_KEEP, explain=res.explain)

@@ -260,6 +260,18 @@ def test_rpc_logits_equal_the_local_ones(shipped_f32, servers, tmp_path):
     assert layers_that_ran(server.stop()) == set(range(N_LAYERS)), server.explain("server table")
 
 
+def test_rpc_server_reads_a_quantized_cache(shipped_f32, servers):
+    """`-fa on -ctk q8_0 -ctv q8_0` with every layer and the KV cache on a server with the
+    plugin: its Spark ops read the q8_0 cache it holds, and the text is the local one."""
+    server = servers(True)
+    flags = ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"]
+    local, _ = llama_completion(shipped_f32, PROMPT, N_PREDICT, True, *flags)
+    remote, remote_res = rpc_completion(shipped_f32, [server], True, *flags)
+    server_log = server.stop()
+    assert remote == local, remote_res.explain(f"--rpc gave {remote!r}, locally {local!r}")
+    assert layers_that_ran(server_log) == set(range(N_LAYERS)), server.explain("server table")
+
+
 # ---------------------------------------------------------------------------------------------
 # a server whose ggml is another build
 
