@@ -20,6 +20,7 @@ use super::tiling::{FusedUnit, FusedUnits, SumUnits};
 use super::two_stage;
 use crate::cpu_op::{Claims, SparkOp};
 use crate::params;
+use crate::rows::paging::Paging;
 use crate::rows::{RowMatrix, RowType};
 use crate::stats;
 use crate::tensor::{views, TensorView};
@@ -276,6 +277,9 @@ impl SparkOp for Up<'_> {
             for (i, c) in claims.enumerate() {
                 if i == 0 {
                     two_stage::up_prepare(&up, sc)?;
+                    if ith == 0 {
+                        Paging::global().request_all_if_streaming(up.k2, Some(self.inputs.layer));
+                    }
                 }
                 let neurons = self.block(c);
                 // SAFETY: chunk c was claimed by this thread (SparkOp contract).
@@ -361,12 +365,15 @@ impl SparkOp for Down<'_> {
         self.v.n_cols().div_ceil(self.width())
     }
 
-    unsafe fn run(&self, _ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
+    unsafe fn run(&self, ith: usize, claims: &mut Claims<'_>) -> Result<(), KernelError> {
         SCRATCH.with(|sc| {
             let sc = &mut sc.borrow_mut();
             for (i, c) in claims.enumerate() {
                 if i == 0 {
                     two_stage::down_prepare(self.u, self.v.n_rows(), self.n_tokens, sc)?;
+                    if ith == 0 {
+                        Paging::global().request_all_if_streaming(&self.v, None);
+                    }
                 }
                 let dims = self.block(c);
                 // SAFETY: chunk c was claimed by this thread (SparkOp contract).
@@ -395,6 +402,8 @@ pub(crate) struct Fused<'a> {
     p: usize,
     units: FusedUnits,
     out: *mut f32,
+    /// The call's threads (each requests its share of rows that stream from storage).
+    nth: usize,
 }
 
 impl Fused<'_> {
@@ -437,6 +446,7 @@ impl SparkOp for Fused<'_> {
             p,
             units,
             out: out.data.cast(),
+            nth,
         })
     }
 
@@ -455,6 +465,7 @@ impl SparkOp for Fused<'_> {
             for (i, u) in claims.enumerate() {
                 if i == 0 {
                     fused::prepare(&inputs, self.p, sc)?;
+                    fused::request_from_storage(&inputs, self.inputs.layer, ith, self.nth);
                 }
                 // SAFETY: unit u was claimed by this thread (SparkOp contract).
                 let (one, rows) = unsafe { self.unit(u) };

@@ -19,6 +19,7 @@
 //! generic path. There is no per-element branching on type: each call dispatches once per row.
 //! [`quant`] quantizes f32 rows to a type (for tests and the synthetic models).
 
+pub mod paging;
 pub mod quant;
 
 use crate::arch::generic::ggml;

@@ -1,0 +1,368 @@
+//! Row matrices whose pages storage backs: the FFN's K2 and V rows of a memory-mapped model
+//! that does not fit in memory (docs/PERF.md, "Models larger than memory").
+//!
+//! A decode step reads ~8 % of K2's and V's rows, scattered over each tensor. When the file is
+//! memory-mapped and those pages are not all in the page cache, the kernels fault them in one
+//! at a time: each fault waits for its own read (one read in flight per thread), and the
+//! kernel's readahead around each faulted page reads rows the step does not use, evicting ones
+//! it does. So for each row matrix the sparse FFN reads, [`Paging`] keeps:
+//! - how much of it is in memory, measured with `mincore` at most once per [`CHECK_EVERY`];
+//! - while less than [`STREAM_BELOW`] of its pages are, how to read it ([`Reading`]): when the
+//!   whole mapped file fits in the memory available (`MemAvailable` at least the file's mapped
+//!   bytes and [`FILL_MARGIN`]: a model that fits, evicted or still loading), the whole range is
+//!   requested at once (one `MADV_WILLNEED`: a sequential read); when it does not, the range is
+//!   advised `MADV_RANDOM` (no readahead around faults) and, before the kernels touch a call's
+//!   rows, their pages are requested with `MADV_WILLNEED` ([`Paging::request_rows`]): the
+//!   kernel starts all those reads at once, many in flight, and the kernels' faults then wait
+//!   for reads already under way; back in memory, `MADV_NORMAL` again.
+//!
+//! `SPARK_PAGING` overrides the measurement: `auto` (the default, as above), `always` (every
+//! matrix streams: for tests, and for storage a user knows to be slow) or `never` (the kernel's
+//! own paging, as without the plugin).
+//!
+//! Advice never changes what the memory holds or what the kernels compute (results are bit for
+//! bit those of a model in memory); memory that storage does not back (`--no-mmap`, repacked
+//! or anonymous copies) is always resident, so nothing is ever requested for it. A failed
+//! `madvise` or `mincore` (an address no mapping covers) counts as resident.
+
+use super::RowMatrix;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How often one matrix's residency is measured (a `mincore` over its range: ~10-50 us for a
+/// 9B layer's K2 or V, so well under 0.1 % of a decode step's time in memory).
+pub const CHECK_EVERY: Duration = Duration::from_millis(1000);
+
+/// The fraction of a matrix's pages below which its rows are requested ahead: with 1 % of a
+/// step's rows to fault, one read each, the faults cost about what requesting every row costs.
+pub const STREAM_BELOW: f64 = 0.99;
+
+/// Whether rows stream: `SPARK_PAGING` (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Measured per matrix ([`STREAM_BELOW`]).
+    Auto,
+    /// Every matrix streams.
+    Always,
+    /// None does.
+    Never,
+}
+
+impl Mode {
+    /// The value of `SPARK_PAGING` (unset or empty: [`Mode::Auto`]).
+    pub fn parse(value: &str) -> Result<Mode, String> {
+        match value {
+            "" | "auto" => Ok(Mode::Auto),
+            "always" => Ok(Mode::Always),
+            "never" => Ok(Mode::Never),
+            other => Err(format!("'{other}' is not auto, always or never")),
+        }
+    }
+
+    /// The process's mode, read once (a bad value is named on one line and `auto` applies).
+    pub fn from_env() -> Mode {
+        static MODE: OnceLock<Mode> = OnceLock::new();
+        *MODE.get_or_init(|| {
+            let value = std::env::var("SPARK_PAGING").unwrap_or_default();
+            Mode::parse(&value).unwrap_or_else(|why| {
+                eprintln!("spark: SPARK_PAGING: {why}; auto applies");
+                Mode::Auto
+            })
+        })
+    }
+}
+
+/// Memory left free, beyond a file's mapped bytes, before rows that are not in memory are
+/// requested whole rather than row by row.
+pub const FILL_MARGIN: u64 = 256 << 20;
+
+/// How a matrix's rows are read, from its last check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// At least [`STREAM_BELOW`] of its pages are in memory: nothing to do.
+    InMemory,
+    /// Not, but its file fits in the memory available: the whole range was requested.
+    Whole,
+    /// Not, and its file does not fit: each call's rows are requested (`MADV_RANDOM` range).
+    Rows,
+}
+
+/// What is known of one matrix's pages.
+#[derive(Clone, Copy, Debug)]
+struct State {
+    checked: Instant,
+    reading: Reading,
+}
+
+/// The residency of the row matrices the ops have seen, keyed by their byte range (a model
+/// loaded again at the same address is measured again within [`CHECK_EVERY`]).
+#[derive(Default)]
+pub struct Paging {
+    states: Mutex<HashMap<(usize, usize), State>>,
+}
+
+/// The page size (`sysconf(_SC_PAGESIZE)`, 4096 where that fails).
+pub fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf reads a constant of the system; no memory is passed.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+    })
+}
+
+/// The pages (as a page-aligned address range) that cover `bytes`.
+fn pages_of(bytes: Range<usize>) -> Range<usize> {
+    let page = page_size();
+    let start = bytes.start / page * page;
+    let end = bytes.end.div_ceil(page) * page;
+    start..end
+}
+
+/// The fraction of the pages covering `bytes` that are in memory (1.0 when `mincore` fails:
+/// the range is not a mapping this process can ask about, so nothing would be requested).
+pub fn resident_fraction(bytes: &[u8]) -> f64 {
+    if bytes.is_empty() {
+        return 1.0;
+    }
+    let start = bytes.as_ptr() as usize;
+    let pages = pages_of(start..start + bytes.len());
+    let n = (pages.end - pages.start) / page_size();
+    let mut vec = vec![0u8; n];
+    // SAFETY: the address is page-aligned and the range lies within pages that `bytes` (a live
+    // slice) touches; `vec` has one byte per page of it, as mincore writes.
+    let rc = unsafe {
+        libc::mincore(
+            pages.start as *mut libc::c_void,
+            pages.end - pages.start,
+            vec.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return 1.0;
+    }
+    let resident = vec.iter().filter(|&&b| b & 1 != 0).count();
+    resident as f64 / n as f64
+}
+
+/// Gives `advice` for the pages covering `bytes` (a hint: its failure changes nothing).
+fn advise(bytes: Range<usize>, advice: libc::c_int) {
+    let pages = pages_of(bytes);
+    if pages.is_empty() {
+        return;
+    }
+    // SAFETY: the range covers pages of a live mapping (the caller's matrix); the advice given
+    // here (MADV_RANDOM, MADV_NORMAL, MADV_WILLNEED) only steers the page cache's reads and
+    // never changes the contents of the memory.
+    unsafe {
+        libc::madvise(
+            pages.start as *mut libc::c_void,
+            pages.end - pages.start,
+            advice,
+        );
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The bytes this process maps of the file that backs address `addr` (every mapping of the
+/// same device and inode in `/proc/self/maps`); `None` for anonymous memory or an address no
+/// mapping holds.
+fn mapped_file_bytes(addr: usize) -> Option<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    // "start-end perms offset dev inode path"
+    let parse = |line: &str| -> Option<(u64, u64, String, u64)> {
+        let mut f = line.split_whitespace();
+        let (lo, hi) = f.next()?.split_once('-')?;
+        let (lo, hi) = (
+            u64::from_str_radix(lo, 16).ok()?,
+            u64::from_str_radix(hi, 16).ok()?,
+        );
+        let dev = f.nth(2)?.to_string();
+        let inode: u64 = f.next()?.parse().ok()?;
+        Some((lo, hi, dev, inode))
+    };
+    let entries: Vec<_> = maps.lines().filter_map(parse).collect();
+    let addr = addr as u64;
+    let (_, _, dev, inode) = entries
+        .iter()
+        .find(|(lo, hi, _, _)| (*lo..*hi).contains(&addr))?;
+    if *inode == 0 {
+        return None;
+    }
+    Some(
+        entries
+            .iter()
+            .filter(|(_, _, d, i)| d == dev && i == inode)
+            .map(|(lo, hi, _, _)| hi - lo)
+            .sum(),
+    )
+}
+
+/// Whether the whole file behind `addr` fits in the memory available, [`FILL_MARGIN`] to
+/// spare (`MemAvailable` counts the file's pages already in memory as available too).
+fn file_fits(addr: usize) -> bool {
+    match (mem_available(), mapped_file_bytes(addr)) {
+        (Some(avail), Some(file)) => avail >= file.saturating_add(FILL_MARGIN),
+        _ => false,
+    }
+}
+
+/// The byte range a matrix's rows span.
+fn span(m: &RowMatrix<'_>) -> Range<usize> {
+    let start = m.row_ptr(0) as usize;
+    start..start + m.data.len()
+}
+
+impl Paging {
+    /// The process's table (the ops of every model in the process share it).
+    pub fn global() -> &'static Paging {
+        static GLOBAL: OnceLock<Paging> = OnceLock::new();
+        GLOBAL.get_or_init(Paging::default)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<(usize, usize), State>> {
+        self.states.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `m`'s rows are read from storage now (fewer than [`STREAM_BELOW`] of its pages
+    /// in memory at the last check), measuring again when the last check is [`CHECK_EVERY`]
+    /// old. `layer` names the matrix in the one line printed the first time any matrix
+    /// streams.
+    pub fn streaming(&self, m: &RowMatrix<'_>, layer: Option<i32>) -> bool {
+        self.streaming_in(Mode::from_env(), m, layer)
+    }
+
+    /// [`Paging::streaming`] under `mode` rather than the environment's.
+    pub fn streaming_in(&self, mode: Mode, m: &RowMatrix<'_>, layer: Option<i32>) -> bool {
+        if mode == Mode::Never {
+            return false;
+        }
+        self.reading_in(mode, m, layer) == Reading::Rows
+    }
+
+    /// How `m`'s rows are read now under `mode` (checked again when the last check is
+    /// [`CHECK_EVERY`] old; a check that finds [`Reading::Whole`] requests the whole range).
+    pub fn reading_in(&self, mode: Mode, m: &RowMatrix<'_>, layer: Option<i32>) -> Reading {
+        if mode == Mode::Never {
+            return Reading::InMemory;
+        }
+        let range = span(m);
+        let key = (range.start, range.end);
+        let now = Instant::now();
+        if let Some(s) = self.lock().get(&key) {
+            if now.duration_since(s.checked) < CHECK_EVERY {
+                return s.reading;
+            }
+        }
+        // Measured outside the lock: two threads may both measure; they agree.
+        let fraction = resident_fraction(m.data);
+        let reading = if mode == Mode::Always {
+            Reading::Rows
+        } else if fraction >= STREAM_BELOW {
+            Reading::InMemory
+        } else if file_fits(range.start) {
+            Reading::Whole
+        } else {
+            Reading::Rows
+        };
+        let before = self
+            .lock()
+            .insert(
+                key,
+                State {
+                    checked: now,
+                    reading,
+                },
+            )
+            .map(|s| s.reading);
+        match reading {
+            Reading::Rows if before != Some(Reading::Rows) => {
+                advise(range, libc::MADV_RANDOM);
+                announce(mode, layer, fraction, m.data.len());
+            }
+            Reading::Rows => {}
+            _ => {
+                if before == Some(Reading::Rows) {
+                    advise(range.clone(), libc::MADV_NORMAL);
+                }
+                if reading == Reading::Whole {
+                    advise(range, libc::MADV_WILLNEED);
+                }
+            }
+        }
+        reading
+    }
+
+    /// Requests the pages of rows `rows` of `m` (increasing row order; consecutive pages are
+    /// asked for in one call) so that their reads start now.
+    pub fn request_rows(m: &RowMatrix<'_>, rows: impl IntoIterator<Item = usize>) {
+        let page = page_size();
+        let mut run: Option<Range<usize>> = None;
+        for j in rows {
+            if j >= m.n_rows() {
+                continue;
+            }
+            let start = m.row_ptr(j) as usize;
+            let pages = pages_of(start..start + m.row_len);
+            run = match run {
+                Some(r) if pages.start <= r.end + page => Some(r.start..pages.end.max(r.end)),
+                Some(r) => {
+                    advise(r, libc::MADV_WILLNEED);
+                    Some(pages)
+                }
+                None => Some(pages),
+            };
+        }
+        if let Some(r) = run {
+            advise(r, libc::MADV_WILLNEED);
+        }
+    }
+
+    /// Requests all of `m` when its rows stream (a ubatch of the two-stage path reads nearly
+    /// every row; the sequential read of the whole range is what the kernel would have read
+    /// ahead without `MADV_RANDOM`).
+    pub fn request_all_if_streaming(&self, m: &RowMatrix<'_>, layer: Option<i32>) {
+        if self.streaming(m, layer) {
+            Self::request_share(m, 0, 1);
+        }
+    }
+
+    /// Requests part `part` of `parts` of `m`'s whole range (a ubatch that reads most rows).
+    pub fn request_share(m: &RowMatrix<'_>, part: usize, parts: usize) {
+        let range = span(m);
+        let parts = parts.max(1);
+        let len = range.end - range.start;
+        let (lo, hi) = (part * len / parts, (part + 1).min(parts) * len / parts);
+        advise(range.start + lo..range.start + hi, libc::MADV_WILLNEED);
+    }
+}
+
+/// The one line a process prints the first time a matrix's rows stream from storage.
+fn announce(mode: Mode, layer: Option<i32>, fraction: f64, bytes: usize) {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    if ONCE.set(()).is_ok() {
+        let layer = layer.map_or_else(|| "a layer".to_string(), |l| format!("layer {l}"));
+        let why = match mode {
+            Mode::Always => "SPARK_PAGING=always".to_string(),
+            _ => format!(
+                "{:.0} % of {:.1} MiB resident",
+                fraction * 100.0,
+                bytes as f64 / (1 << 20) as f64
+            ),
+        };
+        eprintln!(
+            "spark: FFN rows of {layer} are not all in memory ({why}): each step's K2 and V rows \
+             are requested from storage ahead of use, without readahead (docs/USAGE.md, \
+             \"Memory budgets\")"
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! Row matrices that storage backs (`rows::paging`): residency measured on a real file evicted
+//! from the page cache, rows requested ahead arrive without their neighbours, and advice never
+//! changes what the rows hold.
+
+use spark_backend::rows::paging::{page_size, resident_fraction, Mode, Paging, Reading};
+use spark_backend::rows::{RowMatrix, RowType};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// A read-only shared mapping of a file, unmapped on drop.
+struct Mapped {
+    ptr: *mut libc::c_void,
+    len: usize,
+    _file: File,
+}
+
+impl Mapped {
+    /// Writes `bytes` to a new file, flushes it to storage, drops it from the page cache and
+    /// maps it.
+    fn evicted(bytes: &[u8]) -> Mapped {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "spark-paging-{}-{}.bin",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut f = File::create(&path).unwrap();
+        f.write_all(bytes).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let file = File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // SAFETY: a valid descriptor; clean pages (synced) can be dropped from the cache.
+        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0);
+        // SAFETY: a fresh read-only shared mapping of the whole file.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes.len(),
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        Mapped {
+            ptr,
+            len: bytes.len(),
+            _file: file,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is live for self's lifetime and covers len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `evicted`.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// Whether the page holding byte `at` of `bytes` is in memory.
+fn page_resident(bytes: &[u8], at: usize) -> bool {
+    let page = page_size();
+    let start = (bytes.as_ptr() as usize + at) / page * page;
+    // SAFETY: `start` is the aligned start of a page inside the live mapping.
+    let s = unsafe { std::slice::from_raw_parts(start as *const u8, page) };
+    resident_fraction(s) == 1.0
+}
+
+/// 256 f32 rows of one page each (row j is page j), in a file evicted from the page cache.
+fn evicted_matrix_file() -> (Vec<u8>, Mapped) {
+    let page = page_size();
+    let values: Vec<f32> = (0..256 * page / 4).map(|i| i as f32 * 0.5).collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let map = Mapped::evicted(&bytes);
+    assert!(
+        resident_fraction(map.bytes()) < 0.5,
+        "the evicted file is still {:.0} % in memory",
+        resident_fraction(map.bytes()) * 100.0
+    );
+    (bytes, map)
+}
+
+/// Waits up to 5 s for every page of `rows` of `map` to be in memory.
+fn wait_resident(map: &Mapped, rows: &[usize]) {
+    let page = page_size();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !rows.iter().all(|&j| page_resident(map.bytes(), j * page)) {
+        assert!(Instant::now() < deadline, "rows not read within 5 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn an_evicted_file_that_fits_in_memory_is_requested_whole() {
+    let (bytes, map) = evicted_matrix_file();
+    let page = page_size();
+    let m = RowMatrix::packed(RowType::F32, page / 4, 256, map.bytes()).unwrap();
+    // 1 MiB: fits in any memory a test runs in.
+    let paging = Paging::default();
+    assert_eq!(paging.reading_in(Mode::Auto, &m, Some(3)), Reading::Whole);
+    assert!(!paging.streaming_in(Mode::Auto, &m, Some(3)));
+    wait_resident(&map, &(0..256).collect::<Vec<_>>());
+    assert_eq!(map.bytes(), &bytes[..]);
+}
+
+#[test]
+fn rows_requested_from_an_evicted_file_arrive_alone_and_unchanged() {
+    let (bytes, map) = evicted_matrix_file();
+    let page = page_size();
+    let m = RowMatrix::packed(RowType::F32, page / 4, 256, map.bytes()).unwrap();
+    // As for a file larger than the memory available.
+    let paging = Paging::default();
+    assert_eq!(paging.reading_in(Mode::Always, &m, Some(7)), Reading::Rows);
+    assert_eq!(
+        paging.reading_in(Mode::Never, &m, Some(7)),
+        Reading::InMemory
+    );
+
+    let wanted = [3usize, 4, 100, 101, 102, 250];
+    Paging::request_rows(&m, wanted.iter().copied());
+    wait_resident(&map, &wanted);
+    // Far from every requested row: nothing was read around them.
+    for far in [30usize, 60, 180, 220] {
+        assert!(
+            !page_resident(map.bytes(), far * page),
+            "row {far} was read"
+        );
+    }
+    // A fault on a row of a streaming matrix reads that row alone (MADV_RANDOM: without it, the
+    // kernel reads ahead and around a faulted page of a mapping, tens of pages).
+    let faulted = std::hint::black_box(map.bytes()[150 * page]);
+    assert_eq!(faulted, bytes[150 * page]);
+    for near in [146usize, 148, 152, 154] {
+        assert!(
+            !page_resident(map.bytes(), near * page),
+            "row {near} was read with row 150"
+        );
+    }
+    // The mapping holds what the file holds, requested or faulted.
+    assert_eq!(map.bytes(), &bytes[..]);
+}
+
+#[test]
+fn memory_no_file_backs_never_streams() {
+    let page = page_size();
+    let bytes = vec![1u8; 64 * page];
+    let m = RowMatrix::packed(RowType::F32, page / 4, 64, &bytes).unwrap();
+    assert_eq!(resident_fraction(&bytes), 1.0);
+    assert_eq!(
+        Paging::default().reading_in(Mode::Auto, &m, None),
+        Reading::InMemory
+    );
+    assert_eq!(resident_fraction(&[]), 1.0);
+}
+
+#[test]
+fn spark_paging_values_parse_and_others_are_named() {
+    assert_eq!(Mode::parse(""), Ok(Mode::Auto));
+    assert_eq!(Mode::parse("auto"), Ok(Mode::Auto));
+    assert_eq!(Mode::parse("always"), Ok(Mode::Always));
+    assert_eq!(Mode::parse("never"), Ok(Mode::Never));
+    let err = Mode::parse("sometimes").unwrap_err();
+    assert!(err.contains("'sometimes'"), "{err}");
+}
