@@ -5,7 +5,8 @@
 # "Models larger than memory").
 #
 # Usage: bash tools/bench-memory.sh [--size 2b|9b] [--leave GB,GB,...] [--repack 0,1] [-n 16]
-#                                   [-p 0] [-r 1] [--overhead GB] [--models DIR] [--upstream DIR]
+#                                   [-p 0] [-r 1] [--overhead GB] [--paging auto,never]
+#                                   [--models DIR] [--upstream DIR]
 #   --size      the synthetic model pair (spark-convert --synthetic spark-gemma2-SIZE and
 #               gemma2-SIZE, Q8_0, made once in --models)                        default: 9b
 #   --leave     the budgets (GB left to llama-bench, as MemAvailable counts it); "all" runs
@@ -15,18 +16,22 @@
 #   --overhead  GB the process needs besides the file (KV cache, compute buffers)   default: 0.6
 #   --repack    llama-bench --repack values (1: ggml's repacked / AMX weights, anonymous memory
 #               that must fit; 0: every weight memory-mapped)                     default: 0,1
+#   --paging    SPARK_PAGING values for Spark's runs, one column each (auto: rows requested
+#               from storage ahead of use when not in memory; never: the kernel's own paging,
+#               as before issue 55); ratios use the first                     default: auto
 #   -n -p -r    as llama-bench                                     default: 16 / 0 / 1
 #   --models DIR    where the models are made                      default: target/bench-models
 #   --upstream DIR  what tools/upstream.sh installed               default: target/upstream
-# Before each run the model file's pages are dropped from the page cache (memory-budget.py
-# --evict), so each starts cold. A run the kernel kills (it did not fit) is reported as such.
+# Before each run under a budget the model file's pages are dropped from the page cache
+# (memory-budget.py --evict), so each starts cold; before each "all" run the file is read into
+# the page cache (the in-memory speed). A run the kernel kills (it did not fit) is reported.
 # Prints the CPU, the storage's cold sequential read rate of the model file, the files' always/
 # rows split, then one row per (budget, repack): Spark and stock t/s and their ratio, and Spark's
 # speed as a share of its in-memory ("all") speed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-size=9b leaves="" repacks=0,1 gen=16 prompt=0 reps=1 overhead=0.6
+size=9b leaves="" repacks=0,1 gen=16 prompt=0 reps=1 overhead=0.6 pagings=auto
 models=target/bench-models upstream=target/upstream
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,12 +39,13 @@ while [ $# -gt 0 ]; do
         --leave) leaves=$2; shift 2 ;;
         --repack) repacks=$2; shift 2 ;;
         --overhead) overhead=$2; shift 2 ;;
+        --paging) pagings=$2; shift 2 ;;
         -n) gen=$2; shift 2 ;;
         -p) prompt=$2; shift 2 ;;
         -r) reps=$2; shift 2 ;;
         --models) models=$2; shift 2 ;;
         --upstream) upstream=$2; shift 2 ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-memory: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -72,18 +78,24 @@ echo "CPU: $(bench_cpu); MemAvailable $(awk '/MemAvailable/ { printf "%.1f", $2 
 echo "storage: cold sequential read of $(basename "$spark") at $seq_gbs GB/s"
 echo "Spark $size q8_0: $(size_of "$spark" total) GB = always-read $always GB + FFN rows $rows GB" \
      "(a token reads ~8 % of the rows); stock: $(size_of "$stock" total) GB, all read per token"
-echo "llama-bench -n $gen -p $prompt -r $reps -t 2, file evicted before each run"
+echo "llama-bench -n $gen -p $prompt -r $reps -t 2; the file evicted before each run under a budget, read into memory before \"all\""
 echo
-echo "| GB left | repack | Spark t/s | stock t/s | Spark / stock | Spark vs its in-RAM speed |"
-echo "|---|---|---|---|---|---|"
+IFS=, read -r -a paging_list <<<"$pagings"
+for p in "${paging_list[@]}"; do
+    case "$p" in auto|always|never) ;; *) echo "bench-memory: --paging takes auto, always, never, not '$p'" >&2; exit 2 ;; esac
+done
+head="| GB left | repack |" rule="|---|---|"
+for p in "${paging_list[@]}"; do head+=" Spark t/s (paging $p) |"; rule+="---|"; done
+echo "$head stock t/s | Spark / stock | Spark vs its in-RAM speed |"
+echo "$rule---|---|---|"
 
 # llama-bench's tg (or pp) t/s of one model under one budget; "killed" or "failed" otherwise
 run_one() {
-    local model=$1 leave=$2 repack=$3 with_plugin=$4 out rc=0 hold=()
+    local model=$1 leave=$2 repack=$3 with_plugin=$4 paging=${5:-auto} out rc=0 hold=()
     [ "$leave" = all ] || hold=($budget --leave "$leave" --evict "$model" --)
-    [ "$leave" = all ] && $budget --evict "$model"  # cold start; the file then fits in memory
+    [ "$leave" = all ] && cat "$model" >/dev/null  # in memory: the file read into the page cache
     local env=()
-    [ "$with_plugin" = 1 ] && env=(GGML_BACKEND_PATH="$PWD/$plugin")
+    [ "$with_plugin" = 1 ] && env=(GGML_BACKEND_PATH="$PWD/$plugin" SPARK_PAGING="$paging")
     out=$(env "${env[@]}" "${hold[@]}" "$bench" -m "$model" -n "$gen" -p "$prompt" -r "$reps" \
         -t 2 --repack "$repack" -o jsonl 2>/dev/null) || rc=$?
     if [ "$rc" -ge 128 ]; then echo killed; return; fi
@@ -98,11 +110,16 @@ IFS=, read -r -a leave_list <<<"$leaves"
 IFS=, read -r -a repack_list <<<"$repacks"
 for leave in "${leave_list[@]}"; do
     for repack in "${repack_list[@]}"; do
-        s=$(run_one "$spark" "$leave" "$repack" 1)
+        cols="" s=""
+        for p in "${paging_list[@]}"; do
+            t=$(run_one "$spark" "$leave" "$repack" 1 "$p")
+            cols+=" $t |"
+            [ -n "$s" ] || s=$t
+        done
         k=$(run_one "$stock" "$leave" "$repack" 0)
         [ "$leave" = all ] && in_ram[$repack]=$s
         ratio=$(awk -v s="$s" -v k="$k" 'BEGIN { if (s + 0 > 0 && k + 0 > 0) printf "%.2fx", s / k; else print "-" }')
         share=$(awk -v s="$s" -v r="${in_ram[$repack]:-}" 'BEGIN { if (s + 0 > 0 && r + 0 > 0) printf "%.0f %%", 100 * s / r; else print "-" }')
-        echo "| $leave | $repack | $s | $k | $ratio | $share |"
+        echo "| $leave | $repack |$cols $k | $ratio | $share |"
     done
 done
