@@ -14,7 +14,9 @@
 //!   advised `MADV_RANDOM` (no readahead around faults) and, before the kernels touch a call's
 //!   rows, their pages are requested with `MADV_WILLNEED` ([`Paging::request_rows`]): the
 //!   kernel starts all those reads at once, many in flight, and the kernels' faults then wait
-//!   for reads already under way; back in memory, `MADV_NORMAL` again.
+//!   for reads already under way; back in memory, `MADV_NORMAL` again. A matrix requested whole
+//!   that the memory did not keep (its resident fraction fell by [`WHOLE_FELL_BY`]) is read by
+//!   rows from then on.
 //!
 //! `SPARK_PAGING` overrides the measurement: `auto` (the default, as above), `always` (every
 //! matrix streams: for tests, and for storage a user knows to be slow) or `never` (the kernel's
@@ -76,7 +78,11 @@ impl Mode {
 
 /// Memory left free, beyond a file's mapped bytes, before rows that are not in memory are
 /// requested whole rather than row by row.
-pub const FILL_MARGIN: u64 = 256 << 20;
+pub const FILL_MARGIN: u64 = 64 << 20;
+
+/// A matrix requested whole whose resident fraction falls this far below the most a check
+/// found was evicted again (the memory did not hold it after all): it is read by rows.
+pub const WHOLE_FELL_BY: f64 = 0.05;
 
 /// How a matrix's rows are read, from its last check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +100,10 @@ pub enum Reading {
 struct State {
     checked: Instant,
     reading: Reading,
+    /// The largest resident fraction a check found.
+    max_fraction: f64,
+    /// A whole request that did not stay: rows only from then on.
+    whole_failed: bool,
 }
 
 /// The residency of the row matrices the ops have seen, keyed by their byte range (a model
@@ -258,32 +268,38 @@ impl Paging {
         let range = span(m);
         let key = (range.start, range.end);
         let now = Instant::now();
-        if let Some(s) = self.lock().get(&key) {
-            if now.duration_since(s.checked) < CHECK_EVERY {
-                return s.reading;
+        let prior = self.lock().get(&key).copied();
+        if let Some(p) = prior {
+            if now.duration_since(p.checked) < CHECK_EVERY {
+                return p.reading;
             }
         }
         // Measured outside the lock: two threads may both measure; they agree.
         let fraction = resident_fraction(m.data);
+        let max_fraction = prior.map_or(fraction, |p| p.max_fraction.max(fraction));
+        let whole_failed = prior.is_some_and(|p| {
+            p.whole_failed
+                || (p.reading == Reading::Whole && fraction + WHOLE_FELL_BY < max_fraction)
+        });
         let reading = if mode == Mode::Always {
             Reading::Rows
         } else if fraction >= STREAM_BELOW {
             Reading::InMemory
-        } else if file_fits(range.start) {
+        } else if !whole_failed && file_fits(range.start) {
             Reading::Whole
         } else {
             Reading::Rows
         };
-        let before = self
-            .lock()
-            .insert(
-                key,
-                State {
-                    checked: now,
-                    reading,
-                },
-            )
-            .map(|s| s.reading);
+        self.lock().insert(
+            key,
+            State {
+                checked: now,
+                reading,
+                max_fraction,
+                whole_failed,
+            },
+        );
+        let before = prior.map(|p| p.reading);
         match reading {
             Reading::Rows if before != Some(Reading::Rows) => {
                 advise(range, libc::MADV_RANDOM);
