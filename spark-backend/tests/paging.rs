@@ -117,6 +117,11 @@ fn system_reads_willneed_pages() -> bool {
     false
 }
 
+/// The file's 256 rows of one page each as a matrix.
+fn page_rows(map: &Mapped) -> RowMatrix<'_> {
+    RowMatrix::packed(RowType::F32, page_size() / 4, 256, map.bytes()).unwrap()
+}
+
 /// Waits up to 5 s for every page of `rows` of `map` to be in memory.
 fn wait_resident(map: &Mapped, rows: &[usize]) {
     let page = page_size();
@@ -133,8 +138,7 @@ fn an_evicted_file_that_fits_in_memory_is_requested_whole() {
         return;
     }
     let (bytes, map) = evicted_matrix_file();
-    let page = page_size();
-    let m = RowMatrix::packed(RowType::F32, page / 4, 256, map.bytes()).unwrap();
+    let m = page_rows(&map);
     // 1 MiB: fits in any memory a test runs in.
     let paging = Paging::default();
     assert_eq!(paging.reading_in(Mode::Auto, &m, Some(3)), Reading::Whole);
@@ -149,8 +153,8 @@ fn rows_requested_from_an_evicted_file_arrive_alone_and_unchanged() {
         return;
     }
     let (bytes, map) = evicted_matrix_file();
+    let m = page_rows(&map);
     let page = page_size();
-    let m = RowMatrix::packed(RowType::F32, page / 4, 256, map.bytes()).unwrap();
     // As for a file larger than the memory available.
     let paging = Paging::default();
     assert_eq!(paging.reading_in(Mode::Always, &m, Some(7)), Reading::Rows);

@@ -104,6 +104,8 @@ struct State {
     max_fraction: f64,
     /// A whole request that did not stay: rows only from then on.
     whole_failed: bool,
+    /// The bytes mapped of the file behind the matrix (`/proc/self/maps`, read once).
+    file_bytes: Option<u64>,
 }
 
 /// The residency of the row matrices the ops have seen, keyed by their byte range (a model
@@ -217,13 +219,10 @@ fn mapped_file_bytes(addr: usize) -> Option<u64> {
     )
 }
 
-/// Whether the whole file behind `addr` fits in the memory available, [`FILL_MARGIN`] to
+/// Whether a file of `file` mapped bytes fits in the memory available, [`FILL_MARGIN`] to
 /// spare (`MemAvailable` counts the file's pages already in memory as available too).
-fn file_fits(addr: usize) -> bool {
-    match (mem_available(), mapped_file_bytes(addr)) {
-        (Some(avail), Some(file)) => avail >= file.saturating_add(FILL_MARGIN),
-        _ => false,
-    }
+fn fits_in_memory(file: u64) -> bool {
+    mem_available().is_some_and(|avail| avail >= file.saturating_add(FILL_MARGIN))
 }
 
 /// The byte range a matrix's rows span.
@@ -281,11 +280,15 @@ impl Paging {
             p.whole_failed
                 || (p.reading == Reading::Whole && fraction + WHOLE_FELL_BY < max_fraction)
         });
+        let file_bytes = match prior {
+            Some(p) => p.file_bytes,
+            None => mapped_file_bytes(range.start),
+        };
         let reading = if mode == Mode::Always {
             Reading::Rows
         } else if fraction >= STREAM_BELOW {
             Reading::InMemory
-        } else if !whole_failed && file_fits(range.start) {
+        } else if !whole_failed && file_bytes.is_some_and(fits_in_memory) {
             Reading::Whole
         } else {
             Reading::Rows
@@ -297,6 +300,7 @@ impl Paging {
                 reading,
                 max_fraction,
                 whole_failed,
+                file_bytes,
             },
         );
         let before = prior.map(|p| p.reading);
