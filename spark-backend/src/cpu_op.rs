@@ -54,7 +54,6 @@ use crate::params;
 use crate::KernelError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_int, c_void};
-use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
@@ -447,13 +446,11 @@ pub(crate) fn report_outcome(op: &str, layer: Option<i32>, reason: &str, outcome
     let line = format!("spark-backend: {op}: layer {layer}: {reason}; {outcome}");
     fault::record(&line);
     let n = PRINTED.fetch_add(1, Ordering::Relaxed);
-    let mut err = std::io::stderr().lock();
     if n < MAX_ERROR_LINES {
-        let _ = writeln!(err, "{line}");
+        crate::log::stderr_text(&line);
     } else if n == MAX_ERROR_LINES {
-        let _ = writeln!(
-            err,
-            "spark-backend: more op failures; not printing them (outputs still set to NaN)"
+        crate::log::stderr_text(
+            "spark-backend: more op failures; not printing them (outputs still set to NaN)",
         );
     }
 }

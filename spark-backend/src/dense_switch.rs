@@ -104,7 +104,7 @@ fn from_env(part: Part) -> Option<Option<usize>> {
         match parse_switch(&value) {
             Ok(point) => Some(point),
             Err(why) => {
-                eprintln!(
+                crate::log::say!(
                     "spark: {}: {why}; the built-in switch point applies",
                     part.env_var()
                 );

@@ -25,11 +25,7 @@ pub(crate) fn guard<R>(entry: &str, fallback: R, body: impl FnOnce() -> R) -> R 
 /// Prints `spark-backend: <entry>: internal error: <message>` on one stderr line. Printing
 /// cannot panic the caller: a failed write to stderr is ignored.
 pub(crate) fn report(entry: &str, message: &str) {
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "spark-backend: {entry}: internal error: {message}"
-    );
+    crate::log::say!("spark-backend: {entry}: internal error: {message}");
 }
 
 /// The text of a panic payload (`&str` or `String`); other payload types get a fixed message.

@@ -40,7 +40,8 @@
 //!   ggml's type traits in `quant.rs`); [`topk`]: the statistical top-k both ops use.
 //! - [`cpu_op`]: the entry protocol of every CPU op (checks, shared chunk counter, NaN on
 //!   failure); [`tensor`]: views of ggml tensors; [`params`]: the graph's parameter structs;
-//!   `error`: [`KernelError`]; `ffi`: no unwinding across the C boundary.
+//!   `error`: [`KernelError`]; `ffi`: no unwinding across the C boundary; `log`: the plugin's
+//!   stderr lines, each in one write.
 //! - [`cuda`]: what the CUDA launchers share (the hook, NVRTC and its options, the driver, the
 //!   launch protocol, metadata checks).
 //! - [`registry`]: what the backend exports: one table of ops (`registry::OPS`: name, CPU
@@ -71,6 +72,7 @@ mod error;
 mod ffi;
 pub mod ffn;
 pub mod kernel_types;
+mod log;
 pub mod params;
 mod plugin;
 pub mod registry;

@@ -14,7 +14,6 @@
 use crate::{registry, stats};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_char, CStr};
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The `ggml_commit()` of the ggml this library was built against (the patch series tag).
@@ -63,7 +62,7 @@ pub extern "C" fn ggml_backend_init() -> sys::ggml_backend_reg_t {
     crate::ffi::guard("ggml_backend_init", std::ptr::null_mut(), || {
         let (version, commit) = host_ggml();
         if let Some(why) = host_mismatch(&version, &commit) {
-            let _ = writeln!(std::io::stderr().lock(), "{why}");
+            crate::log::stderr_text(&why);
             return std::ptr::null_mut();
         }
         if stats_requested() {
@@ -85,13 +84,14 @@ pub extern "C" fn ggml_backend_init() -> sys::ggml_backend_reg_t {
 extern "C" fn report_at_exit() {
     crate::ffi::guard("SPARK_STATS report", (), || {
         if REPORT_AT_EXIT.swap(false, Ordering::AcqRel) {
-            let mut err = std::io::stderr().lock();
             // a tool may have left a progress line open (llama-perplexity's "ETA ..."): start
             // the table on a line of its own
-            let _ = writeln!(err);
+            let mut text = String::from("\n");
             for line in stats::process_table() {
-                let _ = writeln!(err, "{line}");
+                text.push_str(&line);
+                text.push('\n');
             }
+            crate::log::stderr_text(&text);
         }
     });
 }

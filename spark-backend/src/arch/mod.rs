@@ -79,7 +79,7 @@ fn choose(requested: Option<&str>) -> Isa {
     match Isa::from_name(name) {
         Some(isa) if isa.is_supported() => isa,
         Some(_) => {
-            eprintln!(
+            crate::log::say!(
                 "spark: SPARK_ISA={name}: this CPU lacks it; using {}",
                 best.name()
             );
@@ -87,7 +87,7 @@ fn choose(requested: Option<&str>) -> Isa {
         }
         None => {
             let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
-            eprintln!(
+            crate::log::say!(
                 "spark: SPARK_ISA={name}: unknown (this build has {}); using {}",
                 names.join(", "),
                 best.name()

@@ -257,7 +257,7 @@ pub(crate) unsafe fn enqueue<A: KernelArgs + ?Sized>(
             Err(e) => {
                 // said once: only the first failure finds PDL still on
                 if PDL.swap(false, std::sync::atomic::Ordering::Relaxed) {
-                    eprintln!(
+                    crate::log::say!(
                         "spark-backend: CUDA: {name}: a launch with programmatic dependent launch \
                          failed ({e}); launching without it from now on"
                     );

@@ -69,7 +69,6 @@ pub mod driver;
 pub(crate) mod launch;
 
 use llama_cpp_sys_2 as sys;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
@@ -128,7 +127,7 @@ pub fn register_launchers(launchers: &'static [Launcher]) -> Registration {
             },
         );
         if let Some(line) = outcome.message() {
-            let _ = writeln!(std::io::stderr().lock(), "{line}");
+            crate::log::stderr_text(&line);
         }
         if matches!(outcome, Registration::Registered { .. }) && device_stats() {
             disable_cuda_graphs();

@@ -69,7 +69,7 @@ impl Mode {
         *MODE.get_or_init(|| {
             let value = std::env::var("SPARK_PAGING").unwrap_or_default();
             Mode::parse(&value).unwrap_or_else(|why| {
-                eprintln!("spark: SPARK_PAGING: {why}; auto applies");
+                crate::log::say!("spark: SPARK_PAGING: {why}; auto applies");
                 Mode::Auto
             })
         })
@@ -379,7 +379,7 @@ fn announce(mode: Mode, layer: Option<i32>, fraction: f64, bytes: usize) {
                 bytes as f64 / (1 << 20) as f64
             ),
         };
-        eprintln!(
+        crate::log::say!(
             "spark: FFN rows of {layer} are not all in memory ({why}): each step's K2 and V rows \
              are requested from storage ahead of use, without readahead (docs/USAGE.md, \
              \"Memory budgets\")"
