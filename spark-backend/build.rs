@@ -12,6 +12,12 @@ fn main() {
     println!("cargo:rerun-if-changed=probe/cuda_hook.c");
     println!("cargo:rerun-if-changed=probe/graph_abi.c");
     println!("cargo:rerun-if-changed=build.rs");
+    println!(
+        "cargo:rerun-if-changed={}",
+        Path::new(spark_llama_prep::PATCHED_SYS_DIR)
+            .join("llama.cpp/src/models/spark-backend.h")
+            .display()
+    );
     // The tag of the patched sources this crate is built against (`ggml_commit()` of that
     // ggml): the plugin refuses to register in a process whose ggml reports another.
     let tag = std::env::var("DEP_LLAMA_SERIES_TAG").expect("llama-cpp-sys-2 (patched) sets it");

@@ -75,3 +75,18 @@ const size_t spark_probe_op_params_layout[] = {
     sizeof(((struct ggml_tensor *) 0)->op_params),
     _Alignof(int32_t),
 };
+
+/* unsafe extern "C" fn(*const MemoryNeed, *mut c_char, usize) -> c_int (src/rows/budget.rs) */
+typedef int (*spark_rust_memory_plan_t)(const struct spark_memory_need * need, char * why, size_t why_len);
+
+_Static_assert(__builtin_types_compatible_p(spark_memory_plan_t, spark_rust_memory_plan_t),
+               "src/rows/budget.rs spark_memory_plan differs from spark_memory_plan_t");
+
+const size_t spark_probe_memory_need_layout[] = {
+    sizeof(struct spark_memory_need),
+    _Alignof(struct spark_memory_need),
+    offsetof(struct spark_memory_need, made_at_load),
+    offsetof(struct spark_memory_need, mapped_whole),
+    offsetof(struct spark_memory_need, mapped_rows),
+    offsetof(struct spark_memory_need, rows_per_token),
+};

@@ -23,6 +23,34 @@ extern "C" {
     /// From probe/graph_abi.c: `struct spark_op_params` and `enum spark_ffn_cutoff` of the
     /// header, and ggml's op_params facts the block's placement in a node rests on.
     static spark_probe_op_params_layout: [usize; 22];
+    /// From probe/graph_abi.c: `struct spark_memory_need` of the header.
+    static spark_probe_memory_need_layout: [usize; 6];
+}
+
+#[test]
+fn the_memory_need_matches_the_headers() {
+    use spark_backend::rows::budget::MemoryNeed;
+    // SAFETY: a constant array defined by the probe object linked into this test.
+    let c = unsafe { spark_probe_memory_need_layout };
+    let rust = [
+        size_of::<MemoryNeed>(),
+        align_of::<MemoryNeed>(),
+        offset_of!(MemoryNeed, made_at_load),
+        offset_of!(MemoryNeed, mapped_whole),
+        offset_of!(MemoryNeed, mapped_rows),
+        offset_of!(MemoryNeed, rows_per_token),
+    ];
+    let names = [
+        "sizeof spark_memory_need",
+        "alignof spark_memory_need",
+        "offsetof made_at_load",
+        "offsetof mapped_whole",
+        "offsetof mapped_rows",
+        "offsetof rows_per_token",
+    ];
+    for ((name, c), rust) in names.iter().zip(c).zip(rust) {
+        assert_eq!(c, rust, "{name}: C {c}, Rust {rust}");
+    }
 }
 
 #[test]

@@ -17,8 +17,11 @@
 //! the table's f32 axpy ([`to_f32`]: `to_float` straight into its output). q8_0, q4_0 and q6_K
 //! have their own axpy and dequantization kernels in every table, bit-identical to that
 //! generic path. There is no per-element branching on type: each call dispatches once per row.
-//! [`quant`] quantizes f32 rows to a type (for tests and the synthetic models).
+//! [`quant`] quantizes f32 rows to a type (for tests and the synthetic models). [`paging`] reads
+//! the rows of a model larger than memory from storage as they are chosen; [`budget`] weighs a
+//! model's weights against the memory left at load.
 
+pub mod budget;
 pub mod paging;
 pub mod quant;
 

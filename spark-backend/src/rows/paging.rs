@@ -8,8 +8,8 @@
 //! it does. So for each row matrix the sparse FFN reads, [`Paging`] keeps:
 //! - how much of it is in memory, measured with `mincore` at most once per [`CHECK_EVERY`];
 //! - while less than [`STREAM_BELOW`] of its pages are, how to read it ([`Reading`]): when the
-//!   whole mapped file fits in the memory available (`MemAvailable` at least the file's mapped
-//!   bytes and [`FILL_MARGIN`]: a model that fits, evicted or still loading), the whole range is
+//!   whole mapped file fits in the memory left ([`budget::available`] at least the file's mapped
+//!   bytes, or those the load-time plans need, and [`FILL_MARGIN`]: a model that fits, evicted or still loading), the whole range is
 //!   requested at once (one `MADV_WILLNEED`: a sequential read); when it does not, the range is
 //!   advised `MADV_RANDOM` (no readahead around faults) and, before the kernels touch a call's
 //!   rows, their pages are requested with `MADV_WILLNEED` ([`Paging::request_rows`]): the
@@ -23,11 +23,11 @@
 //! own paging, as without the plugin).
 //!
 //! Advice never changes what the memory holds or what the kernels compute (results are bit for
-//! bit those of a model in memory); memory that storage does not back (`--no-mmap`, repacked
+//! bit those of a model in memory); memory that storage does not back (`--load-mode none`, repacked
 //! or anonymous copies) is always resident, so nothing is ever requested for it. A failed
 //! `madvise` or `mincore` (an address no mapping covers) counts as resident.
 
-use super::RowMatrix;
+use super::{budget, RowMatrix};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -177,14 +177,6 @@ fn advise(bytes: Range<usize>, advice: libc::c_int) {
     }
 }
 
-/// `MemAvailable` of `/proc/meminfo`, in bytes.
-fn mem_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
 /// The bytes this process maps of the file that backs address `addr` (every mapping of the
 /// same device and inode in `/proc/self/maps`); `None` for anonymous memory or an address no
 /// mapping holds.
@@ -219,10 +211,13 @@ fn mapped_file_bytes(addr: usize) -> Option<u64> {
     )
 }
 
-/// Whether a file of `file` mapped bytes fits in the memory available, [`FILL_MARGIN`] to
-/// spare (`MemAvailable` counts the file's pages already in memory as available too).
+/// Whether a model whose file this process maps `file` bytes of fits in the memory left
+/// ([`budget::available`]), [`FILL_MARGIN`] to spare (`MemAvailable` counts the file's pages
+/// already in memory as available too). The mapped bytes the load-time plans need stand in for
+/// `file` when there are plans: the file pages of weights repacked at load are not read again.
 fn fits_in_memory(file: u64) -> bool {
-    mem_available().is_some_and(|avail| avail >= file.saturating_add(FILL_MARGIN))
+    let need = budget::planned_mapped().unwrap_or(file);
+    budget::available().is_some_and(|left| left.bytes >= need.saturating_add(FILL_MARGIN))
 }
 
 /// The byte range a matrix's rows span.

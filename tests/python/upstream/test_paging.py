@@ -7,11 +7,23 @@ the plugin says once that rows stream, and a model in memory says nothing.
 
 The same under a real budget (the file's pages evicted, memory held away by
 tools/memory-budget.py) is tools/bench-memory.sh's (docs/PERF.md, "Models larger than memory"):
-too slow for CI; the kernel-level test on an evicted file is spark-backend/tests/paging.rs."""
+too slow for CI; the kernel-level test on an evicted file is spark-backend/tests/paging.rs.
+
+At load the model weighs its weights against the memory left (spark-backend/src/rows/budget.rs,
+patch 0021): `SPARK_MEMORY` sets that memory here, and the sizes the tools print are checked
+against the file as gguf-py reads it."""
 
 from __future__ import annotations
 
-from upstream_helpers import HELDOUT, llama_completion, llama_perplexity, stat
+import re
+import sys
+
+import gguf
+import pytest
+
+from upstream_helpers import (CFG, HELDOUT, THREADS, llama_completion, llama_cpp_installed,
+                              llama_perplexity, python_env, run, spark_binary, stat, tool,
+                              tool_env)
 
 STREAMING_LINE = "are not all in memory"
 PPL_ARGS = ["-c", "256", "-b", "256", "--chunks", "3"]
@@ -39,3 +51,92 @@ def test_greedy_text_is_the_same_in_every_mode_and_a_bad_value_is_named(shipped_
         assert (STREAMING_LINE in res.stderr) == (mode == "always"), res.explain(f"SPARK_PAGING={mode}")
     assert "SPARK_PAGING: 'sometimes' is not auto, always or never; auto applies" in res.stderr, \
         res.explain("the bad value was not named")
+
+
+MARGIN = 64 << 20  # rows::paging::FILL_MARGIN
+LOAD_LINE = "do not all fit in the memory left"
+REFUSAL = "cannot hold what every token reads"
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def weight_bytes(model) -> dict:
+    """The model's tensors by how a token reads them, from gguf-py: K2 (`ffn_up`) and V
+    (`ffn_down_t`) by rows, the rest whole; `per_token` = ceil(bytes * k_f / F) of each row tensor."""
+    whole = rows = per_token = 0
+    for t in gguf.GGUFReader(model).tensors:
+        n = int(t.n_bytes)
+        if t.name.endswith((".ffn_up.weight", ".ffn_down_t.weight")):
+            rows += n
+            per_token += -(-n * CFG["ffn_k"] // CFG["d_ff"])
+        else:
+            whole += n
+    return {"whole": whole, "rows": rows, "per_token": per_token}
+
+
+def test_a_model_whose_rows_do_not_fit_says_so_at_load_and_runs_the_same(shipped_f32):
+    """SPARK_MEMORY between what must stay and the whole model: one line at load with the file's
+    sizes, the same greedy text; with room for everything, or SPARK_PAGING=never, no line."""
+    w = weight_bytes(shipped_f32)
+    want, _ = llama_completion(shipped_f32, "ROMEO:", 16, True)
+    budget = MARGIN + w["whole"] + w["rows"] // 2
+    text, res = llama_completion(shipped_f32, "ROMEO:", 16, True, env={"SPARK_MEMORY": str(budget)})
+    lines = [line for line in res.stderr.splitlines() if LOAD_LINE in line]
+    assert len(lines) == 1, res.explain(f"not one load line: {lines}")
+    print(f"\n{lines[0]}")
+    for part in [f"({mib(budget)} by SPARK_MEMORY)", f"0.0 MiB made at load and {mib(w['whole'])} read whole",
+                 f"K2 and V rows ({mib(w['rows'])})", f"up to {mib(w['per_token'])} per token"]:
+        assert part in lines[0], res.explain(f"{part!r} not in the load line")
+    assert text == want, res.explain(f"{text!r} vs {want!r}")
+    for env in [{"SPARK_MEMORY": str(MARGIN + w["whole"] + w["rows"])},
+                {"SPARK_MEMORY": str(budget), "SPARK_PAGING": "never"}]:
+        text, res = llama_completion(shipped_f32, "ROMEO:", 16, True, env=env)
+        assert LOAD_LINE not in res.stderr and text == want, res.explain(f"{env}")
+
+
+@pytest.mark.parametrize("load", ["mmap", "none"])
+def test_a_model_whose_always_read_set_does_not_fit_is_refused_at_load(shipped_f32, load):
+    """One byte short of what must stay (weights read whole, or with `--load-mode none`, no mmap,
+    every weight; plus the margin): llama-completion fails at load, before generating, naming the sizes; a bad
+    SPARK_MEMORY is named and ignored."""
+    w = weight_bytes(shipped_f32)
+    extra = ["--load-mode", load]
+    must_stay = w["whole"] + (w["rows"] if load == "none" else 0)
+    budget = MARGIN + must_stay - 1
+    text, res = llama_completion(shipped_f32, "ROMEO:", 16, True, *extra, check=False, once=True,
+                                 env={"SPARK_MEMORY": str(budget)})
+    assert res.returncode != 0 and text == "", res.explain("the load was not refused")
+    assert REFUSAL in res.stderr and "error loading model" in res.stderr, res.explain("no refusal")
+    made = re.search(r"([0-9.]+) MiB of weights made at load", res.stderr)
+    mapped = re.search(r"\+ ([0-9.]+) MiB of mapped weights read whole", res.stderr)
+    assert made and mapped, res.explain("sizes not named")
+    if load == "mmap":
+        assert (made[1], mapped[1]) == ("0.0", mib(w["whole"])[:-4]), res.explain("sizes")
+    else:  # every weight made at load (a tied output may be a second copy); nothing mapped
+        assert float(made[1]) >= float(mib(must_stay)[:-4]) and mapped[1] == "0.0", res.explain("sizes")
+    assert f"({mib(budget)} by SPARK_MEMORY)" in res.stderr, res.explain("the memory left not named")
+    _, res = llama_completion(shipped_f32, "ROMEO:", 4, True, *extra, env={"SPARK_MEMORY": "lots"})
+    assert "SPARK_MEMORY: 'lots' is not a size" in res.stderr, res.explain("the bad value not named")
+
+
+def test_llama_server_spark_run_and_python_refuse_it_too(shipped_f32):
+    """The same refusal through llama-server (exits non-zero before listening), `spark run`
+    (`spark: error: cannot load ...: <the refusal>`, exit 1) and llama-cpp-python (Llama(...)
+    raises ValueError; llama.cpp's reason on stderr)."""
+    w = weight_bytes(shipped_f32)
+    env = {"SPARK_MEMORY": str(MARGIN + w["whole"] - 1)}
+    res = run([tool("llama-server"), "-m", shipped_f32, "--port", "0", "-t", THREADS, "--no-webui"],
+              env={**tool_env(True), **env}, timeout=60, check=False)
+    assert res.returncode != 0 and REFUSAL in res.stderr + res.stdout, res.explain("llama-server")
+    res = run([spark_binary("spark"), "run", "-m", shipped_f32, "-p", "ROMEO:", "-n", "4"],
+              env={**tool_env(False, stats=False), **env}, timeout=60, check=False)
+    assert res.returncode == 1 and res.stdout == "", res.explain("spark run")
+    assert re.search(r"^spark: error: cannot load .*: spark-gemma2: .*" + REFUSAL, res.stderr, re.M), \
+        res.explain("spark run: no refusal")
+    llama_cpp_installed()
+    script = f"from llama_cpp import Llama; Llama(model_path={str(shipped_f32)!r}, verbose=True)"
+    res = run([sys.executable, "-c", script], env={**python_env(), **env}, timeout=60, check=False)
+    assert res.returncode == 1 and "ValueError" in res.stderr, res.explain("llama-cpp-python")
+    assert REFUSAL in res.stderr, res.explain("llama.cpp's reason not on stderr")

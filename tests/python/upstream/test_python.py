@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from upstream_helpers import (CFG, ROOT, TARGET_KEEP, UPSTREAM, Result, assert_k_dial,
-                              assert_stats_table, gemma2_prompt, parse_stats, plugin, run,
+from upstream_helpers import (CFG, PKG_VERSION, ROOT, TARGET_KEEP, UPSTREAM, Result,
+                              assert_k_dial, assert_stats_table, gemma2_prompt,
+                              llama_cpp_installed, parse_stats, plugin, python_env, run,
                               spark_run_text)
 
-PKG_VERSION = "0.3.36"  # tools/python.sh's pin
 PROMPTS = ["ROMEO:", "JULIET.\nO Romeo, Romeo, wherefore"]
 N_PREDICT = 32
 SMALL_K = 41  # half of the shipped model's k_f = 82, as test_completion.py
@@ -50,27 +50,6 @@ except Exception as e:
     out = {"error": {"type": type(e).__name__, "message": str(e)}}
 print(json.dumps(out))
 '''
-
-
-def python_env(with_plugin: bool = True, stats: bool = True) -> dict:
-    """Ours, without anything that would point llama_cpp elsewhere than its installed binding."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GGML_BACKEND_PATH", "SPARK_STATS", "LLAMA_CPP_LIB_PATH", "MTMD_CPP_LIB")}
-    if with_plugin:
-        env["GGML_BACKEND_PATH"] = str(plugin())
-    if stats:
-        env["SPARK_STATS"] = "1"
-    return env
-
-
-def llama_cpp_installed():
-    """Fails (does not skip) when tools/python.sh has not installed the binding."""
-    res = run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-              env=python_env(False, False), check=False)
-    if res.returncode != 0 or res.stdout.strip() != PKG_VERSION:
-        pytest.fail(res.explain(f"llama-cpp-python {PKG_VERSION} is not importable from "
-                                f"{sys.executable}: install it with `bash tools/python.sh`"),
-                    pytrace=False)
 
 
 def run_llama(model: Path, calls: list, llama: dict | None = None, with_plugin: bool = True,

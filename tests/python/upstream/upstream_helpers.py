@@ -104,6 +104,30 @@ def spark_binary(name: str) -> Path:
     return path
 
 
+PKG_VERSION = "0.3.36"  # tools/python.sh's pin of llama-cpp-python
+
+
+def python_env(with_plugin: bool = True, stats: bool = True) -> dict:
+    """Ours, without anything that would point llama_cpp elsewhere than its installed binding."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GGML_BACKEND_PATH", "SPARK_STATS", "LLAMA_CPP_LIB_PATH", "MTMD_CPP_LIB")}
+    if with_plugin:
+        env["GGML_BACKEND_PATH"] = str(plugin())
+    if stats:
+        env["SPARK_STATS"] = "1"
+    return env
+
+
+def llama_cpp_installed():
+    """Fails (does not skip) when tools/python.sh has not installed the binding."""
+    res = run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+              env=python_env(False, False), check=False)
+    if res.returncode != 0 or res.stdout.strip() != PKG_VERSION:
+        pytest.fail(res.explain(f"llama-cpp-python {PKG_VERSION} is not importable from "
+                                f"{sys.executable}: install it with `bash tools/python.sh`"),
+                    pytrace=False)
+
+
 def tool_env(with_plugin: bool, stats: bool = True) -> dict:
     """The environment of a tool: ours without llama.cpp's LLAMA_ARG_* defaults and without
     GGML_BACKEND_PATH / SPARK_STATS, then those two as asked (SPARK_STATS=1 is also set without

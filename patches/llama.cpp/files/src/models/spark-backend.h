@@ -4,6 +4,7 @@
 // mirror of it with a C compiler.
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -81,6 +82,24 @@ struct spark_rope_params {
 // custom ops, before the graph is computed. Returns 0, or -1 and changes nothing (node or p NULL,
 // node not a custom op)
 typedef int (*spark_op_set_params_t)(struct ggml_tensor * node, const struct spark_op_params * p);
+
+// a model's weights in host memory by how they are held and read, counted by the graph at load
+// before their data is read (bytes; weights on another device are not counted)
+struct spark_memory_need {
+    uint64_t made_at_load;   // host memory filled at load: repacked for the CPU, or read without mmap
+    uint64_t mapped_whole;   // mapped from the file and read whole by every token (attention, the FFN
+                             // predictor K1, norms, the output matrix; K2 and V too under --load-mode mlock or
+                             // where the Spark FFN ops do not run)
+    uint64_t mapped_rows;    // mapped K2 and V of the layers the Spark FFN ops run: a token reads rows
+    uint64_t rows_per_token; // of mapped_rows, what one token reads (k_f of n_ff neurons per layer)
+};
+
+// "spark_memory_plan": weighs *need against the memory left to the process (MemAvailable, the
+// cgroup's limit, SPARK_MEMORY). Returns 0 when the model loads (with one line on stderr when its
+// FFN rows will be read from storage), 1 when what every token reads cannot stay in memory (why
+// gets the message naming the sizes, NUL-terminated, cut to why_len bytes; the load should fail
+// with it), -1 when need is NULL
+typedef int (*spark_memory_plan_t)(const struct spark_memory_need * need, char * why, size_t why_len);
 
 #ifdef __cplusplus
 }

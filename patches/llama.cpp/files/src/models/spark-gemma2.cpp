@@ -34,7 +34,9 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <set>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 //
@@ -667,6 +669,50 @@ bool llama_model_spark_gemma2::load_tensors(llama_model_loader & ml) {
         spark_say_layers_off_the_spark_devices(*this);
     }
     return true;
+}
+
+void llama_model_spark_gemma2::check_weights_before_loading() {
+    const auto plan = (spark_memory_plan_t) spark_proc("spark_memory_plan");
+    if (plan == nullptr) {
+        return;  // no Spark backend: the dense graph reads every weight, as stock's does
+    }
+    const bool mlock = params.load_mode == LLAMA_LOAD_MODE_MLOCK || params.load_mode == LLAMA_LOAD_MODE_MMAP_MLOCK;
+    // K2 and V are read by rows where the Spark FFN ops run and the pages are not locked
+    std::set<const ggml_tensor *> row_tensors;
+    if (!mlock && spark_proc("spark_ffn_fused") != nullptr) {
+        for (const auto & layer : layers) {
+            row_tensors.insert(layer.ffn_up);
+            row_tensors.insert(layer.ffn_down);
+        }
+    }
+    const uint64_t n_ff = hparams.n_ff();
+    spark_memory_need need = {};
+    std::set<std::string> mapped;  // a tied output is the embedding's bytes of the file again
+    for (const auto & [name, t] : tensors_by_name) {
+        const uint64_t bytes = ggml_nbytes(t);
+        if (t->buffer == nullptr) {  // mapped by the loader next
+            if (!mapped.insert(name).second) {
+                continue;
+            }
+            if (row_tensors.count(t) != 0) {
+                need.mapped_rows    += bytes;
+                need.rows_per_token += (bytes * std::min<uint64_t>(spark_ffn_k, n_ff) + n_ff - 1) / n_ff;
+            } else {
+                need.mapped_whole += bytes;
+            }
+            continue;
+        }
+        // a buffer filled at load: host memory if the CPU's (repacked, or read without mmap)
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+        const auto kind = dev ? ggml_backend_dev_type(dev) : GGML_BACKEND_DEVICE_TYPE_CPU;
+        if (kind == GGML_BACKEND_DEVICE_TYPE_CPU || kind == GGML_BACKEND_DEVICE_TYPE_ACCEL) {
+            need.made_at_load += bytes;
+        }
+    }
+    char why[1024] = {};
+    if (plan(&need, why, sizeof(why)) == 1) {
+        throw std::runtime_error(why);
+    }
 }
 
 llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm_graph_params & params) : llm_graph_context(params) {

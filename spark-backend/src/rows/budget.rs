@@ -1,0 +1,453 @@
+//! The memory a Spark model asks of the host, weighed at load against the memory left to the
+//! process (docs/USAGE.md, "A Spark model larger than the memory left to it").
+//!
+//! The graph counts its weights before their data is loaded (`spark-memory` in the patched
+//! llama.cpp) and asks [`spark_memory_plan`]:
+//! - weights made at load (repacked for this CPU, or read without mmap) and the mapped weights
+//!   every token reads whole (attention, the FFN predictor K1, the output matrix) must stay in
+//!   memory: when they cannot, the load is refused with the sizes, before the kernel's
+//!   out-of-memory killer or a page-cache thrash decides;
+//! - the K2 and V rows of the layers the Spark FFN ops run are read by rows ([`super::paging`]):
+//!   when they do not all fit beside the rest, one line says what stays resident and what a
+//!   token reads from storage.
+//!
+//! The memory left is the least of `MemAvailable`, the headroom of the process's cgroup (v2:
+//! `memory.max` less what it holds beyond its page cache) and `SPARK_MEMORY` (a size, for a user
+//! who wants Spark to plan with less, and for tests). `SPARK_PAGING=never` skips the plan (the
+//! kernel's paging decides, as without the plugin).
+
+use super::paging::{Mode, FILL_MARGIN};
+use std::ffi::c_char;
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Mirror of `struct spark_memory_need` (spark-backend.h): a model's weights in host memory by
+/// how they are held and read, in bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryNeed {
+    /// Host memory filled at load: repacked for the CPU, or read without mmap (`--load-mode none`).
+    pub made_at_load: u64,
+    /// Mapped from the file and read whole by every token.
+    pub mapped_whole: u64,
+    /// Mapped K2 and V of the layers the Spark FFN ops run: a token reads some of their rows.
+    pub mapped_rows: u64,
+    /// Of `mapped_rows`, what one token reads (k_f of n_ff neurons in each layer).
+    pub rows_per_token: u64,
+}
+
+/// Where the figure of the memory left came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `MemAvailable` of `/proc/meminfo`.
+    MemAvailable,
+    /// The process's cgroup: `memory.max` less what the group holds beyond its page cache.
+    Cgroup,
+    /// `SPARK_MEMORY`.
+    Env,
+}
+
+impl Source {
+    fn describe(self) -> &'static str {
+        match self {
+            Source::MemAvailable => "MemAvailable",
+            Source::Cgroup => "the cgroup's memory.max",
+            Source::Env => "SPARK_MEMORY",
+        }
+    }
+}
+
+/// The memory left to the process and where the figure came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Available {
+    /// Bytes.
+    pub bytes: u64,
+    /// The least of the figures read.
+    pub source: Source,
+}
+
+/// What a model's need means under the memory left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Everything fits (with [`FILL_MARGIN`] to spare).
+    Fits,
+    /// What must stay fits, the FFN rows do not all: they are read from storage.
+    RowsStream,
+    /// What must stay does not fit.
+    Refused,
+}
+
+/// The plan for `need` with `available` bytes left.
+pub fn plan(need: &MemoryNeed, available: u64) -> Plan {
+    let resident = need
+        .made_at_load
+        .saturating_add(need.mapped_whole)
+        .saturating_add(FILL_MARGIN);
+    if resident > available {
+        Plan::Refused
+    } else if resident.saturating_add(need.mapped_rows) > available {
+        Plan::RowsStream
+    } else {
+        Plan::Fits
+    }
+}
+
+/// `bytes` for people: GiB with two decimals from 1 GiB, MiB with one below.
+fn size(bytes: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    const MIB: f64 = (1u64 << 20) as f64;
+    let b = bytes as f64;
+    if b >= GIB {
+        format!("{:.2} GiB", b / GIB)
+    } else {
+        format!("{:.1} MiB", b / MIB)
+    }
+}
+
+/// The error of a refused load: the sizes, what could stream and what to do.
+pub fn refusal(need: &MemoryNeed, left: Available) -> String {
+    format!(
+        "spark-gemma2: the memory left ({} by {}) cannot hold what every token reads: {} of \
+         weights made at load (repacked for this CPU, or read without mmap) + {} of mapped \
+         weights read whole per token (attention, FFN predictor, output) + {} to spare; only \
+         the FFN's K2 and V rows ({}) can be read from storage as tokens choose them. Free \
+         memory, load with --no-repack (and the default --load-mode mmap), or use a smaller \
+         quantization; SPARK_PAGING=never loads it anyway at the speed of storage",
+        size(left.bytes),
+        left.source.describe(),
+        size(need.made_at_load),
+        size(need.mapped_whole),
+        size(FILL_MARGIN),
+        size(need.mapped_rows),
+    )
+}
+
+/// The line of a model whose FFN rows stream from load on.
+pub fn streaming_line(need: &MemoryNeed, left: Available) -> String {
+    format!(
+        "spark: this model's weights ({}) do not all fit in the memory left ({} by {}): {} made \
+         at load and {} read whole per token stay in memory; the FFN's K2 and V rows ({}) are \
+         read from storage as tokens choose them, up to {} per token (docs/USAGE.md, \"A Spark \
+         model larger than the memory left to it\")",
+        size(
+            need.made_at_load
+                .saturating_add(need.mapped_whole)
+                .saturating_add(need.mapped_rows)
+        ),
+        size(left.bytes),
+        left.source.describe(),
+        size(need.made_at_load),
+        size(need.mapped_whole),
+        size(need.mapped_rows),
+        size(need.rows_per_token),
+    )
+}
+
+/// A size as `SPARK_MEMORY` takes it: bytes, or a number with K, M, G or T (powers of 1024,
+/// an optional `iB` or `B` after it), e.g. `6G`, `6.5GiB`, `512M`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let bad = || format!("'{text}' is not a size (bytes, or a number with K, M, G or T)");
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let scale: u64 = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    let bytes = number * scale as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes >= u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+/// `SPARK_MEMORY`, read once (a bad value is named on one line and ignored).
+fn from_env() -> Option<u64> {
+    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let value = std::env::var("SPARK_MEMORY").ok()?;
+        if value.trim().is_empty() {
+            return None;
+        }
+        parse_size(&value)
+            .map_err(|why| crate::log::say!("spark: SPARK_MEMORY: {why}; ignored"))
+            .ok()
+    })
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+pub fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The headroom of the process's cgroup (v2): `memory.max` less `memory.current`, plus the
+/// group's page cache (`file` of `memory.stat`, which the group reclaims before it runs out);
+/// `None` without a limit or a cgroup v2 hierarchy.
+fn cgroup_headroom() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = groups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let max: u64 = read("memory.max")?.trim().parse().ok()?; // "max": no limit
+    let current: u64 = read("memory.current")?.trim().parse().ok()?;
+    let file: u64 = read("memory.stat")
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("file "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0);
+    Some(
+        max.saturating_sub(current)
+            .saturating_add(file.min(current)),
+    )
+}
+
+/// The memory left to the process: the least of what the system, the cgroup and
+/// `SPARK_MEMORY` say (`None` when none can be read).
+pub fn available() -> Option<Available> {
+    [
+        (mem_available(), Source::MemAvailable),
+        (cgroup_headroom(), Source::Cgroup),
+        (from_env(), Source::Env),
+    ]
+    .into_iter()
+    .filter_map(|(bytes, source)| bytes.map(|bytes| Available { bytes, source }))
+    .min_by_key(|a| a.bytes)
+}
+
+/// The mapped bytes the plans of this process's models need (whole and rows; 0 before any):
+/// what [`super::paging`] weighs against the memory left rather than the whole mapped file,
+/// whose pages of weights repacked at load are never read again.
+static PLANNED_MAPPED: AtomicU64 = AtomicU64::new(0);
+
+/// [`PLANNED_MAPPED`], or `None` when no model was planned (a model loaded another way).
+pub fn planned_mapped() -> Option<u64> {
+    Some(PLANNED_MAPPED.load(Ordering::Relaxed)).filter(|&b| b > 0)
+}
+
+/// What the load of a model with `need` does under `mode` and `left`: `Ok` with the line to
+/// print, if any, or `Err` with the refusal. Records the mapped bytes of a model that loads.
+pub fn decide(
+    need: &MemoryNeed,
+    mode: Mode,
+    left: Option<Available>,
+) -> Result<Option<String>, String> {
+    if mode == Mode::Never {
+        return Ok(None);
+    }
+    let outcome = match left.map(|l| (plan(need, l.bytes), l)) {
+        None | Some((Plan::Fits, _)) => Ok(None),
+        Some((Plan::RowsStream, l)) => Ok(Some(streaming_line(need, l))),
+        Some((Plan::Refused, l)) => Err(refusal(need, l)),
+    };
+    if outcome.is_ok() {
+        PLANNED_MAPPED.fetch_add(
+            need.mapped_whole.saturating_add(need.mapped_rows),
+            Ordering::Relaxed,
+        );
+    }
+    outcome
+}
+
+/// Copies `text` into the C buffer `out` of `len` bytes, cut at a character boundary to fit,
+/// NUL-terminated (nothing when `out` is null or `len` is 0).
+///
+/// # Safety
+/// `out` is null or writable for `len` bytes.
+unsafe fn write_c_text(text: &str, out: *mut c_char, len: usize) {
+    if out.is_null() || len == 0 {
+        return;
+    }
+    let mut n = text.len().min(len - 1);
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    // SAFETY: `out` is writable for `len` > n bytes (contract); the source is `n` bytes of
+    // `text`, which does not overlap a buffer the caller owns.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), out.cast::<u8>(), n);
+        out.add(n).write(0);
+    }
+}
+
+/// `spark_memory_plan_t` (spark-backend.h): 0 when the model loads (one line printed when its
+/// FFN rows will stream), 1 when it is refused (`why` gets the message, NUL-terminated, cut to
+/// `why_len` bytes), -1 when `need` is null.
+///
+/// # Safety
+/// `need` is null or points to a `struct spark_memory_need`; `why` is null or writable for
+/// `why_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn spark_memory_plan(
+    need: *const MemoryNeed,
+    why: *mut c_char,
+    why_len: usize,
+) -> c_int {
+    crate::ffi::guard("spark_memory_plan", -1, || {
+        if need.is_null() {
+            return -1;
+        }
+        // SAFETY: non-null and pointing to the struct (contract); unaligned read for safety.
+        let need = unsafe { need.read_unaligned() };
+        match decide(&need, Mode::from_env(), available()) {
+            Ok(line) => {
+                if let Some(line) = line {
+                    crate::log::stderr_text(&line);
+                }
+                0
+            }
+            Err(message) => {
+                // SAFETY: null or writable for why_len bytes (contract).
+                unsafe { write_c_text(&message, why, why_len) };
+                1
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn need(made: u64, whole: u64, rows: u64) -> MemoryNeed {
+        MemoryNeed {
+            made_at_load: made,
+            mapped_whole: whole,
+            mapped_rows: rows,
+            rows_per_token: rows / 12,
+        }
+    }
+
+    #[test]
+    fn what_must_stay_decides_refusal_and_the_rows_decide_streaming() {
+        let n = need(GIB, 3 * GIB, 4 * GIB);
+        assert_eq!(plan(&n, 9 * GIB), Plan::Fits);
+        assert_eq!(plan(&n, 8 * GIB), Plan::RowsStream, "no margin left");
+        assert_eq!(plan(&n, 5 * GIB), Plan::RowsStream);
+        assert_eq!(plan(&n, 4 * GIB + FILL_MARGIN), Plan::RowsStream);
+        assert_eq!(plan(&n, 4 * GIB + FILL_MARGIN - 1), Plan::Refused);
+        assert_eq!(plan(&n, 0), Plan::Refused);
+        assert_eq!(plan(&MemoryNeed::default(), FILL_MARGIN), Plan::Fits);
+    }
+
+    #[test]
+    fn the_refusal_names_every_size_and_the_way_out() {
+        let n = need(GIB, 3 * GIB, 4 * GIB);
+        let left = Available {
+            bytes: 2 * GIB,
+            source: Source::Env,
+        };
+        let e = decide(&n, Mode::Auto, Some(left)).unwrap_err();
+        for part in [
+            "2.00 GiB by SPARK_MEMORY",
+            "1.00 GiB of weights made at load",
+            "3.00 GiB of mapped weights read whole",
+            "64.0 MiB to spare",
+            "K2 and V rows (4.00 GiB)",
+            "--no-repack",
+            "SPARK_PAGING=never",
+        ] {
+            assert!(e.contains(part), "{part:?} not in {e:?}");
+        }
+        assert_eq!(decide(&n, Mode::Never, Some(left)), Ok(None));
+        assert_eq!(
+            decide(&n, Mode::Auto, None),
+            Ok(None),
+            "nothing known: no plan"
+        );
+    }
+
+    #[test]
+    fn the_streaming_line_says_what_stays_and_what_a_token_reads() {
+        let n = need(0, 3 * GIB, 12 * (100 << 20));
+        let left = Available {
+            bytes: 4 * GIB,
+            source: Source::MemAvailable,
+        };
+        let line = decide(&n, Mode::Always, Some(left)).unwrap().unwrap();
+        for part in [
+            "(4.17 GiB)",
+            "4.00 GiB by MemAvailable",
+            "0.0 MiB made at load and 3.00 GiB read whole",
+            "rows (1.17 GiB)",
+            "up to 100.0 MiB per token",
+        ] {
+            assert!(line.contains(part), "{part:?} not in {line:?}");
+        }
+    }
+
+    #[test]
+    fn sizes_parse_in_binary_units_and_bad_ones_are_named() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("6G"), Ok(6 * GIB));
+        assert_eq!(parse_size("6gib"), Ok(6 * GIB));
+        assert_eq!(parse_size(" 1.5 GB "), Ok(3 * GIB / 2));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        for bad in ["", "G", "six", "6X", "-1G", "0", "1e400", "1.2.3G"] {
+            let e = parse_size(bad).unwrap_err();
+            assert!(e.contains(&format!("'{bad}'")), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_c_text_is_cut_at_a_character_and_terminated() {
+        let mut buf = [0x55u8; 6];
+        // SAFETY: buf is writable for its length.
+        unsafe { write_c_text("ab\u{e9}cd", buf.as_mut_ptr().cast(), 4) };
+        assert_eq!(
+            &buf[..4],
+            b"ab\0\x55",
+            "'e-acute' does not fit whole in 3 bytes"
+        );
+        // SAFETY: as above.
+        unsafe { write_c_text("abc", buf.as_mut_ptr().cast(), buf.len()) };
+        assert_eq!(&buf[..4], b"abc\0");
+        // SAFETY: a null buffer is allowed and left alone.
+        unsafe { write_c_text("abc", std::ptr::null_mut(), 9) };
+    }
+
+    #[test]
+    fn the_c_entry_refuses_null_and_fills_the_message() {
+        // SAFETY: null need is allowed (returns -1).
+        assert_eq!(
+            unsafe { spark_memory_plan(std::ptr::null(), std::ptr::null_mut(), 0) },
+            -1
+        );
+        let fits = MemoryNeed::default();
+        let mut why = [0 as c_char; 64];
+        // SAFETY: a live struct and a writable buffer of its length.
+        let rc = unsafe { spark_memory_plan(&fits, why.as_mut_ptr(), why.len()) };
+        assert_eq!(rc, 0, "an empty model fits any memory");
+        let huge = need(u64::MAX / 2, u64::MAX / 2, 0);
+        // SAFETY: as above.
+        let rc = unsafe { spark_memory_plan(&huge, why.as_mut_ptr(), why.len()) };
+        assert_eq!(rc, 1);
+        // SAFETY: the entry NUL-terminated it within the buffer.
+        let text = unsafe { std::ffi::CStr::from_ptr(why.as_ptr()) };
+        assert!(text
+            .to_str()
+            .unwrap()
+            .starts_with("spark-gemma2: the memory left"));
+    }
+}
