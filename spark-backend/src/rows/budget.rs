@@ -31,9 +31,11 @@ pub struct MemoryNeed {
     pub made_at_load: u64,
     /// Mapped from the file and read whole by every token.
     pub mapped_whole: u64,
-    /// Mapped K2 and V of the layers the Spark FFN ops run: a token reads some of their rows.
+    /// Mapped K2 and V of the layers the Spark FFN ops run, and the token embedding where the
+    /// output matrix is a copy made at load: a token reads some of their rows.
     pub mapped_rows: u64,
-    /// Of `mapped_rows`, what one token reads (k_f of n_ff neurons in each layer).
+    /// Of `mapped_rows`, what one token reads (k_f of n_ff neurons in each layer, one
+    /// embedding row).
     pub rows_per_token: u64,
 }
 
@@ -111,9 +113,10 @@ pub fn refusal(need: &MemoryNeed, left: Available) -> String {
         "spark-gemma2: the memory left ({} by {}) cannot hold what every token reads: {} of \
          weights made at load (repacked for this CPU, or read without mmap) + {} of mapped \
          weights read whole per token (attention, FFN predictor, output) + {} to spare; only \
-         the FFN's K2 and V rows ({}) can be read from storage as tokens choose them. Free \
-         memory, load with --no-repack (and the default --load-mode mmap), or use a smaller \
-         quantization; SPARK_PAGING=never loads it anyway at the speed of storage",
+         the weights read by rows ({}: FFN K2 and V, and the embedding when the output is a \
+         copy) can be read from storage as tokens choose them. Free memory, load with the default \
+         --load-mode mmap, or use a smaller quantization; SPARK_PAGING=never loads it anyway \
+         at the speed of storage",
         size(left.bytes),
         left.source.describe(),
         size(need.made_at_load),
@@ -127,8 +130,9 @@ pub fn refusal(need: &MemoryNeed, left: Available) -> String {
 pub fn streaming_line(need: &MemoryNeed, left: Available) -> String {
     format!(
         "spark: this model's weights ({}) do not all fit in the memory left ({} by {}): {} made \
-         at load and {} read whole per token stay in memory; the FFN's K2 and V rows ({}) are \
-         read from storage as tokens choose them, up to {} per token (docs/USAGE.md, \"A Spark \
+         at load and {} read whole per token stay in memory; the weights read by rows ({}: \
+         FFN K2 and V, and the embedding when the output is a copy) are read from storage as \
+         tokens choose them, up to {} per token (docs/USAGE.md, \"A Spark \
          model larger than the memory left to it\")",
         size(
             need.made_at_load
@@ -362,8 +366,8 @@ mod tests {
             "1.00 GiB of weights made at load",
             "3.00 GiB of mapped weights read whole",
             "64.0 MiB to spare",
-            "K2 and V rows (4.00 GiB)",
-            "--no-repack",
+            "weights read by rows (4.00 GiB: FFN K2 and V",
+            "--load-mode mmap",
             "SPARK_PAGING=never",
         ] {
             assert!(e.contains(part), "{part:?} not in {e:?}");
@@ -388,7 +392,7 @@ mod tests {
             "(4.17 GiB)",
             "4.00 GiB by MemAvailable",
             "0.0 MiB made at load and 3.00 GiB read whole",
-            "rows (1.17 GiB)",
+            "weights read by rows (1.17 GiB: FFN K2 and V",
             "up to 100.0 MiB per token",
         ] {
             assert!(line.contains(part), "{part:?} not in {line:?}");

@@ -686,6 +686,9 @@ void llama_model_spark_gemma2::check_weights_before_loading() {
         }
     }
     const uint64_t n_ff = hparams.n_ff();
+    // the tied output, where it is a copy made at load (repacked) or on a device, leaves the
+    // mapped embedding to get_rows: one row per token
+    const bool embd_by_rows = output != nullptr && output != tok_embd && output->buffer != nullptr;
     spark_memory_need need = {};
     std::set<std::string> mapped;  // a tied output is the embedding's bytes of the file again
     for (const auto & [name, t] : tensors_by_name) {
@@ -697,6 +700,9 @@ void llama_model_spark_gemma2::check_weights_before_loading() {
             if (row_tensors.count(t) != 0) {
                 need.mapped_rows    += bytes;
                 need.rows_per_token += (bytes * std::min<uint64_t>(spark_ffn_k, n_ff) + n_ff - 1) / n_ff;
+            } else if (t == tok_embd && embd_by_rows) {
+                need.mapped_rows    += bytes;
+                need.rows_per_token += t->nb[1];
             } else {
                 need.mapped_whole += bytes;
             }
