@@ -88,5 +88,6 @@ const size_t spark_probe_memory_need_layout[] = {
     offsetof(struct spark_memory_need, made_at_load),
     offsetof(struct spark_memory_need, mapped_whole),
     offsetof(struct spark_memory_need, mapped_rows),
+    offsetof(struct spark_memory_need, mapped_lookup),
     offsetof(struct spark_memory_need, rows_per_token),
 };

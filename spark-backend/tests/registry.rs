@@ -24,7 +24,7 @@ extern "C" {
     /// header, and ggml's op_params facts the block's placement in a node rests on.
     static spark_probe_op_params_layout: [usize; 22];
     /// From probe/graph_abi.c: `struct spark_memory_need` of the header.
-    static spark_probe_memory_need_layout: [usize; 6];
+    static spark_probe_memory_need_layout: [usize; 7];
 }
 
 #[test]
@@ -38,6 +38,7 @@ fn the_memory_need_matches_the_headers() {
         offset_of!(MemoryNeed, made_at_load),
         offset_of!(MemoryNeed, mapped_whole),
         offset_of!(MemoryNeed, mapped_rows),
+        offset_of!(MemoryNeed, mapped_lookup),
         offset_of!(MemoryNeed, rows_per_token),
     ];
     let names = [
@@ -46,6 +47,7 @@ fn the_memory_need_matches_the_headers() {
         "offsetof made_at_load",
         "offsetof mapped_whole",
         "offsetof mapped_rows",
+        "offsetof mapped_lookup",
         "offsetof rows_per_token",
     ];
     for ((name, c), rust) in names.iter().zip(c).zip(rust) {

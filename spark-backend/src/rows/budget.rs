@@ -31,11 +31,13 @@ pub struct MemoryNeed {
     pub made_at_load: u64,
     /// Mapped from the file and read whole by every token.
     pub mapped_whole: u64,
-    /// Mapped K2 and V of the layers the Spark FFN ops run, and the token embedding where the
-    /// output matrix is a copy made at load: a token reads some of their rows.
+    /// Mapped K2 and V of the layers the Spark FFN ops run: a token reads some of their rows.
     pub mapped_rows: u64,
-    /// Of `mapped_rows`, what one token reads (k_f of n_ff neurons in each layer, one
-    /// embedding row).
+    /// The mapped token embedding where the output matrix is a copy (made at load, or on a
+    /// device): get_rows reads one row a token.
+    pub mapped_lookup: u64,
+    /// What one token reads of `mapped_rows` (k_f of n_ff neurons in each layer) and of
+    /// `mapped_lookup` (one row).
     pub rows_per_token: u64,
 }
 
@@ -88,7 +90,11 @@ pub fn plan(need: &MemoryNeed, available: u64) -> Plan {
         .saturating_add(FILL_MARGIN);
     if resident > available {
         Plan::Refused
-    } else if resident.saturating_add(need.mapped_rows) > available {
+    } else if resident
+        .saturating_add(need.mapped_rows)
+        .saturating_add(need.mapped_lookup)
+        > available
+    {
         Plan::RowsStream
     } else {
         Plan::Fits
@@ -107,14 +113,24 @@ fn size(bytes: u64) -> String {
     }
 }
 
+/// What a token reads by rows: the FFN's K2 and V rows, and the embedding's when it is mapped
+/// apart from the output.
+fn by_rows(need: &MemoryNeed) -> String {
+    let ffn = format!("the FFN's K2 and V rows ({})", size(need.mapped_rows));
+    if need.mapped_lookup == 0 {
+        ffn
+    } else {
+        format!("{ffn} and the embedding's ({})", size(need.mapped_lookup))
+    }
+}
+
 /// The error of a refused load: the sizes, what could stream and what to do.
 pub fn refusal(need: &MemoryNeed, left: Available) -> String {
     format!(
         "spark-gemma2: the memory left ({} by {}) cannot hold what every token reads: {} of \
          weights made at load (repacked for this CPU, or read without mmap) + {} of mapped \
          weights read whole per token (attention, FFN predictor, output) + {} to spare; only \
-         the weights read by rows ({}: FFN K2 and V, and the embedding when the output is a \
-         copy) can be read from storage as tokens choose them. Free memory, load with the default \
+         {} can be read from storage as tokens choose them. Free memory, load with the default \
          --load-mode mmap, or use a smaller quantization; SPARK_PAGING=never loads it anyway \
          at the speed of storage",
         size(left.bytes),
@@ -122,28 +138,28 @@ pub fn refusal(need: &MemoryNeed, left: Available) -> String {
         size(need.made_at_load),
         size(need.mapped_whole),
         size(FILL_MARGIN),
-        size(need.mapped_rows),
+        by_rows(need),
     )
 }
 
-/// The line of a model whose FFN rows stream from load on.
+/// The line of a model whose rows stream from load on.
 pub fn streaming_line(need: &MemoryNeed, left: Available) -> String {
     format!(
         "spark: this model's weights ({}) do not all fit in the memory left ({} by {}): {} made \
-         at load and {} read whole per token stay in memory; the weights read by rows ({}: \
-         FFN K2 and V, and the embedding when the output is a copy) are read from storage as \
-         tokens choose them, up to {} per token (docs/USAGE.md, \"A Spark \
-         model larger than the memory left to it\")",
+         at load and {} read whole per token stay in memory; {} are read from storage as \
+         tokens choose them, up to {} per token (docs/USAGE.md, \"A Spark model larger than the \
+         memory left to it\")",
         size(
             need.made_at_load
                 .saturating_add(need.mapped_whole)
                 .saturating_add(need.mapped_rows)
+                .saturating_add(need.mapped_lookup)
         ),
         size(left.bytes),
         left.source.describe(),
         size(need.made_at_load),
         size(need.mapped_whole),
-        size(need.mapped_rows),
+        by_rows(need),
         size(need.rows_per_token),
     )
 }
@@ -236,7 +252,8 @@ pub fn available() -> Option<Available> {
     .min_by_key(|a| a.bytes)
 }
 
-/// The mapped bytes the plans of this process's models need (whole and rows; 0 before any):
+/// The mapped bytes the plans of this process's models need (whole and FFN rows; not the
+/// embedding, read a row a token; 0 before any):
 /// what [`super::paging`] weighs against the memory left rather than the whole mapped file,
 /// whose pages of weights repacked at load are never read again.
 static PLANNED_MAPPED: AtomicU64 = AtomicU64::new(0);
@@ -337,8 +354,39 @@ mod tests {
             made_at_load: made,
             mapped_whole: whole,
             mapped_rows: rows,
+            mapped_lookup: 0,
             rows_per_token: rows / 12,
         }
+    }
+
+    #[test]
+    fn a_mapped_embedding_is_read_by_rows_and_named_apart() {
+        let n = MemoryNeed {
+            mapped_lookup: GIB,
+            ..need(GIB, 0, 4 * GIB)
+        };
+        assert_eq!(plan(&n, 6 * GIB + FILL_MARGIN), Plan::Fits);
+        assert_eq!(
+            plan(&n, 6 * GIB),
+            Plan::RowsStream,
+            "the embedding counts in the fit"
+        );
+        assert_eq!(
+            plan(&n, GIB + FILL_MARGIN),
+            Plan::RowsStream,
+            "but need not stay"
+        );
+        let left = Available {
+            bytes: 2 * GIB,
+            source: Source::Cgroup,
+        };
+        let line = streaming_line(&n, left);
+        assert!(
+            line.contains("(6.00 GiB)")
+                && line.contains("by the cgroup's memory.max")
+                && line.contains("K2 and V rows (4.00 GiB) and the embedding's (1.00 GiB)"),
+            "{line}"
+        );
     }
 
     #[test]
@@ -366,7 +414,7 @@ mod tests {
             "1.00 GiB of weights made at load",
             "3.00 GiB of mapped weights read whole",
             "64.0 MiB to spare",
-            "weights read by rows (4.00 GiB: FFN K2 and V",
+            "K2 and V rows (4.00 GiB)",
             "--load-mode mmap",
             "SPARK_PAGING=never",
         ] {
@@ -392,7 +440,7 @@ mod tests {
             "(4.17 GiB)",
             "4.00 GiB by MemAvailable",
             "0.0 MiB made at load and 3.00 GiB read whole",
-            "weights read by rows (1.17 GiB: FFN K2 and V",
+            "K2 and V rows (1.17 GiB) are read",
             "up to 100.0 MiB per token",
         ] {
             assert!(line.contains(part), "{part:?} not in {line:?}");

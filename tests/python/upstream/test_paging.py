@@ -87,7 +87,7 @@ def test_a_model_whose_rows_do_not_fit_says_so_at_load_and_runs_the_same(shipped
     assert len(lines) == 1, res.explain(f"not one load line: {lines}")
     print(f"\n{lines[0]}")
     for part in [f"({mib(budget)} by SPARK_MEMORY)", f"0.0 MiB made at load and {mib(w['whole'])} read whole",
-                 f"weights read by rows ({mib(w['rows'])}: FFN K2 and V", f"up to {mib(w['per_token'])} per token"]:
+                 f"K2 and V rows ({mib(w['rows'])}) are read", f"up to {mib(w['per_token'])} per token"]:
         assert part in lines[0], res.explain(f"{part!r} not in the load line")
     assert text == want, res.explain(f"{text!r} vs {want!r}")
     for env in [{"SPARK_MEMORY": str(MARGIN + w["whole"] + w["rows"])},

@@ -90,10 +90,11 @@ struct spark_memory_need {
     uint64_t mapped_whole;   // mapped from the file and read whole by every token (attention, the FFN
                              // predictor K1, norms, the output matrix; K2 and V too under --load-mode mlock or
                              // where the Spark FFN ops do not run)
-    uint64_t mapped_rows;    // mapped K2 and V of the layers the Spark FFN ops run, and the token
-                             // embedding where the output is not it: a token reads rows of these
-    uint64_t rows_per_token; // of mapped_rows, what one token reads (k_f of n_ff neurons per layer,
-                             // one embedding row)
+    uint64_t mapped_rows;    // mapped K2 and V of the layers the Spark FFN ops run: a token reads rows
+    uint64_t mapped_lookup;  // the mapped token embedding where the output is a copy (made at load,
+                             // or on a device): get_rows reads one row a token
+    uint64_t rows_per_token; // what one token reads of mapped_rows (k_f of n_ff neurons per layer)
+                             // and of mapped_lookup (one row)
 };
 
 // "spark_memory_plan": weighs *need against the memory left to the process (MemAvailable, the

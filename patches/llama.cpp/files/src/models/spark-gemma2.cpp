@@ -701,7 +701,7 @@ void llama_model_spark_gemma2::check_weights_before_loading() {
                 need.mapped_rows    += bytes;
                 need.rows_per_token += (bytes * std::min<uint64_t>(spark_ffn_k, n_ff) + n_ff - 1) / n_ff;
             } else if (t == tok_embd && embd_by_rows) {
-                need.mapped_rows    += bytes;
+                need.mapped_lookup  += bytes;
                 need.rows_per_token += t->nb[1];
             } else {
                 need.mapped_whole += bytes;
