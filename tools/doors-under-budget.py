@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -43,11 +44,13 @@ def free_port() -> int:
 
 
 def cli_reply(stdout: str) -> str:
-    """llama-cli's reply: between the echoed `> PROMPT` line and its `[ Prompt: ... ]` speeds."""
+    """llama-cli's reply: from the echoed `> PROMPT` line (kept, so that a reply of blank lines,
+    which a synthetic model can give, still compares line for line) to its `[ Prompt: ... ]`
+    speeds; "" when either is missing."""
     lines = stdout.splitlines()
-    start = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("> ")), len(lines))
-    end = next((i for i in range(start, len(lines)) if lines[i].startswith("[ Prompt:")), len(lines))
-    return "\n".join(lines[start:end]).strip()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("> ")), None)
+    end = next((i for i in range(start or 0, len(lines)) if lines[i].startswith("[ Prompt:")), None)
+    return "" if start is None or end is None else "\n".join(lines[start:end])
 
 
 class Doors:
@@ -153,14 +156,16 @@ def main(argv: list[str]) -> int:
         say(f"{door}: {a.leave} GB left")
         rc, got, err, s = doors.run(door, budget)
         line = LOAD_LINE in err
+        left = re.search(r"fit in the memory left \(([0-9.]+ [GM]iB) by ([A-Za-z_. ']+)\)", err)
         refused = next((ln for ln in err.splitlines() if "cannot hold what every token" in ln), "")
         ok = rc0 == 0 and rc == 0 and got == want and bool(want.strip()) and line
         failed += not ok
         result = "ok" if ok else (f"refused: {refused}" if refused else f"FAILED (exit {rc0}/{rc})")
-        print(f"| {door} | {s0:.1f} | {s:.1f} | {'yes' if line else 'no'} | "
+        print(f"| {door} | {s0:.1f} | {s:.1f} | {'yes: ' + left[1] + ' left' if left else 'no'} | "
               f"{'yes' if got == want else 'no'} | {result} |", flush=True)
         if not ok and not a.quiet:
-            print(f"  in memory: {want!r}\n  budget:    {got!r}\n  stderr tail: {err[-2000:]}",
+            spark_lines = "\n".join(ln for ln in err.splitlines() if "spark" in ln)
+            print(f"  in memory: {want!r}\n  budget:    {got!r}\n  spark lines:\n{spark_lines}",
                   file=sys.stderr)
     return 1 if failed else 0
 
