@@ -16,11 +16,51 @@
 //! who wants Spark to plan with less, and for tests). `SPARK_PAGING=never` skips the plan (the
 //! kernel's paging decides, as without the plugin).
 
-use super::paging::{Mode, FILL_MARGIN};
 use std::ffi::c_char;
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+
+/// Whether rows stream: `SPARK_PAGING` (the module docs of `rows::paging`; here because the plan
+/// at load skips under `never`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Measured per matrix (`paging::STREAM_BELOW`).
+    Auto,
+    /// Every matrix streams.
+    Always,
+    /// None does.
+    Never,
+}
+
+impl Mode {
+    /// The value of `SPARK_PAGING` (unset or empty: [`Mode::Auto`]).
+    pub fn parse(value: &str) -> Result<Mode, String> {
+        match value {
+            "" | "auto" => Ok(Mode::Auto),
+            "always" => Ok(Mode::Always),
+            "never" => Ok(Mode::Never),
+            other => Err(format!("'{other}' is not auto, always or never")),
+        }
+    }
+
+    /// The process's mode, read once (a bad value is named on one line and `auto` applies).
+    pub fn from_env() -> Mode {
+        static MODE: OnceLock<Mode> = OnceLock::new();
+        *MODE.get_or_init(|| {
+            let value = std::env::var("SPARK_PAGING").unwrap_or_default();
+            Mode::parse(&value).unwrap_or_else(|why| {
+                crate::log::say!("spark: SPARK_PAGING: {why}; auto applies");
+                Mode::Auto
+            })
+        })
+    }
+}
+
+/// Memory left free, beyond a file's mapped bytes, before rows that are not in memory are
+/// requested whole rather than row by row (`rows::paging`); also what the plan at load keeps to
+/// spare beyond the weights that must stay.
+pub const FILL_MARGIN: u64 = 64 << 20;
 
 /// Mirror of `struct spark_memory_need` (spark-backend.h): a model's weights in host memory by
 /// how they are held and read, in bytes.

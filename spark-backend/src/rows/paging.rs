@@ -28,6 +28,7 @@
 //! `madvise` or `mincore` (an address no mapping covers) counts as resident.
 
 use super::{budget, RowMatrix};
+pub use budget::{Mode, FILL_MARGIN};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -40,45 +41,6 @@ pub const CHECK_EVERY: Duration = Duration::from_millis(1000);
 /// The fraction of a matrix's pages below which its rows are requested ahead: with 1 % of a
 /// step's rows to fault, one read each, the faults cost about what requesting every row costs.
 pub const STREAM_BELOW: f64 = 0.99;
-
-/// Whether rows stream: `SPARK_PAGING` (module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Measured per matrix ([`STREAM_BELOW`]).
-    Auto,
-    /// Every matrix streams.
-    Always,
-    /// None does.
-    Never,
-}
-
-impl Mode {
-    /// The value of `SPARK_PAGING` (unset or empty: [`Mode::Auto`]).
-    pub fn parse(value: &str) -> Result<Mode, String> {
-        match value {
-            "" | "auto" => Ok(Mode::Auto),
-            "always" => Ok(Mode::Always),
-            "never" => Ok(Mode::Never),
-            other => Err(format!("'{other}' is not auto, always or never")),
-        }
-    }
-
-    /// The process's mode, read once (a bad value is named on one line and `auto` applies).
-    pub fn from_env() -> Mode {
-        static MODE: OnceLock<Mode> = OnceLock::new();
-        *MODE.get_or_init(|| {
-            let value = std::env::var("SPARK_PAGING").unwrap_or_default();
-            Mode::parse(&value).unwrap_or_else(|why| {
-                crate::log::say!("spark: SPARK_PAGING: {why}; auto applies");
-                Mode::Auto
-            })
-        })
-    }
-}
-
-/// Memory left free, beyond a file's mapped bytes, before rows that are not in memory are
-/// requested whole rather than row by row.
-pub const FILL_MARGIN: u64 = 64 << 20;
 
 /// A matrix requested whole whose resident fraction falls this far below the most a check
 /// found was evicted again (the memory did not hold it after all): it is read by rows.
