@@ -9,11 +9,12 @@
 //! - how much of it is in memory, measured with `mincore` at most once per [`CHECK_EVERY`];
 //! - while less than [`STREAM_BELOW`] of its pages are, how to read it ([`Reading`]): when the
 //!   whole mapped file fits in the memory left ([`budget::available`] at least the file's mapped
-//!   bytes, or those the load-time plans need, and [`FILL_MARGIN`]: a model that fits, evicted or still loading), the whole range is
-//!   requested at once (one `MADV_WILLNEED`: a sequential read); when it does not, the range is
-//!   advised `MADV_RANDOM` (no readahead around faults) and, before the kernels touch a call's
-//!   rows, their pages are requested with `MADV_WILLNEED` ([`Paging::request_rows`]): the
-//!   kernel starts all those reads at once, many in flight, and the kernels' faults then wait
+//!   bytes, or those the load-time plans need, and [`FILL_MARGIN`]: a model that fits, evicted
+//!   or still loading), the whole range is requested at once (one `MADV_WILLNEED`: a
+//!   sequential read); when it does not, the range is advised `MADV_RANDOM` (no readahead
+//!   around faults) and, before the kernels touch a call's rows, their pages are requested
+//!   with `MADV_WILLNEED` ([`Paging::request_rows`]): the kernel starts all those reads at
+//!   once, many in flight, and the kernels' faults then wait
 //!   for reads already under way; back in memory, `MADV_NORMAL` again. A matrix requested whole
 //!   that the memory did not keep (its resident fraction fell by [`WHOLE_FELL_BY`]) is read by
 //!   rows from then on.
@@ -23,8 +24,8 @@
 //! own paging, as without the plugin).
 //!
 //! Advice never changes what the memory holds or what the kernels compute (results are bit for
-//! bit those of a model in memory); memory that storage does not back (`--load-mode none`, repacked
-//! or anonymous copies) is always resident, so nothing is ever requested for it. A failed
+//! bit those of a model in memory); memory that storage does not back (`--load-mode none`,
+//! repacked or anonymous copies) is always resident, so nothing is ever requested for it. A failed
 //! `madvise` or `mincore` (an address no mapping covers) counts as resident.
 
 use super::{budget, RowMatrix};
