@@ -82,6 +82,12 @@ typedef int (*spark_rust_memory_plan_t)(const struct spark_memory_need * need, c
 _Static_assert(__builtin_types_compatible_p(spark_memory_plan_t, spark_rust_memory_plan_t),
                "src/rows/budget.rs spark_memory_plan differs from spark_memory_plan_t");
 
+/* unsafe extern "C" fn(u64, c_int, *const c_char, *mut c_char, usize) -> c_int (src/rows/budget.rs) */
+typedef int (*spark_rust_memory_context_t)(uint64_t bytes, int weights_locked, const char * what, char * why, size_t why_len);
+
+_Static_assert(__builtin_types_compatible_p(spark_memory_context_t, spark_rust_memory_context_t),
+               "src/rows/budget.rs spark_memory_context differs from spark_memory_context_t");
+
 const size_t spark_probe_memory_need_layout[] = {
     sizeof(struct spark_memory_need),
     _Alignof(struct spark_memory_need),

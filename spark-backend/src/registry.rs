@@ -3,7 +3,8 @@
 //! The entry has no devices; it exists so that the spark-gemma2 graph can call
 //! `ggml_backend_reg_by_name("Spark")` and `ggml_backend_reg_get_proc_address(reg, NAME)` for
 //! each kernel, for the FFN tiling of a ubatch (`spark_ffn_tiling`), its attention's path
-//! (`spark_attn_path`), the load-time memory plan (`spark_memory_plan`) and for the statistics
+//! (`spark_attn_path`), the memory plan at load and at context creation (`spark_memory_plan`,
+//! `spark_memory_context`) and for the statistics
 //! (docs/INTERFACES.md; [`proc_address`]). Its ops are one table, [`OPS`] (name, CPU entry
 //! point, CUDA launcher), from which the procs, the RPC registration ([`register_rpc_ops`]) and
 //! the CUDA registration ([`LAUNCHERS`]) derive; [`KERNEL_SOURCES`] lists the CUDA C sources.
@@ -101,17 +102,18 @@ pub const OPS: [OpEntry; 6] = {
 };
 
 /// The entry's other C functions, by name: the FFN tiling, the attention's path, parameter
-/// storage, the load-time memory plan and statistics.
-const OTHER_PROCS: [(&str, *mut c_void); 6] = {
+/// storage, the memory plan (load, context) and statistics.
+const OTHER_PROCS: [(&str, *mut c_void); 7] = {
     use crate::attention::path::spark_attn_path;
     use crate::ffn::tiling::spark_ffn_tiling;
     use crate::params::spark_op_set_params;
-    use crate::rows::budget::spark_memory_plan;
+    use crate::rows::budget::{spark_memory_context, spark_memory_plan};
     [
         ("spark_ffn_tiling", spark_ffn_tiling as *mut c_void),
         ("spark_attn_path", spark_attn_path as *mut c_void),
         ("spark_op_set_params", spark_op_set_params as *mut c_void),
         ("spark_memory_plan", spark_memory_plan as *mut c_void),
+        ("spark_memory_context", spark_memory_context as *mut c_void),
         ("spark_stats_reset", spark_stats_reset as *mut c_void),
         ("spark_stats_get", spark_stats_get as *mut c_void),
     ]

@@ -164,10 +164,34 @@ fn by_rows(need: &MemoryNeed) -> String {
     }
 }
 
-/// The error of a refused load: the sizes, what could stream and what to do.
-pub fn refusal(need: &MemoryNeed, left: Available) -> String {
-    format!(
-        "spark-gemma2: the memory left ({} by {}) cannot hold what every token reads: {} of \
+/// A refused load or context: the line the plugin prints itself, naming every size, and the
+/// short error the load fails with. The plugin prints the line (one write) because llama.cpp's
+/// tools log from a thread that a process exiting right after a failed load can cut short
+/// (common/log.cpp leaks its logger on purpose): the reason must not depend on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// `spark: ...`, every size and the ways out.
+    pub line: String,
+    /// `spark-gemma2: refused by Spark's memory plan: ...`, what must stay against what is left.
+    pub error: String,
+}
+
+impl Refusal {
+    fn new(line: String, must_stay: u64, left: Available) -> Refusal {
+        let error = format!(
+            "spark-gemma2: refused by Spark's memory plan: {} must stay in memory, {} is left \
+             (the line from spark before this one names each size)",
+            size(must_stay),
+            size(left.bytes),
+        );
+        Refusal { line, error }
+    }
+}
+
+/// A refused load: the sizes, what could stream and what to do.
+pub fn refusal(need: &MemoryNeed, left: Available) -> Refusal {
+    let line = format!(
+        "spark: spark-gemma2: the memory left ({} by {}) cannot hold what every token reads: {} of \
          weights made at load (repacked for this CPU, or read without mmap) + {} of mapped \
          weights read whole per token (attention, FFN predictor, output) + {} to spare; only \
          {} can be read from storage as tokens choose them. Free memory, load with the default \
@@ -179,7 +203,12 @@ pub fn refusal(need: &MemoryNeed, left: Available) -> String {
         size(need.mapped_whole),
         size(FILL_MARGIN),
         by_rows(need),
-    )
+    );
+    let must_stay = need
+        .made_at_load
+        .saturating_add(need.mapped_whole)
+        .saturating_add(FILL_MARGIN);
+    Refusal::new(line, must_stay, left)
 }
 
 /// The line of a model whose rows stream from load on.
@@ -309,7 +338,7 @@ pub fn decide(
     need: &MemoryNeed,
     mode: Mode,
     left: Option<Available>,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, Refusal> {
     if mode == Mode::Never {
         return Ok(None);
     }
@@ -323,8 +352,88 @@ pub fn decide(
             need.mapped_whole.saturating_add(need.mapped_rows),
             Ordering::Relaxed,
         );
+        PLANNED_WHOLE.fetch_add(need.mapped_whole, Ordering::Relaxed);
+        if PLANNED_MODELS.fetch_add(1, Ordering::Relaxed) == 0 {
+            RSS_AT_PLAN.store(rss_anon().unwrap_or(0), Ordering::Relaxed);
+        }
     }
     outcome
+}
+
+/// The mapped bytes read whole by every token of the models planned in this process: what a
+/// context's memory must leave in place ([`context_refusal`]).
+static PLANNED_WHOLE: AtomicU64 = AtomicU64::new(0);
+
+/// How many models this process planned (a context of a model loaded without a plan is not
+/// weighed).
+static PLANNED_MODELS: AtomicU64 = AtomicU64::new(0);
+
+/// The process's anonymous memory when its first model was planned (before any weight made at
+/// load was written): what `SPARK_MEMORY`, which plans the weights and the contexts, leaves out.
+static RSS_AT_PLAN: AtomicU64 = AtomicU64::new(0);
+
+/// The process's anonymous resident memory (`RssAnon` of `/proc/self/status`), in bytes: the
+/// weights made at load, the KV caches and whatever else it wrote.
+fn rss_anon() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The memory left now for a context's buffers, beyond what the process holds: the least of
+/// `MemAvailable`, the cgroup's headroom (both already less the process's own memory) and
+/// `SPARK_MEMORY` less the anonymous memory the process took since its first plan (weights
+/// made at load, KV caches; freed ones no longer count) (`None` when none can be read).
+pub fn available_now() -> Option<Available> {
+    let taken = rss_anon()
+        .unwrap_or(0)
+        .saturating_sub(RSS_AT_PLAN.load(Ordering::Relaxed));
+    let env = from_env().map(|limit| limit.saturating_sub(taken));
+    [
+        (mem_available(), Source::MemAvailable),
+        (cgroup_headroom(), Source::Cgroup),
+        (env, Source::Env),
+    ]
+    .into_iter()
+    .filter_map(|(bytes, source)| bytes.map(|bytes| Available { bytes, source }))
+    .min_by_key(|a| a.bytes)
+}
+
+/// What a context's host buffers about to be made mean with `left` now: `None` when `bytes`, the
+/// planned models' weights read whole and [`FILL_MARGIN`] fit, else the refusal. `whole` is
+/// what those weights still take out of `left`: all of them by `SPARK_MEMORY`, which counts
+/// the process's anonymous memory only; by `MemAvailable` or the cgroup, nothing when they are
+/// locked (`--load-mode mlock`: already resident and no longer reclaimable) and all of them
+/// otherwise (mapped pages, in the page cache or not yet read, count as available there).
+pub fn context_refusal(
+    bytes: u64,
+    what: &str,
+    whole: u64,
+    weights_locked: bool,
+    left: Available,
+) -> Option<Refusal> {
+    let whole = if weights_locked && left.source != Source::Env {
+        0
+    } else {
+        whole
+    };
+    let must_stay = bytes.saturating_add(whole).saturating_add(FILL_MARGIN);
+    if must_stay <= left.bytes {
+        return None;
+    }
+    let line = format!(
+        "spark: spark-gemma2: {what} ({}) would not fit in the memory left ({} by {}) beside \
+         the mapped weights every token reads whole ({}) and {} to spare. Use a smaller context \
+         (-c), a quantized KV cache (-ctk q8_0 -ctv q8_0), fewer parallel sequences, or free \
+         memory; SPARK_PAGING=never creates it anyway",
+        size(bytes),
+        size(left.bytes),
+        left.source.describe(),
+        size(whole),
+        size(FILL_MARGIN),
+    );
+    Some(Refusal::new(line, must_stay, left))
 }
 
 /// Copies `text` into the C buffer `out` of `len` bytes, cut at a character boundary to fit,
@@ -374,9 +483,58 @@ pub unsafe extern "C" fn spark_memory_plan(
                 }
                 0
             }
-            Err(message) => {
+            Err(refused) => {
                 // SAFETY: null or writable for why_len bytes (contract).
-                unsafe { write_c_text(&message, why, why_len) };
+                unsafe { refuse(&refused, why, why_len) };
+                1
+            }
+        }
+    })
+}
+
+/// Prints the refusal's line and copies its error into `why`.
+///
+/// # Safety
+/// `why` is null or writable for `why_len` bytes.
+unsafe fn refuse(refused: &Refusal, why: *mut c_char, why_len: usize) {
+    crate::log::stderr_text(&refused.line);
+    // SAFETY: null or writable for why_len bytes (contract).
+    unsafe { write_c_text(&refused.error, why, why_len) };
+}
+
+/// `spark_memory_context_t` (spark-backend.h): 0 when `bytes` of host memory that a context of
+/// a planned model is about to use (`what`: "the KV cache", "the compute buffers") fit beside
+/// the weights, 1 when they do not (one line printed, `why` gets the error as
+/// [`spark_memory_plan`]'s), -1 when `what` is null. Accepts when no model was planned,
+/// under `SPARK_PAGING=never` and when no memory figure can be read.
+///
+/// # Safety
+/// `what` is null or a NUL-terminated string; `why` is null or writable for `why_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn spark_memory_context(
+    bytes: u64,
+    weights_locked: c_int,
+    what: *const c_char,
+    why: *mut c_char,
+    why_len: usize,
+) -> c_int {
+    crate::ffi::guard("spark_memory_context", -1, || {
+        if what.is_null() {
+            return -1;
+        }
+        // SAFETY: non-null and NUL-terminated (contract).
+        let what = unsafe { std::ffi::CStr::from_ptr(what) }.to_string_lossy();
+        if PLANNED_MODELS.load(Ordering::Relaxed) == 0 || Mode::from_env() == Mode::Never {
+            return 0;
+        }
+        let whole = PLANNED_WHOLE.load(Ordering::Relaxed);
+        match available_now()
+            .and_then(|left| context_refusal(bytes, &what, whole, weights_locked != 0, left))
+        {
+            None => 0,
+            Some(refused) => {
+                // SAFETY: null or writable for why_len bytes (contract).
+                unsafe { refuse(&refused, why, why_len) };
                 1
             }
         }
@@ -448,7 +606,14 @@ mod tests {
             bytes: 2 * GIB,
             source: Source::Env,
         };
-        let e = decide(&n, Mode::Auto, Some(left)).unwrap_err();
+        let refused = decide(&n, Mode::Auto, Some(left)).unwrap_err();
+        let e = &refused.line;
+        assert!(e.starts_with("spark: spark-gemma2: the memory left"), "{e}");
+        assert_eq!(
+            refused.error,
+            "spark-gemma2: refused by Spark's memory plan: 4.06 GiB must stay in memory, 2.00 GiB \
+             is left (the line from spark before this one names each size)"
+        );
         for part in [
             "2.00 GiB by SPARK_MEMORY",
             "1.00 GiB of weights made at load",
@@ -540,6 +705,79 @@ mod tests {
         assert!(text
             .to_str()
             .unwrap()
-            .starts_with("spark-gemma2: the memory left"));
+            .starts_with("spark-gemma2: refused by Spark's memory plan: "));
+    }
+
+    #[test]
+    fn a_context_must_leave_the_weights_read_whole_and_the_margin() {
+        let left = |bytes, source| Available { bytes, source };
+        let what = "the KV cache";
+        let fits = 5 * GIB - 3 * GIB - FILL_MARGIN;
+        for source in [Source::MemAvailable, Source::Cgroup, Source::Env] {
+            assert_eq!(
+                context_refusal(fits, what, 3 * GIB, false, left(5 * GIB, source)),
+                None
+            );
+            let refused = context_refusal(fits + 1, what, 3 * GIB, false, left(5 * GIB, source))
+                .expect("one byte more is refused");
+            for part in [
+                "spark: spark-gemma2: the KV cache (",
+                "would not fit in the memory left (5.00 GiB by ",
+                "reads whole (3.00 GiB) and 64.0 MiB to spare",
+                "-ctk q8_0",
+            ] {
+                assert!(
+                    refused.line.contains(part),
+                    "{part:?} not in {:?}",
+                    refused.line
+                );
+            }
+            assert!(refused
+                .error
+                .contains("5.00 GiB must stay in memory, 5.00 GiB is left"));
+        }
+        // locked weights are already out of MemAvailable and the cgroup's figure, not of
+        // SPARK_MEMORY's (which counts anonymous memory only)
+        let locked = fits + 3 * GIB;
+        assert_eq!(
+            context_refusal(
+                locked,
+                what,
+                3 * GIB,
+                true,
+                left(5 * GIB, Source::MemAvailable)
+            ),
+            None
+        );
+        assert_eq!(
+            context_refusal(locked, what, 3 * GIB, true, left(5 * GIB, Source::Cgroup)),
+            None
+        );
+        assert!(context_refusal(locked, what, 3 * GIB, true, left(5 * GIB, Source::Env)).is_some());
+    }
+
+    #[test]
+    fn the_context_entry_refuses_null_and_accepts_without_a_plan() {
+        let mut why = [0 as c_char; 64];
+        // SAFETY: a null `what` is allowed (returns -1); the buffer is writable for its length.
+        let rc =
+            unsafe { spark_memory_context(1, 0, std::ptr::null(), why.as_mut_ptr(), why.len()) };
+        assert_eq!(rc, -1);
+        if PLANNED_MODELS.load(Ordering::Relaxed) == 0 {
+            // SAFETY: a NUL-terminated `what` and a writable buffer.
+            let rc = unsafe {
+                spark_memory_context(
+                    u64::MAX,
+                    0,
+                    c"the KV cache".as_ptr(),
+                    why.as_mut_ptr(),
+                    why.len(),
+                )
+            };
+            assert_eq!(
+                rc, 0,
+                "no model planned in this process: nothing to weigh against"
+            );
+        }
     }
 }

@@ -104,6 +104,14 @@ struct spark_memory_need {
 // with it), -1 when need is NULL
 typedef int (*spark_memory_plan_t)(const struct spark_memory_need * need, char * why, size_t why_len);
 
+// "spark_memory_context": weighs `bytes` of host memory that a context of a planned model is about
+// to use (what: "the KV cache", "the compute buffers"; weights_locked: the model's mapped weights
+// are locked, --load-mode mlock) against the memory left now beside the weights every token reads
+// whole. Returns 0 when they fit (and when no model was planned or SPARK_PAGING=never), 1 when
+// they do not (one line on stderr naming the sizes; why gets the error, NUL-terminated, cut to
+// why_len bytes; the context should fail with it), -1 when what is NULL
+typedef int (*spark_memory_context_t)(uint64_t bytes, int weights_locked, const char * what, char * why, size_t why_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -721,6 +721,18 @@ void llama_model_spark_gemma2::check_weights_before_loading() {
     }
 }
 
+void llama_model_spark_gemma2::check_host_memory(size_t bytes, const char * what) const {
+    const auto check = (spark_memory_context_t) spark_proc("spark_memory_context");
+    if (check == nullptr) {
+        return;  // no Spark backend: no plan was made
+    }
+    const bool mlock = params.load_mode == LLAMA_LOAD_MODE_MLOCK || params.load_mode == LLAMA_LOAD_MODE_MMAP_MLOCK;
+    char why[1024] = {};
+    if (check(bytes, mlock ? 1 : 0, what, why, sizeof(why)) == 1) {
+        throw std::runtime_error(why);
+    }
+}
+
 llama_model_spark_gemma2::graph::graph(const llama_model & model_base, const llm_graph_params & params) : llm_graph_context(params) {
     const auto & model = static_cast<const llama_model_spark_gemma2 &>(model_base);
 
