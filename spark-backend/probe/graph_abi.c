@@ -97,3 +97,16 @@ const size_t spark_probe_memory_need_layout[] = {
     offsetof(struct spark_memory_need, mapped_lookup),
     offsetof(struct spark_memory_need, rows_per_token),
 };
+
+/* unsafe extern "C" fn(*const Bytes, usize) -> c_int (src/rows/paging.rs) */
+typedef int (*spark_rust_memory_loaded_t)(const struct spark_bytes * ranges, size_t n);
+
+_Static_assert(__builtin_types_compatible_p(spark_memory_loaded_t, spark_rust_memory_loaded_t),
+               "src/rows/paging.rs spark_memory_loaded differs from spark_memory_loaded_t");
+
+const size_t spark_probe_bytes_layout[] = {
+    sizeof(struct spark_bytes),
+    _Alignof(struct spark_bytes),
+    offsetof(struct spark_bytes, data),
+    offsetof(struct spark_bytes, size),
+};

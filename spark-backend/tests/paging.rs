@@ -2,7 +2,7 @@
 //! from the page cache, rows requested ahead arrive without their neighbours, and advice never
 //! changes what the rows hold.
 
-use spark_backend::rows::paging::{page_size, resident_fraction, Mode, Paging, Reading};
+use spark_backend::rows::paging::{page_size, read_now, resident_fraction, Mode, Paging, Reading};
 use spark_backend::rows::{RowMatrix, RowType};
 use std::fs::File;
 use std::io::Write;
@@ -208,4 +208,23 @@ fn spark_paging_values_parse_and_others_are_named() {
     assert_eq!(Mode::parse("never"), Ok(Mode::Never));
     let err = Mode::parse("sometimes").unwrap_err();
     assert!(err.contains("'sometimes'"), "{err}");
+}
+
+#[test]
+fn rows_read_at_load_are_all_in_memory_and_unchanged() {
+    let (bytes, map) = evicted_matrix_file();
+    // SAFETY: the ranges are the live mapping's.
+    let missing = unsafe { read_now(&[map.bytes()]) };
+    assert!(
+        missing > 0 && missing <= bytes.len() as u64,
+        "{missing} bytes were missing"
+    );
+    assert_eq!(resident_fraction(map.bytes()), 1.0, "not all read");
+    assert!(map.bytes() == &bytes[..], "reading changed the rows");
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { read_now(&[map.bytes(), &[]]) },
+        0,
+        "nothing left to read"
+    );
 }

@@ -25,6 +25,30 @@ extern "C" {
     static spark_probe_op_params_layout: [usize; 22];
     /// From probe/graph_abi.c: `struct spark_memory_need` of the header.
     static spark_probe_memory_need_layout: [usize; 7];
+    /// From probe/graph_abi.c: `struct spark_bytes` of the header.
+    static spark_probe_bytes_layout: [usize; 4];
+}
+
+#[test]
+fn the_weight_range_matches_the_headers() {
+    use spark_backend::rows::paging::Bytes;
+    // SAFETY: a constant array defined by the probe object linked into this test.
+    let c = unsafe { spark_probe_bytes_layout };
+    let rust = [
+        size_of::<Bytes>(),
+        align_of::<Bytes>(),
+        offset_of!(Bytes, data),
+        offset_of!(Bytes, size),
+    ];
+    let names = [
+        "sizeof spark_bytes",
+        "alignof spark_bytes",
+        "offsetof data",
+        "offsetof size",
+    ];
+    for ((name, c), rust) in names.iter().zip(c).zip(rust) {
+        assert_eq!(c, rust, "{name}: C {c}, Rust {rust}");
+    }
 }
 
 #[test]

@@ -19,6 +19,11 @@
 //!   that the memory did not keep (its resident fraction fell by [`WHOLE_FELL_BY`]) is read by
 //!   rows from then on.
 //!
+//! At the end of a load whose plan found that the whole model fits ([`budget::fits_at_load`]),
+//! the row tensors not yet in memory are read at once, sequentially ([`spark_memory_loaded`]):
+//! the first tokens then find them there, as stock's repacked weights are read before its
+//! first token.
+//!
 //! `SPARK_PAGING` overrides the measurement: `auto` (the default, as above), `always` (every
 //! matrix streams: for tests, and for storage a user knows to be slow) or `never` (the kernel's
 //! own paging, as without the plugin).
@@ -32,6 +37,7 @@ use super::{budget, RowMatrix};
 pub use budget::{Mode, FILL_MARGIN};
 use std::collections::HashMap;
 use std::ops::Range;
+use std::os::raw::c_int;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -175,12 +181,13 @@ fn mapped_file_bytes(addr: usize) -> Option<u64> {
 }
 
 /// Whether a model whose file this process maps `file` bytes of fits in the memory left
-/// ([`budget::available`]), [`FILL_MARGIN`] to spare (`MemAvailable` counts the file's pages
+/// ([`budget::available`]), [`budget::whole_margin`] of it to spare (`MemAvailable` counts the file's pages
 /// already in memory as available too). The mapped bytes the load-time plans need stand in for
 /// `file` when there are plans: the file pages of weights repacked at load are not read again.
 fn fits_in_memory(file: u64) -> bool {
     let need = budget::planned_mapped().unwrap_or(file);
-    budget::available().is_some_and(|left| left.bytes >= need.saturating_add(FILL_MARGIN))
+    budget::available()
+        .is_some_and(|left| left.bytes >= need.saturating_add(budget::whole_margin(need)))
 }
 
 /// The byte range a matrix's rows span.
@@ -322,6 +329,105 @@ impl Paging {
         let (lo, hi) = (part * len / parts, (part + 1).min(parts) * len / parts);
         advise(range.start + lo..range.start + hi, libc::MADV_WILLNEED);
     }
+}
+
+/// Reads the pages of `ranges` (memory-mapped weights) into memory now, one sequential read per
+/// range: `MADV_POPULATE_READ` (Linux 5.14), or where the kernel refuses it, `MADV_WILLNEED` and
+/// one load per page. Returns the bytes that were not in memory before (a range whose pages all
+/// are costs one `mincore`).
+///
+/// # Safety
+/// Each range lies in a live, readable mapping (the weights of a loaded model).
+pub unsafe fn read_now(ranges: &[&[u8]]) -> u64 {
+    let mut missing = 0u64;
+    for bytes in ranges {
+        let fraction = resident_fraction(bytes);
+        if fraction >= 1.0 {
+            continue;
+        }
+        missing += ((1.0 - fraction) * bytes.len() as f64) as u64;
+        let start = bytes.as_ptr() as usize;
+        let pages = pages_of(start..start + bytes.len());
+        // SAFETY: the pages cover a live readable mapping (contract); MADV_POPULATE_READ faults
+        // them in as reads would and changes no byte of them.
+        let rc = unsafe {
+            libc::madvise(
+                pages.start as *mut libc::c_void,
+                pages.end - pages.start,
+                libc::MADV_POPULATE_READ,
+            )
+        };
+        if rc != 0 {
+            advise(pages.clone(), libc::MADV_WILLNEED);
+            for page in (0..bytes.len()).step_by(page_size()) {
+                // SAFETY: `page` < bytes.len(): a byte of the live slice, read through a
+                // volatile load so that the read (which faults the page in) is kept.
+                unsafe { std::ptr::read_volatile(bytes.as_ptr().add(page)) };
+            }
+        }
+    }
+    missing
+}
+
+/// Mirror of `struct spark_bytes` (spark-backend.h): one range of a model's weights.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Bytes {
+    /// The first byte.
+    pub data: *const libc::c_void,
+    /// How many.
+    pub size: u64,
+}
+
+/// Less than this not in memory is read at the end of the load without a line.
+const QUIET_BELOW: u64 = 256 << 20;
+
+/// `spark_memory_loaded_t` (spark-backend.h): called at the end of a model's load with its
+/// mapped FFN row tensors (K2, V). When the load's plan found that everything fits
+/// ([`budget::fits_at_load`]) under `SPARK_PAGING=auto`, the rows not yet in memory are read now,
+/// sequentially ([`read_now`]), rather than by the first tokens a fault or a request at a time
+/// (one line when that is 256 MiB or more). 0 when done or nothing was to do, -1 when `ranges`
+/// is null with `n` > 0.
+///
+/// # Safety
+/// `ranges` is null (with `n` 0) or points to `n` entries, each a live readable mapping of
+/// `size` bytes at `data` (or `size` 0).
+#[no_mangle]
+pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> c_int {
+    crate::ffi::guard("spark_memory_loaded", -1, || {
+        if ranges.is_null() {
+            return if n == 0 { 0 } else { -1 };
+        }
+        if Mode::from_env() != Mode::Auto || !budget::fits_at_load() {
+            return 0;
+        }
+        // SAFETY: `n` entries (contract).
+        let entries = unsafe { std::slice::from_raw_parts(ranges, n) };
+        let slices: Vec<&[u8]> = entries
+            .iter()
+            .filter(|b| !b.data.is_null() && b.size > 0)
+            // SAFETY: a live readable mapping of `size` bytes at `data` (contract).
+            .map(|b| unsafe { std::slice::from_raw_parts(b.data.cast::<u8>(), b.size as usize) })
+            .collect();
+        let total: u64 = slices.iter().map(|b| b.len() as u64).sum();
+        let missing: u64 = slices
+            .iter()
+            .map(|b| ((1.0 - resident_fraction(b)) * b.len() as f64) as u64)
+            .sum();
+        if missing == 0 {
+            return 0;
+        }
+        if missing >= QUIET_BELOW {
+            crate::log::say!(
+                "spark: reading this model's FFN rows into memory now ({:.2} GiB of {:.2} GiB                  not yet there; they fit in the memory left), rather than a few at a time by its                  first tokens",
+                missing as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64
+            );
+        }
+        // SAFETY: the slices are the caller's live mappings (contract).
+        unsafe { read_now(&slices) };
+        0
+    })
 }
 
 /// The one line a process prints the first time a matrix's rows stream from storage.

@@ -112,6 +112,19 @@ typedef int (*spark_memory_plan_t)(const struct spark_memory_need * need, char *
 // why_len bytes; the context should fail with it), -1 when what is NULL
 typedef int (*spark_memory_context_t)(uint64_t bytes, int weights_locked, const char * what, char * why, size_t why_len);
 
+// one range of a model's weights in host memory
+struct spark_bytes {
+    const void * data;
+    uint64_t     size;
+};
+
+// "spark_memory_loaded": called at the end of a model's load with its memory-mapped FFN row
+// tensors (K2, V). When the load's plan found that everything fits (SPARK_PAGING=auto), the
+// pages not yet in memory are read now, one sequential read per range, rather than a few at a
+// time by the first tokens (one line on stderr when that is 256 MiB or more). Returns 0, or -1
+// when ranges is NULL and n is not 0
+typedef int (*spark_memory_loaded_t)(const struct spark_bytes * ranges, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

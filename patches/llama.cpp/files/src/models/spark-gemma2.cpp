@@ -661,12 +661,31 @@ static void spark_say_layers_off_the_spark_devices(const llama_model_spark_gemma
     });
 }
 
+// The loaded FFN row tensors (K2, V) in host memory go to the Spark backend, which reads them
+// into memory now when the load's plan found that the whole model fits (spark_memory_loaded)
+static void spark_read_rows_now(const llama_model_spark_gemma2 & model) {
+    const auto loaded = (spark_memory_loaded_t) spark_proc("spark_memory_loaded");
+    if (loaded == nullptr) {
+        return;
+    }
+    std::vector<spark_bytes> ranges;
+    for (const auto & layer : model.layers) {
+        for (const ggml_tensor * t : { layer.ffn_up, layer.ffn_down }) {
+            if (t != nullptr && t->data != nullptr && t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer)) {
+                ranges.push_back({ t->data, (uint64_t) ggml_nbytes(t) });
+            }
+        }
+    }
+    loaded(ranges.data(), ranges.size());
+}
+
 bool llama_model_spark_gemma2::load_tensors(llama_model_loader & ml) {
     if (!llama_model_base::load_tensors(ml)) {
         return false;
     }
     if (!ml.no_alloc) {  // not in the memory-fit pass, whose placements are trials
         spark_say_layers_off_the_spark_devices(*this);
+        spark_read_rows_now(*this);
     }
     return true;
 }
