@@ -181,8 +181,8 @@ fn mapped_file_bytes(addr: usize) -> Option<u64> {
 }
 
 /// Whether a model whose file this process maps `file` bytes of fits in the memory left
-/// ([`budget::available`]), [`budget::whole_margin`] of it to spare (`MemAvailable` counts the file's pages
-/// already in memory as available too). The mapped bytes the load-time plans need stand in for
+/// ([`budget::available`]), [`budget::whole_margin`] of it to spare (`MemAvailable` counts the
+/// file's pages already in memory as available too). The mapped bytes the load-time plans need stand in for
 /// `file` when there are plans: the file pages of weights repacked at load are not read again.
 fn fits_in_memory(file: u64) -> bool {
     let need = budget::planned_mapped().unwrap_or(file);
@@ -419,7 +419,9 @@ pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> 
         }
         if missing >= QUIET_BELOW {
             crate::log::say!(
-                "spark: reading this model's FFN rows into memory now ({:.2} GiB of {:.2} GiB                  not yet there; they fit in the memory left), rather than a few at a time by its                  first tokens",
+                "spark: reading this model's FFN rows into memory now ({:.2} GiB of {:.2} GiB \
+                 not yet there; they fit in the memory left), rather than a few at a time by \
+                 its first tokens",
                 missing as f64 / (1u64 << 30) as f64,
                 total as f64 / (1u64 << 30) as f64
             );

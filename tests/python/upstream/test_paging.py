@@ -155,8 +155,8 @@ def test_llama_server_spark_run_and_python_refuse_it_too(shipped_f32):
     assert refusal_lines(res) == 1, res.explain("the plugin's line not on stderr")
 
 
-CONTEXT_REFUSAL = re.compile(r"^spark: spark-gemma2: the KV cache \(([0-9.]+) MiB\) would not fit in the "
-                             r"memory left \(([0-9.]+) MiB by SPARK_MEMORY\)", re.M)
+CONTEXT_REFUSAL = re.compile(r"^spark: spark-gemma2: the KV cache \(([0-9.]+) MiB\) would not fit "
+                             r"in the memory left \(([0-9.]+) MiB by SPARK_MEMORY\)", re.M)
 
 
 def test_a_context_whose_kv_cache_does_not_fit_is_refused_before_it_is_made(shipped_f32):
