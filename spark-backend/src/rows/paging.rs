@@ -332,8 +332,8 @@ impl Paging {
 }
 
 /// Reads the pages of `ranges` (memory-mapped weights) into memory now, one sequential read per
-/// range: `MADV_POPULATE_READ` (Linux 5.14), or where the kernel refuses it, `MADV_WILLNEED` and
-/// one load per page. Returns the bytes that were not in memory before (a range whose pages all
+/// range: `MADV_POPULATE_READ` (Linux 5.14), or where that fails or leaves pages out,
+/// `MADV_WILLNEED` and one load per page. Returns the bytes that were not in memory before (a range whose pages all
 /// are costs one `mincore`).
 ///
 /// # Safety
@@ -357,7 +357,9 @@ pub unsafe fn read_now(ranges: &[&[u8]]) -> u64 {
                 libc::MADV_POPULATE_READ,
             )
         };
-        if rc != 0 {
+        // a kernel without it fails the call; an emulator (qemu-user) may take the advice and
+        // ignore it: either way the pages still out are read one load each
+        if rc != 0 || resident_fraction(bytes) < 1.0 {
             advise(pages.clone(), libc::MADV_WILLNEED);
             for page in (0..bytes.len()).step_by(page_size()) {
                 // SAFETY: `page` < bytes.len(): a byte of the live slice, read through a
