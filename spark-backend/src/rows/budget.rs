@@ -131,19 +131,23 @@ pub enum Plan {
     Refused,
 }
 
+/// What must stay in memory for every token: the weights made at load and the mapped ones read
+/// whole, and [`FILL_MARGIN`] to spare.
+fn must_stay(need: &MemoryNeed) -> u64 {
+    need.made_at_load
+        .saturating_add(need.mapped_whole)
+        .saturating_add(FILL_MARGIN)
+}
+
 /// The plan for `need` with `available` bytes left.
 pub fn plan(need: &MemoryNeed, available: u64) -> Plan {
-    let resident = need
-        .made_at_load
-        .saturating_add(need.mapped_whole)
-        .saturating_add(FILL_MARGIN);
     let by_rows = need.mapped_rows.saturating_add(need.mapped_lookup);
     let everything = need
         .made_at_load
         .saturating_add(need.mapped_whole)
         .saturating_add(by_rows)
         .saturating_add(whole_margin(by_rows));
-    if resident > available {
+    if must_stay(need) > available {
         Plan::Refused
     } else if everything > available {
         Plan::RowsStream
@@ -215,11 +219,7 @@ pub fn refusal(need: &MemoryNeed, left: Available) -> Refusal {
         size(FILL_MARGIN),
         by_rows(need),
     );
-    let must_stay = need
-        .made_at_load
-        .saturating_add(need.mapped_whole)
-        .saturating_add(FILL_MARGIN);
-    Refusal::new(line, must_stay, left)
+    Refusal::new(line, must_stay(need), left)
 }
 
 /// The line of a model whose rows stream from load on.
@@ -290,8 +290,13 @@ fn from_env() -> Option<u64> {
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes.
 pub fn mem_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    proc_kib("/proc/meminfo", "MemAvailable:")
+}
+
+/// The `<key> <n> kB` field of a `/proc` file such as `/proc/meminfo`, in bytes.
+fn proc_kib(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
 }
@@ -322,10 +327,15 @@ fn cgroup_headroom() -> Option<u64> {
 /// The memory left to the process: the least of what the system, the cgroup and
 /// `SPARK_MEMORY` say (`None` when none can be read).
 pub fn available() -> Option<Available> {
+    least(from_env())
+}
+
+/// The least of `MemAvailable`, the cgroup's headroom and `env` (`SPARK_MEMORY`'s figure).
+fn least(env: Option<u64>) -> Option<Available> {
     [
         (mem_available(), Source::MemAvailable),
         (cgroup_headroom(), Source::Cgroup),
-        (from_env(), Source::Env),
+        (env, Source::Env),
     ]
     .into_iter()
     .filter_map(|(bytes, source)| bytes.map(|bytes| Available { bytes, source }))
@@ -397,10 +407,7 @@ static RSS_AT_PLAN: AtomicU64 = AtomicU64::new(0);
 /// The process's anonymous resident memory (`RssAnon` of `/proc/self/status`), in bytes: the
 /// weights made at load, the KV caches and whatever else it wrote.
 fn rss_anon() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    proc_kib("/proc/self/status", "RssAnon:")
 }
 
 /// The memory left now for a context's buffers, beyond what the process holds: the least of
@@ -411,15 +418,7 @@ pub fn available_now() -> Option<Available> {
     let taken = rss_anon()
         .unwrap_or(0)
         .saturating_sub(RSS_AT_PLAN.load(Ordering::Relaxed));
-    let env = from_env().map(|limit| limit.saturating_sub(taken));
-    [
-        (mem_available(), Source::MemAvailable),
-        (cgroup_headroom(), Source::Cgroup),
-        (env, Source::Env),
-    ]
-    .into_iter()
-    .filter_map(|(bytes, source)| bytes.map(|bytes| Available { bytes, source }))
-    .min_by_key(|a| a.bytes)
+    least(from_env().map(|limit| limit.saturating_sub(taken)))
 }
 
 /// What a context's host buffers about to be made mean with `left` now: `None` when `bytes`, the

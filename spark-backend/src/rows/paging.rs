@@ -341,34 +341,47 @@ impl Paging {
 pub unsafe fn read_now(ranges: &[&[u8]]) -> u64 {
     let mut missing = 0u64;
     for bytes in ranges {
-        let fraction = resident_fraction(bytes);
-        if fraction >= 1.0 {
-            continue;
-        }
-        missing += ((1.0 - fraction) * bytes.len() as f64) as u64;
-        let start = bytes.as_ptr() as usize;
-        let pages = pages_of(start..start + bytes.len());
-        // SAFETY: the pages cover a live readable mapping (contract); MADV_POPULATE_READ faults
-        // them in as reads would and changes no byte of them.
-        let rc = unsafe {
-            libc::madvise(
-                pages.start as *mut libc::c_void,
-                pages.end - pages.start,
-                libc::MADV_POPULATE_READ,
-            )
-        };
-        // a kernel without it fails the call; an emulator (qemu-user) may take the advice and
-        // ignore it: either way the pages still out are read one load each
-        if rc != 0 || resident_fraction(bytes) < 1.0 {
-            advise(pages.clone(), libc::MADV_WILLNEED);
-            for page in (0..bytes.len()).step_by(page_size()) {
-                // SAFETY: `page` < bytes.len(): a byte of the live slice, read through a
-                // volatile load so that the read (which faults the page in) is kept.
-                unsafe { std::ptr::read_volatile(bytes.as_ptr().add(page)) };
-            }
+        let out = missing_bytes(bytes);
+        if out > 0 {
+            missing += out;
+            // SAFETY: a live readable mapping (contract).
+            unsafe { populate(bytes) };
         }
     }
     missing
+}
+
+/// The bytes of `bytes` whose pages are not in memory (one `mincore`).
+fn missing_bytes(bytes: &[u8]) -> u64 {
+    ((1.0 - resident_fraction(bytes)) * bytes.len() as f64) as u64
+}
+
+/// Reads the pages of `bytes` into memory ([`read_now`]'s read, without its measurement).
+///
+/// # Safety
+/// `bytes` lies in a live, readable mapping.
+unsafe fn populate(bytes: &[u8]) {
+    let start = bytes.as_ptr() as usize;
+    let pages = pages_of(start..start + bytes.len());
+    // SAFETY: the pages cover a live readable mapping (contract); MADV_POPULATE_READ faults
+    // them in as reads would and changes no byte of them.
+    let rc = unsafe {
+        libc::madvise(
+            pages.start as *mut libc::c_void,
+            pages.end - pages.start,
+            libc::MADV_POPULATE_READ,
+        )
+    };
+    // a kernel without it fails the call; an emulator (qemu-user) may take the advice and
+    // ignore it: either way the pages still out are read one load each
+    if rc != 0 || resident_fraction(bytes) < 1.0 {
+        advise(pages.clone(), libc::MADV_WILLNEED);
+        for page in (0..bytes.len()).step_by(page_size()) {
+            // SAFETY: `page` < bytes.len(): a byte of the live slice, read through a
+            // volatile load so that the read (which faults the page in) is kept.
+            unsafe { std::ptr::read_volatile(bytes.as_ptr().add(page)) };
+        }
+    }
 }
 
 /// Mirror of `struct spark_bytes` (spark-backend.h): one range of a model's weights.
@@ -412,10 +425,12 @@ pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> 
             .map(|b| unsafe { std::slice::from_raw_parts(b.data.cast::<u8>(), b.size as usize) })
             .collect();
         let total: u64 = slices.iter().map(|b| b.len() as u64).sum();
-        let missing: u64 = slices
+        let out: Vec<(&[u8], u64)> = slices
             .iter()
-            .map(|b| ((1.0 - resident_fraction(b)) * b.len() as f64) as u64)
-            .sum();
+            .map(|b| (*b, missing_bytes(b)))
+            .filter(|&(_, m)| m > 0)
+            .collect();
+        let missing: u64 = out.iter().map(|&(_, m)| m).sum();
         if missing == 0 {
             return 0;
         }
@@ -428,8 +443,10 @@ pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> 
                 total as f64 / (1u64 << 30) as f64
             );
         }
-        // SAFETY: the slices are the caller's live mappings (contract).
-        unsafe { read_now(&slices) };
+        for (bytes, _) in out {
+            // SAFETY: the caller's live mappings (contract).
+            unsafe { populate(bytes) };
+        }
         0
     })
 }
