@@ -690,12 +690,17 @@ bool llama_model_spark_gemma2::load_tensors(llama_model_loader & ml) {
     return true;
 }
 
+// whether the load locks the model's pages in memory (--load-mode mlock / mmap+mlock)
+static bool spark_weights_locked(const llama_model_params & params) {
+    return params.load_mode == LLAMA_LOAD_MODE_MLOCK || params.load_mode == LLAMA_LOAD_MODE_MMAP_MLOCK;
+}
+
 void llama_model_spark_gemma2::check_weights_before_loading() {
     const auto plan = (spark_memory_plan_t) spark_proc("spark_memory_plan");
     if (plan == nullptr) {
         return;  // no Spark backend: the dense graph reads every weight, as stock's does
     }
-    const bool mlock = params.load_mode == LLAMA_LOAD_MODE_MLOCK || params.load_mode == LLAMA_LOAD_MODE_MMAP_MLOCK;
+    const bool mlock = spark_weights_locked(params);
     // K2 and V are read by rows where the Spark FFN ops run and the pages are not locked
     std::set<const ggml_tensor *> row_tensors;
     if (!mlock && spark_proc("spark_ffn_fused") != nullptr) {
@@ -745,7 +750,7 @@ void llama_model_spark_gemma2::check_host_memory(size_t bytes, const char * what
     if (check == nullptr) {
         return;  // no Spark backend: no plan was made
     }
-    const bool mlock = params.load_mode == LLAMA_LOAD_MODE_MLOCK || params.load_mode == LLAMA_LOAD_MODE_MMAP_MLOCK;
+    const bool mlock = spark_weights_locked(params);
     char why[1024] = {};
     if (check(bytes, mlock ? 1 : 0, what, why, sizeof(why)) == 1) {
         throw std::runtime_error(why);
