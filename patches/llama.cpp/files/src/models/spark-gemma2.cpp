@@ -171,6 +171,40 @@ void llama_model_spark_gemma2::load_arch_hparams(llama_model_loader & ml) {
     }
 }
 
+// Layer il's K2 [D - r_f, F] and V [D, F] (ffn_up, ffn_down_t), or the one tensor that holds
+// both side by side, ffn_k2v [(D - r_f) + D, F] (spark-convert --pair-k2v; docs/SPEC.md section
+// 3): the first layer decides which, every other must agree. In a paired file ffn_up and
+// ffn_down both point at ffn_k2v; K2's part must end on a whole block of its type, where V's
+// view starts.
+template <typename Create>
+static void spark_create_ffn_rows(llama_model_spark_gemma2 & model, llama_layer & layer, int il, Create create) {
+    const int64_t n_embd = model.hparams.n_embd;
+    const int64_t n_ff   = model.hparams.n_ff();
+    const int64_t n_k2   = n_embd - (int64_t) model.spark_ffn_r;
+
+    ggml_tensor * paired = create(LLM_TENSOR_SPARK_FFN_K2V, {n_k2 + n_embd, n_ff}, llama_model_loader::TENSOR_NOT_REQUIRED);
+    if (il == 0) {
+        model.spark_ffn_paired = paired != nullptr;
+    } else if ((paired != nullptr) != model.spark_ffn_paired) {
+        throw std::runtime_error(format("blk.%d: a file holds every layer's K2 and V as ffn_k2v (K2 and V side by side) "
+                                        "or every layer's as ffn_up and ffn_down_t, not a mix (layer 0 has %s)", il,
+                                        model.spark_ffn_paired ? "ffn_k2v" : "ffn_up and ffn_down_t"));
+    }
+    if (paired == nullptr) {
+        layer.ffn_up   = create(LLM_TENSOR_SPARK_FFN_K2, {n_k2,   n_ff}, 0);
+        layer.ffn_down = create(LLM_TENSOR_FFN_DOWN_T,   {n_embd, n_ff}, 0);
+        return;
+    }
+    if (n_k2 % ggml_blck_size(paired->type) != 0) {
+        throw std::runtime_error(format("%s: its K2 part (%lld columns, embedding_length - spark.ffn_r) is not whole %s "
+                                        "blocks of %lld, so V's part cannot start on a block (spark-convert writes "
+                                        "such a model as f16, or without --pair-k2v)", paired->name, (long long) n_k2,
+                                        ggml_type_name(paired->type), (long long) ggml_blck_size(paired->type)));
+    }
+    layer.ffn_up   = paired;
+    layer.ffn_down = paired;
+}
+
 void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader &) {
     LLAMA_LOAD_LOCALS;
 
@@ -192,9 +226,10 @@ void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader &) {
 
         layer.ffn_norm = create_tensor(tn(LLM_TENSOR_FFN_NORM, "weight", i), {n_embd}, 0);
         // K1 (predictor rows), K2 (value rows) and V (neuron-major): row j belongs to neuron j
-        layer.ffn_gate = create_tensor(tn(LLM_TENSOR_FFN_GATE,     "weight", i), {n_ffn_r,          n_ff}, 0);
-        layer.ffn_up   = create_tensor(tn(LLM_TENSOR_SPARK_FFN_K2, "weight", i), {n_embd - n_ffn_r, n_ff}, 0);
-        layer.ffn_down = create_tensor(tn(LLM_TENSOR_FFN_DOWN_T,   "weight", i), {n_embd,           n_ff}, 0);
+        layer.ffn_gate = create_tensor(tn(LLM_TENSOR_FFN_GATE, "weight", i), {n_ffn_r, n_ff}, 0);
+        spark_create_ffn_rows(*this, layer, i, [&](llm_tensor kind, std::initializer_list<int64_t> ne, int flags) {
+            return create_tensor(tn(kind, "weight", i), ne, flags);
+        });
         layer.ffn_post_norm = create_tensor(tn(LLM_TENSOR_FFN_POST_NORM, "weight", i), {n_embd}, 0);
     }
 }
@@ -355,7 +390,8 @@ static ggml_tensor * spark_down_out_prod(ggml_context * ctx, ggml_tensor * down,
     if (spark_down_out_prod_type(down) != down->type) {
         down = ggml_cast(ctx, down, spark_down_out_prod_type(down));
     }
-    ggml_tensor * v  = ggml_reshape_3d(ctx, down, n_embd, n_ff/n_chunk, n_chunk);
+    // the chunks as a 3-D view with V's own row stride (a paired file's V rows are not packed)
+    ggml_tensor * v  = ggml_view_3d(ctx, down, n_embd, n_ff/n_chunk, n_chunk, down->nb[1], down->nb[1]*(n_ff/n_chunk), 0);
     ggml_tensor * ut = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_transpose(ctx, u)), n_tokens, n_ff/n_chunk, n_chunk);
     ggml_tensor * partial = ggml_out_prod(ctx, v, ut);                        // [n_embd, n_tokens, n_chunk]
     partial = ggml_cont(ctx, ggml_permute(ctx, partial, 1, 2, 0, 3));       // [n_chunk, n_embd, n_tokens]
@@ -380,8 +416,32 @@ static ggml_tensor * spark_down_mul_mat(ggml_context * ctx, ggml_tensor * down, 
     return ggml_mul_mat(ctx, v_stock, u);                                     // [n_embd, n_tokens]
 }
 
+// K2 [D - r_f, F] and V [D, F] of a layer as the graph reads them: the tensors themselves, or in
+// a paired file views of ffn_k2v (rows of K2's then V's elements; the kernels and stock ops
+// address rows by the stride nb[1]). A view lives where its source does (spark-ops.cpp asks the
+// source), so the device questions give the same answers for either layout.
+static ggml_tensor * spark_ffn_k2(ggml_context * ctx, const llama_model_spark_gemma2 & model, const llama_layer & layer) {
+    if (!model.spark_ffn_paired) {
+        return layer.ffn_up;
+    }
+    ggml_tensor * k2v = layer.ffn_up;
+    const int64_t n_k2 = model.hparams.n_embd - (int64_t) model.spark_ffn_r;
+    return ggml_view_2d(ctx, k2v, n_k2, k2v->ne[1], k2v->nb[1], 0);
+}
+
+static ggml_tensor * spark_ffn_v(ggml_context * ctx, const llama_model_spark_gemma2 & model, const llama_layer & layer) {
+    if (!model.spark_ffn_paired) {
+        return layer.ffn_down;
+    }
+    ggml_tensor * k2v = layer.ffn_down;
+    const int64_t n_k2 = model.hparams.n_embd - (int64_t) model.spark_ffn_r;
+    return ggml_view_2d(ctx, k2v, model.hparams.n_embd, k2v->ne[1], k2v->nb[1], ggml_row_size(k2v->type, n_k2));
+}
+
 ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model_spark_gemma2 & model, ggml_tensor * cur, int il) const {
     const auto & layer = model.layers[il];
+    ggml_tensor * k2 = spark_ffn_k2(ctx0, model, layer);
+    ggml_tensor * v  = spark_ffn_v(ctx0, model, layer);
 
     const int64_t n_ffn_r = model.spark_ffn_r;
     const int64_t n_ff    = layer.ffn_gate->ne[1];
@@ -407,7 +467,7 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     // dense graph there (said at load); the Spark backend may answer the dense path too
     bool dense_answered = false;
     if (!spark_ffn_steps_aside(layer)) {
-        ggml_tensor * sparse = spark_build_sparse_ffn(ctx0, s, cur, layer.ffn_up, layer.ffn_down, params,
+        ggml_tensor * sparse = spark_build_sparse_ffn(ctx0, s, cur, k2, v, params,
                                                       [&](ggml_tensor * t, const char * name) { cb(t, name, il); },
                                                       &dense_answered);
         if (sparse != nullptr) {
@@ -429,7 +489,7 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     a = spark_gelu_tanh(ctx0, a);
     cb(a, "spark_ffn_act", il);
 
-    ggml_tensor * g = build_lora_mm(layer.ffn_up, h2);
+    ggml_tensor * g = build_lora_mm(k2, h2);
     cb(g, "spark_ffn_value", il);
 
     ggml_tensor * u = ggml_mul(ctx0, a, g);
@@ -438,8 +498,8 @@ ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model
     // the Spark backend's dense answer (a GPU's tensor cores), or a device whose out_prod cannot
     // take V's type (ggml-cuda's and ggml-vulkan's take f32 only): V's product as a matrix
     // product; else the outer-product sum (no copy of V)
-    const bool by_mul_mat = dense_answered || !spark_down_out_prod_runs(layer.ffn_down, n_tokens_cur);
-    ggml_tensor * out = by_mul_mat ? spark_down_mul_mat(ctx0, layer.ffn_down, u) : spark_down_out_prod(ctx0, layer.ffn_down, u);
+    const bool by_mul_mat = dense_answered || !spark_down_out_prod_runs(v, n_tokens_cur);
+    ggml_tensor * out = by_mul_mat ? spark_down_mul_mat(ctx0, v, u) : spark_down_out_prod(ctx0, v, u);
     cb(out, "spark_ffn_dense", il);
     return out;
 }
@@ -669,9 +729,11 @@ static void spark_read_rows_now(const llama_model_spark_gemma2 & model) {
         return;
     }
     std::vector<spark_bytes> ranges;
+    std::set<const ggml_tensor *> seen;  // a paired file's ffn_up and ffn_down are one tensor
     for (const auto & layer : model.layers) {
         for (const ggml_tensor * t : { layer.ffn_up, layer.ffn_down }) {
-            if (t != nullptr && t->data != nullptr && t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer)) {
+            if (t != nullptr && t->data != nullptr && t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer) &&
+                seen.insert(t).second) {
                 ranges.push_back({ t->data, (uint64_t) ggml_nbytes(t) });
             }
         }

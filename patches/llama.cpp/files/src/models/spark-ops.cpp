@@ -49,10 +49,13 @@ ggml_tensor * spark_rope_node(ggml_context * ctx, ggml_custom_op_t fun, ggml_ten
     return spark_node(ctx, fun, args, 2, x->ne[0], x->ne[1], x->ne[2], 1, block);
 }
 
-// the device of the non-host buffer that holds w; nullptr for host memory or no buffer yet
-// (known is set false when ggml names no device for a non-host buffer)
+// the device of the non-host buffer that holds w (a view: its source's); nullptr for host memory
+// or no buffer yet (known is set false when ggml names no device for a non-host buffer)
 static ggml_backend_dev_t spark_weight_device(const ggml_tensor * w, bool & known) {
     known = true;
+    while (w != nullptr && w->buffer == nullptr && w->view_src != nullptr) {
+        w = w->view_src;  // a graph's view of a weight gets its buffer when the graph is allocated
+    }
     if (w == nullptr || w->buffer == nullptr) {
         return nullptr;
     }
