@@ -188,6 +188,36 @@ fn rows_requested_from_an_evicted_file_arrive_alone_and_unchanged() {
 }
 
 #[test]
+fn rows_side_by_side_are_requested_together_and_alone() {
+    let page = page_size();
+    // 128 neurons, each a K2 row of one page followed by a V row of one page (a paired file's
+    // ffn_k2v: stride two pages), in the same evicted file as above.
+    let (bytes, map) = evicted_matrix_file();
+    let k2 = RowMatrix::new(RowType::F32, page / 4, 128, 2 * page, map.bytes()).unwrap();
+    let v = RowMatrix::new(RowType::F32, page / 4, 128, 2 * page, &map.bytes()[page..]).unwrap();
+    assert!(Paging::side_by_side(&k2, &v));
+    assert!(
+        !Paging::side_by_side(&v, &k2),
+        "V's row j does not end where K2's row j starts"
+    );
+    let packed = page_rows(&map);
+    assert!(!Paging::side_by_side(&packed, &packed));
+    if !system_reads_willneed_pages() {
+        return;
+    }
+    let wanted = [3usize, 40, 41, 100];
+    Paging::request_rows_side_by_side(&k2, &v, wanted.iter().copied());
+    let pages: Vec<usize> = wanted.iter().flat_map(|&j| [2 * j, 2 * j + 1]).collect();
+    wait_resident(&map, &pages);
+    for far in [20usize, 60, 120] {
+        for p in [2 * far, 2 * far + 1] {
+            assert!(!page_resident(map.bytes(), p * page), "page {p} was read");
+        }
+    }
+    assert_eq!(map.bytes(), &bytes[..]);
+}
+
+#[test]
 fn memory_no_file_backs_never_streams() {
     let page = page_size();
     let bytes = vec![1u8; 64 * page];

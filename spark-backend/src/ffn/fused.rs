@@ -167,6 +167,11 @@ pub(crate) fn request_from_storage(
                 .any(|(t, &theta)| activation(scores[t * f + j], theta).is_some())
         })
         .collect();
+    if Paging::side_by_side(k2, v) {
+        // a neuron's K2 and V rows are one range (a paired file): one read
+        Paging::request_rows_side_by_side(k2, v, active.iter().copied());
+        return;
+    }
     for m in streaming {
         Paging::request_rows(m, active.iter().copied());
     }

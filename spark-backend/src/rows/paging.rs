@@ -190,6 +190,12 @@ fn fits_in_memory(file: u64) -> bool {
         .is_some_and(|left| left.bytes >= need.saturating_add(budget::whole_margin(need)))
 }
 
+/// The bytes of row `j` of `m`.
+fn row_bytes(m: &RowMatrix<'_>, j: usize) -> Range<usize> {
+    let start = m.row_ptr(j) as usize;
+    start..start + m.row_len
+}
+
 /// The byte range a matrix's rows span.
 fn span(m: &RowMatrix<'_>) -> Range<usize> {
     let start = m.row_ptr(0) as usize;
@@ -290,14 +296,44 @@ impl Paging {
     /// Requests the pages of rows `rows` of `m` (increasing row order; consecutive pages are
     /// asked for in one call) so that their reads start now.
     pub fn request_rows(m: &RowMatrix<'_>, rows: impl IntoIterator<Item = usize>) {
+        Self::request_ranges(
+            rows.into_iter()
+                .filter(|&j| j < m.n_rows())
+                .map(|j| row_bytes(m, j)),
+        );
+    }
+
+    /// Whether row `j` of `second` starts where row `j` of `first` ends, for every `j` (the
+    /// same stride): K2 and V of a file that holds them side by side (`ffn_k2v`,
+    /// `spark-convert --pair-k2v`), whose rows of one neuron are one read.
+    pub fn side_by_side(first: &RowMatrix<'_>, second: &RowMatrix<'_>) -> bool {
+        first.n_rows() == second.n_rows()
+            && first.stride == second.stride
+            && first.row_ptr(0) as usize + first.row_len == second.row_ptr(0) as usize
+    }
+
+    /// [`Paging::request_rows`] for two matrices [`Paging::side_by_side`]: row `j` of both is
+    /// one range (one read per row instead of two).
+    pub fn request_rows_side_by_side(
+        first: &RowMatrix<'_>,
+        second: &RowMatrix<'_>,
+        rows: impl IntoIterator<Item = usize>,
+    ) {
+        debug_assert!(Self::side_by_side(first, second));
+        Self::request_ranges(
+            rows.into_iter()
+                .filter(|&j| j < first.n_rows())
+                .map(|j| row_bytes(first, j).start..row_bytes(second, j).end),
+        );
+    }
+
+    /// Requests the pages of `ranges` (increasing addresses; pages at most one page apart are
+    /// asked for in one call).
+    fn request_ranges(ranges: impl IntoIterator<Item = Range<usize>>) {
         let page = page_size();
         let mut run: Option<Range<usize>> = None;
-        for j in rows {
-            if j >= m.n_rows() {
-                continue;
-            }
-            let start = m.row_ptr(j) as usize;
-            let pages = pages_of(start..start + m.row_len);
+        for bytes in ranges {
+            let pages = pages_of(bytes);
             run = match run {
                 Some(r) if pages.start <= r.end + page => Some(r.start..pages.end.max(r.end)),
                 Some(r) => {
