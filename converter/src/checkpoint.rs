@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use spark_gguf::schema::{Hparams, QkvLayout, TensorKind};
+use spark_gguf::schema::{Hparams, Layout, TensorKind};
 
 use crate::error::{Error, Result};
 use crate::layout::View;
@@ -56,18 +56,44 @@ pub mod entry {
     pub const POST_FFW_NORM: &str = "post_ffw_norm/scale";
 }
 
-/// Where one GGUF tensor's data comes from: its rows are the rows of its parts, in order.
+/// Where one GGUF tensor's data comes from: its parts, joined as `join` says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSource {
     /// GGUF tensor name.
     pub name: String,
     /// ggml dims (ne0 first), from the schema.
     pub ne: Vec<u64>,
-    /// The parts (one for every tensor but Spark's stacked `attn_qkv`: Q's, K's and V's rows).
+    /// The parts (one for every tensor but Spark's stacked `attn_qkv`, Q's, K's and V's rows,
+    /// and paired `ffn_k2v`, K2's and V's rows side by side).
     pub parts: Vec<SourcePart>,
+    /// How the parts make the tensor's rows.
+    pub join: Join,
 }
 
-/// Some consecutive rows of a tensor, read from one checkpoint entry.
+/// How a tensor's parts make its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Join {
+    /// The tensor's rows are the first part's rows, then the second's, ... (`attn_qkv`; a
+    /// one-part tensor).
+    Rows,
+    /// Row j of the tensor is row j of every part, side by side (`ffn_k2v`:
+    /// [`TensorKind::row_parts`]).
+    Columns,
+}
+
+impl TensorSource {
+    /// The widths of a row's parts: each part's row width for [`Join::Columns`], else the one
+    /// row width (what the tensor's type must make whole blocks).
+    pub fn row_part_widths(&self) -> Vec<u64> {
+        match self.join {
+            Join::Columns => self.parts.iter().map(|p| p.view.cols() as u64).collect(),
+            Join::Rows => vec![self.ne[0]],
+        }
+    }
+}
+
+/// Some rows of a tensor (consecutive rows, or a part of every row), read from one checkpoint
+/// entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourcePart {
     /// Checkpoint entry.
@@ -118,18 +144,19 @@ fn norm_view(d: usize) -> View {
     }
 }
 
-/// Maps every tensor of `hp.arch` (Wq, Wk, Wv laid out as `qkv`) to its checkpoint entries,
-/// checking each entry's shape. Returns the sources in schema order and the set of entries
-/// used. `gating` is the dense FFN layout (ignored for Spark).
+/// Maps every tensor of `hp.arch` laid out as `layout` (Wq, Wk, Wv stacked or not; K2 and V
+/// paired or not) to its checkpoint entries, checking each entry's shape. Returns the sources in
+/// schema order and the set of entries used. `gating` is the dense FFN layout (ignored for
+/// Spark).
 pub fn plan_sources(
     shapes: &dyn Shapes,
     hp: &Hparams,
     gating: GatingLayout,
-    qkv: QkvLayout,
+    layout: Layout,
 ) -> Result<(Vec<TensorSource>, BTreeSet<String>)> {
     let z = Sizes::of(hp);
     let spark = hp.arch.is_spark();
-    let specs = hp.arch.tensors_with(qkv);
+    let specs = hp.arch.tensors_with(layout);
     let expected = hp.expected_tensors_in(specs);
     let mut used = BTreeSet::new();
     let mut out = Vec::with_capacity(expected.len());
@@ -138,16 +165,21 @@ pub fn plan_sources(
     let layered =
         (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer()).map(move |s| (s, l)));
     for ((spec, l), (name, ne)) in globals.chain(layered).zip(expected) {
-        let parts = Mapping {
+        let (parts, join) = Mapping {
             shapes,
             z,
             spark,
             gating,
         }
         .sources_of(spec.kind, l)?;
-        check_maps_to(&name, &parts, &ne)?;
+        check_maps_to(&name, &parts, join, &ne)?;
         used.extend(parts.iter().map(|p| p.entry.clone()));
-        out.push(TensorSource { name, ne, parts });
+        out.push(TensorSource {
+            name,
+            ne,
+            parts,
+            join,
+        });
     }
     Ok((out, used))
 }
@@ -216,16 +248,20 @@ struct Mapping<'a> {
 }
 
 impl Mapping<'_> {
-    /// Where tensor `kind` of layer `l` (0 for global tensors) comes from: its parts in row
-    /// order (Spark's stacked `attn_qkv` has three: the rows of Q, K and V).
-    fn sources_of(self, kind: TensorKind, l: u64) -> Result<Vec<SourcePart>> {
+    /// Where tensor `kind` of layer `l` (0 for global tensors) comes from: its parts and how
+    /// they join (Spark's stacked `attn_qkv` has three, the rows of Q, K and V; paired `ffn_k2v`
+    /// two, K2's and V's rows side by side, [`TensorKind::row_parts`]).
+    fn sources_of(self, kind: TensorKind, l: u64) -> Result<(Vec<SourcePart>, Join)> {
         let one = |kind| source_of(self, kind, l).map(SourcePart::new);
+        let parts =
+            |kinds: &[TensorKind]| kinds.iter().map(|&k| one(k)).collect::<Result<Vec<_>>>();
         match kind {
-            TensorKind::AttnQkv => [TensorKind::AttnQ, TensorKind::AttnK, TensorKind::AttnV]
-                .into_iter()
-                .map(one)
-                .collect(),
-            kind => Ok(vec![one(kind)?]),
+            TensorKind::AttnQkv => Ok((
+                parts(&[TensorKind::AttnQ, TensorKind::AttnK, TensorKind::AttnV])?,
+                Join::Rows,
+            )),
+            kind if !kind.row_parts().is_empty() => Ok((parts(kind.row_parts())?, Join::Columns)),
+            kind => Ok((vec![one(kind)?], Join::Rows)),
         }
     }
 }
@@ -294,10 +330,11 @@ fn source_of(m: Mapping<'_>, kind: TensorKind, l: u64) -> Result<(String, View)>
             need(shapes, &en, &[f, d])?;
             (en, View::transposed(0, f, d))
         }
-        TensorKind::AttnQkv => {
-            return Err(Error::Internal(
-                "internal: attn_qkv has three parts (sources_of)".into(),
-            ))
+        TensorKind::AttnQkv | TensorKind::FfnK2v => {
+            return Err(Error::Internal(format!(
+                "internal: {} has parts (sources_of)",
+                kind.short_name()
+            )))
         }
     })
 }
@@ -386,16 +423,28 @@ fn dense_ffn_in(
 }
 
 /// The view's shape is the schema's `ne` for tensor `name` (an internal consistency check).
-fn check_maps_to(name: &str, parts: &[SourcePart], ne: &[u64]) -> Result<()> {
-    // the parts' rows are as wide as the tensor's and add up to its rows
-    let width = parts.first().map_or(0, |p| p.view.cols()) as u64;
-    let rows: usize = parts.iter().map(|p| p.view.rows()).sum();
-    let got = if ne.len() == 1 {
-        vec![width]
-    } else {
-        vec![width, rows as u64]
+fn check_maps_to(name: &str, parts: &[SourcePart], join: Join, ne: &[u64]) -> Result<()> {
+    let first = |f: fn(&View) -> usize| parts.first().map_or(0, |p| f(&p.view));
+    let (width, rows, same) = match join {
+        // the parts' rows are as wide as the tensor's and add up to its rows
+        Join::Rows => (
+            first(View::cols),
+            parts.iter().map(|p| p.view.rows()).sum(),
+            parts.iter().all(|p| p.view.cols() == first(View::cols)),
+        ),
+        // the parts have the tensor's rows, and their widths add up to its width
+        Join::Columns => (
+            parts.iter().map(|p| p.view.cols()).sum(),
+            first(View::rows),
+            parts.iter().all(|p| p.view.rows() == first(View::rows)),
+        ),
     };
-    if got != ne || parts.iter().any(|p| p.view.cols() as u64 != width) {
+    let got = if ne.len() == 1 {
+        vec![width as u64]
+    } else {
+        vec![width as u64, rows as u64]
+    };
+    if got != ne || !same {
         return Err(Error::Internal(format!(
             "internal: tensor '{name}' maps to {got:?}, the schema says {ne:?}"
         )));
@@ -411,7 +460,9 @@ fn norm(shapes: &dyn Shapes, entry: String, d: usize) -> Result<(String, View)> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spark_gguf::schema::{Arch, SPARK_ARCH};
+    use spark_gguf::schema::{Arch, FfnRowLayout, QkvLayout, SPARK_ARCH};
+
+    const STACKED_QKV: Layout = Layout::new(QkvLayout::Stacked, FfnRowLayout::Separate);
     use std::collections::HashMap;
 
     struct Map(HashMap<String, Vec<usize>>);
@@ -469,8 +520,13 @@ mod tests {
     fn maps_every_spark_tensor_and_uses_every_entry() {
         for split in [false, true] {
             let shapes = spark_shapes(split);
-            let (src, used) =
-                plan_sources(&shapes, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split).unwrap();
+            let (src, used) = plan_sources(
+                &shapes,
+                &hp(SPARK_ARCH),
+                GatingLayout::DF,
+                Layout::default(),
+            )
+            .unwrap();
             assert_eq!(src.len(), 2 + 11 * 2);
             assert_eq!(used.len(), shapes.0.len());
             let gate = src
@@ -503,7 +559,7 @@ mod tests {
     fn stacks_wq_wk_wv_from_two_entries() {
         let shapes = spark_shapes(false);
         let h = hp(SPARK_ARCH);
-        let (src, used) = plan_sources(&shapes, &h, GatingLayout::DF, QkvLayout::Stacked).unwrap();
+        let (src, used) = plan_sources(&shapes, &h, GatingLayout::DF, STACKED_QKV).unwrap();
         assert_eq!(src.len(), 2 + 9 * 2);
         assert_eq!(used.len(), shapes.0.len());
         assert!(src.iter().all(|s| !s.name.contains("attn_q.")));
@@ -525,10 +581,70 @@ mod tests {
     }
 
     #[test]
+    fn pairs_k2_and_v_side_by_side_in_both_qkv_layouts() {
+        let h = hp(SPARK_ARCH);
+        for (split, qkv) in [(false, QkvLayout::Split), (true, QkvLayout::Stacked)] {
+            let shapes = spark_shapes(split);
+            let layout = Layout::new(qkv, FfnRowLayout::Paired);
+            let (src, used) = plan_sources(&shapes, &h, GatingLayout::DF, layout).unwrap();
+            let per_layer = if qkv == QkvLayout::Stacked { 8 } else { 10 };
+            assert_eq!(src.len(), 2 + per_layer * 2);
+            assert_eq!(used.len(), shapes.0.len());
+            assert!(src
+                .iter()
+                .all(|s| !s.name.contains("ffn_up") && !s.name.contains("ffn_down")));
+            let k2v = src
+                .iter()
+                .find(|s| s.name == "blk.1.ffn_k2v.weight")
+                .unwrap();
+            // (D - r_f) + D = 5 + 8 values per row, one row per neuron
+            assert_eq!(k2v.ne, vec![5 + 8, 12]);
+            assert_eq!(k2v.join, Join::Columns);
+            assert_eq!(k2v.row_part_widths(), vec![5, 8]);
+            let entries: Vec<&str> = k2v.parts.iter().map(|p| p.entry.as_str()).collect();
+            let k2 = if split {
+                "transformer/layer_1/mlp/spark_k2"
+            } else {
+                "transformer/layer_1/mlp/spark_in"
+            };
+            assert_eq!(entries, [k2, "transformer/layer_1/mlp/linear"]);
+            // the same views as the separate tensors' (K2 = K's rows r_f.., transposed)
+            let k2_view = if split {
+                View::transposed(0, 5, 12)
+            } else {
+                View::transposed(36, 5, 12)
+            };
+            assert_eq!(k2v.parts[0].view, k2_view);
+            assert_eq!(k2v.parts[1].view, View::contiguous(0, 12, 8));
+            let order: Vec<&str> = src.iter().map(|s| s.name.as_str()).collect();
+            let i = order
+                .iter()
+                .position(|n| *n == "blk.0.ffn_k2v.weight")
+                .unwrap();
+            assert_eq!(
+                [order[i - 1], order[i + 1]],
+                ["blk.0.ffn_gate.weight", "blk.0.post_ffw_norm.weight"]
+            );
+            let up = plan_sources(
+                &shapes,
+                &h,
+                GatingLayout::DF,
+                Layout::new(qkv, FfnRowLayout::Separate),
+            )
+            .unwrap()
+            .0
+            .into_iter()
+            .find(|s| s.name == "blk.1.ffn_up.weight")
+            .unwrap();
+            assert_eq!((up.join, up.row_part_widths()), (Join::Rows, vec![5]));
+        }
+    }
+
+    #[test]
     fn names_missing_and_misshapen_entries() {
         let mut s = spark_shapes(false);
         s.0.remove(&layer_entry(1, entry::Q_EINSUM));
-        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split)
+        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, Layout::default())
             .unwrap_err()
             .to_string();
         assert!(
@@ -537,7 +653,7 @@ mod tests {
         );
         let mut s = spark_shapes(false);
         s.0.insert(layer_entry(0, entry::LINEAR), vec![8, 12]);
-        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split)
+        let e = plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, Layout::default())
             .unwrap_err()
             .to_string();
         assert!(
@@ -547,7 +663,7 @@ mod tests {
         let mut s = spark_shapes(false);
         s.0.insert(layer_entry(0, entry::SPARK_K1), vec![3, 12]);
         assert!(
-            plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split)
+            plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, Layout::default())
                 .unwrap_err()
                 .to_string()
                 .contains("both")
@@ -555,7 +671,7 @@ mod tests {
         let mut s = spark_shapes(false);
         s.0.insert(EMBEDDING_ENTRY.into(), vec![9, 8]);
         assert!(
-            plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, QkvLayout::Split)
+            plan_sources(&s, &hp(SPARK_ARCH), GatingLayout::DF, Layout::default())
                 .unwrap_err()
                 .to_string()
                 .contains("input_embedding")
@@ -570,7 +686,7 @@ mod tests {
             s.0.insert(layer_entry(l, entry::GATING_EINSUM), vec![2, 8, 12]);
         }
         let h = hp(Arch::Gemma2);
-        let (src, _) = plan_sources(&s, &h, GatingLayout::DF, QkvLayout::Split).unwrap();
+        let (src, _) = plan_sources(&s, &h, GatingLayout::DF, Layout::default()).unwrap();
         let up = src
             .iter()
             .find(|t| t.name == "blk.0.ffn_up.weight")
@@ -587,6 +703,6 @@ mod tests {
             (down.ne.clone(), down.parts[0].view.clone()),
             (vec![12, 8], View::transposed(0, 12, 8))
         );
-        assert!(plan_sources(&s, &h, GatingLayout::FD, QkvLayout::Split).is_err());
+        assert!(plan_sources(&s, &h, GatingLayout::FD, Layout::default()).is_err());
     }
 }

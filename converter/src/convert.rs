@@ -3,13 +3,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use spark_gguf::schema::{keys, Arch, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{keys, Arch, FfnRowLayout, Layout, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
 
 use crate::chat_template;
 use crate::checkpoint::{
-    self, entry, layer_entry, GatingLayout, Shapes, SourcePart, TensorSource, CHAT_TEMPLATE_ENTRY,
-    CONFIG_ENTRY, TOKENIZER_ENTRY,
+    self, entry, layer_entry, GatingLayout, Join, Shapes, SourcePart, TensorSource,
+    CHAT_TEMPLATE_ENTRY, CONFIG_ENTRY, TOKENIZER_ENTRY,
 };
 use crate::config::{config_text, entry_text, ModelConfig};
 use crate::emit::{block_rows, write_pipelined, ChunkSink};
@@ -115,6 +115,8 @@ pub struct ConvertOptions {
     pub overrides: SparkOverrides,
     /// How Wq, Wk and Wv are written (`--stack-qkv`: one `attn_qkv`; Spark checkpoints only).
     pub qkv: QkvLayout,
+    /// How K2 and V are written (`--pair-k2v`: one `ffn_k2v`; Spark checkpoints only).
+    pub ffn_rows: FfnRowLayout,
     /// `general.name` (default: the input file's stem).
     pub name: Option<String>,
     /// Also write a llama-gguf-hash manifest of the tensor data here (see
@@ -397,6 +399,12 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
                 .into(),
         ));
     }
+    if arch == GEMMA2_ARCH && o.ffn_rows != FfnRowLayout::Separate {
+        return Err(Error::Usage(
+            "--pair-k2v applies to Spark checkpoints; this one is dense (mlp/gating_einsum)".into(),
+        ));
+    }
+    let layout = Layout::new(o.qkv, o.ffn_rows);
     o.overrides.apply(&mut cfg);
     let declared = match (o.input_dtype, &cfg.dtype) {
         (Some(d), _) => Some(d),
@@ -408,7 +416,7 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
         (None, None) => None,
     };
     let hp = model::hparams(arch, &cfg)?;
-    let (sources, used) = checkpoint::plan_sources(&npz, &hp, gating_layout(&npz, &cfg), o.qkv)?;
+    let (sources, used) = checkpoint::plan_sources(&npz, &hp, gating_layout(&npz, &cfg), layout)?;
     check_extra_entries(&npz, &used, arch)?;
 
     let mut jobs = Vec::with_capacity(sources.len());
@@ -422,18 +430,17 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
                 entry_dtype(&p.entry, member.header.dtype, declared)
             })
             .collect::<Result<Vec<_>>>()?;
-        // parts of different dtypes (a stacked tensor) are stored as the lossless f32 under
-        // --outtype auto
+        // parts of different dtypes (a stacked or paired tensor) are stored as the lossless
+        // f32 under --outtype auto
         let dtype = match dtypes.as_slice() {
             [first, rest @ ..] if rest.iter().all(|d| d == first) => *first,
             _ => SourceDtype::F32,
         };
-        let (ty, fallback) = model::tensor_type(o.outtype, ggml_of(dtype), &source.ne);
+        let widths = source.row_part_widths();
+        let (ty, fallback) =
+            model::tensor_type_parts(o.outtype, ggml_of(dtype), &source.ne, &widths);
         if fallback {
-            notes.push(format!(
-                "{}: row length {} is not a multiple of 32, stored as f16 instead of q8_0",
-                source.name, source.ne[0]
-            ));
+            notes.push(model::fallback_note(&source.name, &widths));
         }
         jobs.push(Job { source, dtypes, ty });
     }
@@ -489,27 +496,56 @@ pub fn convert(o: &ConvertOptions) -> Result<()> {
     }
     let w = create_writer(&o.output, o.manifest.as_deref(), o.force, &md, &plans)?;
     let file_bytes = write_pipelined(w, &progress, |sink| {
-        let mut cache: Option<(String, ArrayBytes<'_>)> = None;
+        // the decoded entries the current tensor reads (two for a paired ffn_k2v)
+        let mut cache: Vec<(String, ArrayBytes<'_>)> = Vec::new();
         for job in &jobs {
             progress.start_tensor(&job.source.name);
-            let mut first_row = 0;
-            for (part, &dtype) in job.source.parts.iter().zip(&job.dtypes) {
-                if cache.as_ref().is_none_or(|(n, _)| *n != part.entry) {
-                    // Release the previous entry before decoding the next.
-                    if let Some((done, _)) = cache.take() {
-                        npz.release(npz.member(&done).expect("planned entries exist"));
-                    }
-                    let member = npz.member(&part.entry).expect("planned entries exist");
-                    cache = Some((part.entry.clone(), npz.data(member)?));
+            let reads = |e: &str| job.source.parts.iter().any(|p| p.entry == e);
+            // Release the entries this tensor does not read before decoding the ones it does.
+            cache.retain(|(done, _)| {
+                if !reads(done) {
+                    npz.release(npz.member(done).expect("planned entries exist"));
                 }
-                let bytes = &cache.as_ref().expect("just filled").1;
-                let rows = PartRows {
-                    part,
-                    dtype,
-                    first_row,
-                };
-                write_part(sink, job, &rows, bytes)?;
-                first_row += part.view.rows();
+                reads(done)
+            });
+            for part in &job.source.parts {
+                if !cache.iter().any(|(n, _)| *n == part.entry) {
+                    let member = npz.member(&part.entry).expect("planned entries exist");
+                    cache.push((part.entry.clone(), npz.data(member)?));
+                }
+            }
+            let bytes_of =
+                |e: &str| -> &[u8] { &cache.iter().find(|(n, _)| n == e).expect("just filled").1 };
+            match job.source.join {
+                Join::Rows => {
+                    let mut first_row = 0;
+                    for (part, &dtype) in job.source.parts.iter().zip(&job.dtypes) {
+                        let rows = PartRows {
+                            part,
+                            dtype,
+                            first_row,
+                        };
+                        write_part(sink, job, &rows, bytes_of(&part.entry))?;
+                        first_row += part.view.rows();
+                    }
+                }
+                Join::Columns => {
+                    let parts: Vec<(PartRows<'_>, &[u8])> = job
+                        .source
+                        .parts
+                        .iter()
+                        .zip(&job.dtypes)
+                        .map(|(part, &dtype)| {
+                            let rows = PartRows {
+                                part,
+                                dtype,
+                                first_row: 0,
+                            };
+                            (rows, bytes_of(&part.entry))
+                        })
+                        .collect();
+                    write_side_by_side(sink, job, &parts)?;
+                }
             }
         }
         Ok(())
@@ -539,42 +575,104 @@ struct PartRows<'a> {
     first_row: usize,
 }
 
-/// Writes the rows of one part of `job`'s tensor from `src`, the part's entry.
-fn write_part(sink: &ChunkSink<'_>, job: &Job, rows: &PartRows<'_>, src: &[u8]) -> Result<()> {
+/// Reads rows `r0..r1` of one part of `job`'s tensor from `src`, the part's entry, into `out`,
+/// refusing a non-finite value (named by the entry and the tensor row it would go to).
+fn read_part_rows(
+    job: &Job,
+    rows: &PartRows<'_>,
+    src: &[u8],
+    (r0, r1): (usize, usize),
+    out: &mut [f32],
+) -> Result<()> {
     let PartRows {
         part,
         dtype,
         first_row,
     } = *rows;
-    let view = &part.view;
-    let need = view.source_extent() * dtype.size();
-    if src.len() < need {
+    let cols = part.view.cols();
+    part.view.read_rows(src, dtype, r0, r1, out);
+    if let Some(i) = out.iter().position(|x| !x.is_finite()) {
         return Err(Error::entry(
             &part.entry,
+            format!(
+                "holds a non-finite value ({}) that would go to row {} of tensor '{}'",
+                out[i],
+                first_row + r0 + i / cols,
+                job.source.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `src`, a part's entry, holds every element the part's view reads.
+fn check_extent(rows: &PartRows<'_>, src: &[u8]) -> Result<()> {
+    let need = rows.part.view.source_extent() * rows.dtype.size();
+    if src.len() < need {
+        return Err(Error::entry(
+            &rows.part.entry,
             format!("holds {} bytes, {need} are needed", src.len()),
         ));
     }
-    let (rows, cols) = (view.rows(), view.cols());
+    Ok(())
+}
+
+/// Writes the rows of one part of `job`'s tensor from `src`, the part's entry.
+fn write_part(sink: &ChunkSink<'_>, job: &Job, rows: &PartRows<'_>, src: &[u8]) -> Result<()> {
+    check_extent(rows, src)?;
+    let view = &rows.part.view;
+    let (n_rows, cols) = (view.rows(), view.cols());
     let step = block_rows(cols);
-    let mut buf = vec![0f32; step.min(rows) * cols];
+    let mut buf = vec![0f32; step.min(n_rows) * cols];
     let mut r0 = 0;
-    while r0 < rows {
-        let r1 = (r0 + step).min(rows);
+    while r0 < n_rows {
+        let r1 = (r0 + step).min(n_rows);
         let block = &mut buf[..(r1 - r0) * cols];
-        view.read_rows(src, dtype, r0, r1, block);
-        if !block.iter().all(|x| x.is_finite()) {
-            let i = block.iter().position(|x| !x.is_finite()).unwrap_or(0);
-            return Err(Error::entry(
-                &part.entry,
-                format!(
-                    "holds a non-finite value ({}) that would go to row {} of tensor '{}'",
-                    block[i],
-                    first_row + r0 + i / cols,
-                    job.source.name
-                ),
-            ));
-        }
+        read_part_rows(job, rows, src, (r0, r1), block)?;
         sink.send_rows(job.ty, block, cols)?;
+        r0 = r1;
+    }
+    Ok(())
+}
+
+/// Writes `job`'s tensor whose row j is row j of every part side by side ([`Join::Columns`]),
+/// each part read from its entry's bytes; the whole row is encoded as one, which for a type
+/// that makes each part whole blocks (the type rule of `model::tensor_type_parts`) is each
+/// part's own encoding, concatenated.
+fn write_side_by_side(
+    sink: &ChunkSink<'_>,
+    job: &Job,
+    parts: &[(PartRows<'_>, &[u8])],
+) -> Result<()> {
+    for (rows, src) in parts {
+        check_extent(rows, src)?;
+    }
+    let widths: Vec<usize> = parts.iter().map(|(p, _)| p.part.view.cols()).collect();
+    let cols: usize = widths.iter().sum();
+    let n_rows = parts.first().map_or(0, |(p, _)| p.part.view.rows());
+    let step = block_rows(cols);
+    let mut buf = vec![0f32; step.min(n_rows) * cols];
+    let mut part_bufs: Vec<Vec<f32>> = widths
+        .iter()
+        .map(|w| vec![0f32; step.min(n_rows) * w])
+        .collect();
+    let mut r0 = 0;
+    while r0 < n_rows {
+        let r1 = (r0 + step).min(n_rows);
+        let n = r1 - r0;
+        let mut offset = 0;
+        for (((rows, src), pbuf), &w) in parts.iter().zip(&mut part_bufs).zip(&widths) {
+            let pbuf = &mut pbuf[..n * w];
+            read_part_rows(job, rows, src, (r0, r1), pbuf)?;
+            for (row, prow) in buf[..n * cols]
+                .chunks_exact_mut(cols)
+                .zip(pbuf.chunks_exact(w))
+            {
+                row[offset..offset + w].copy_from_slice(prow);
+            }
+            offset += w;
+        }
+        sink.send_rows(job.ty, &buf[..n * cols], cols)?;
         r0 = r1;
     }
     Ok(())

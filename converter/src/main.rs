@@ -12,7 +12,7 @@ use spark_convert::convert::{
 use spark_convert::error::{Error, Result};
 use spark_convert::model::OutType;
 use spark_convert::synthetic::{generate_with_chat_template, SyntheticOptions};
-use spark_gguf::schema::QkvLayout;
+use spark_gguf::schema::{FfnRowLayout, QkvLayout};
 
 /// Convert a Spark-Gemma2 (or dense Gemma-2) .npz checkpoint to GGUF.
 ///
@@ -67,6 +67,13 @@ struct Cli {
     /// a few percent slower decode on the CPU measured, docs/PERF.md). llama.cpp loads either.
     #[arg(long)]
     stack_qkv: bool,
+    /// Write K2 and V of a Spark model as one tensor, blk.N.ffn_k2v.weight, whose row j is
+    /// neuron j's K2 row followed by its V row, instead of ffn_up and ffn_down_t: one storage
+    /// read per active neuron when rows are read from storage. Stored in the output type when
+    /// both parts of a row are whole blocks of it, else as f16 (q8_0 with D - r_f or D not a
+    /// multiple of 32). llama.cpp loads either.
+    #[arg(long)]
+    pair_k2v: bool,
     /// general.name (default: the input file's stem, or the preset).
     #[arg(long)]
     name: Option<String>,
@@ -107,6 +114,11 @@ fn run(cli: Cli) -> Result<()> {
     } else {
         QkvLayout::Split
     };
+    let ffn_rows = if cli.pair_k2v {
+        FfnRowLayout::Paired
+    } else {
+        FfnRowLayout::Separate
+    };
     let overrides = SparkOverrides {
         ffn_k: cli.ffn_k,
         ffn_r: cli.ffn_r,
@@ -131,6 +143,7 @@ fn run(cli: Cli) -> Result<()> {
                 outtype,
                 overrides,
                 qkv,
+                ffn_rows,
                 name: cli.name,
                 force: cli.force,
                 quiet: cli.quiet,
@@ -160,6 +173,7 @@ fn run(cli: Cli) -> Result<()> {
         chat_template,
         overrides,
         qkv,
+        ffn_rows,
         name: cli.name,
         force: cli.force,
         quiet: cli.quiet,

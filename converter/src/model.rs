@@ -46,6 +46,19 @@ impl OutType {
 /// back to f16. `source` is the checkpoint precision (used by `auto`). The second value says
 /// whether the fallback happened.
 pub fn tensor_type(out: OutType, source: GgmlType, ne: &[u64]) -> (GgmlType, bool) {
+    tensor_type_parts(out, source, ne, &ne[..ne.len().min(1)])
+}
+
+/// [`tensor_type`] of a tensor whose rows are parts of widths `parts` side by side (SPEC
+/// section 3's `ffn_k2v`: K2's `D - r_f` values, then V's `D`): the output type when every part
+/// is whole blocks of it, else the fallback a matrix whose rows are not whole blocks gets (f16
+/// under Q8_0), so that each part of a row is stored as the part's own tensor would be.
+pub fn tensor_type_parts(
+    out: OutType,
+    source: GgmlType,
+    ne: &[u64],
+    parts: &[u64],
+) -> (GgmlType, bool) {
     if ne.len() <= 1 {
         return (GgmlType::F32, false);
     }
@@ -55,11 +68,30 @@ pub fn tensor_type(out: OutType, source: GgmlType, ne: &[u64]) -> (GgmlType, boo
         OutType::BF16 => (GgmlType::BF16, false),
         OutType::Auto => (source, false),
         OutType::Q8_0 => {
-            if ne[0].is_multiple_of(GgmlType::Q8_0.block_size()) {
+            let block = GgmlType::Q8_0.block_size();
+            if parts.iter().all(|w| w.is_multiple_of(block)) {
                 (GgmlType::Q8_0, false)
             } else {
                 (GgmlType::F16, true)
             }
+        }
+    }
+}
+
+/// The note said when tensor `name` (row part widths `parts`, as [`tensor_type_parts`] took
+/// them) falls back from Q8_0 to f16.
+pub fn fallback_note(name: &str, parts: &[u64]) -> String {
+    let block = GgmlType::Q8_0.block_size();
+    match parts {
+        [width] => format!(
+            "{name}: row length {width} is not a multiple of {block}, stored as f16 instead of q8_0"
+        ),
+        _ => {
+            let widths: Vec<String> = parts.iter().map(u64::to_string).collect();
+            format!(
+                "{name}: the parts of a row ({}) are not all multiples of {block}, stored as f16 instead of q8_0",
+                widths.join(" + ")
+            )
         }
     }
 }
@@ -276,6 +308,38 @@ mod tests {
             (GgmlType::F16, false)
         );
         assert!(OutType::parse("q4_0").is_err());
+    }
+
+    #[test]
+    fn a_paired_row_needs_every_part_in_whole_blocks() {
+        // K2 and V of 32 and 64: q8_0; 24 and 64 (a row of 88), or 16 and 48 (a row of 64, whole
+        // blocks as a row but not as parts): f16, as K2 alone would be
+        let q8 = |parts: &[u64]| {
+            let ne = [parts.iter().sum::<u64>(), 8];
+            tensor_type_parts(OutType::Q8_0, GgmlType::F32, &ne, parts)
+        };
+        assert_eq!(q8(&[32, 64]), (GgmlType::Q8_0, false));
+        assert_eq!(q8(&[24, 64]), (GgmlType::F16, true));
+        assert_eq!(q8(&[16, 48]), (GgmlType::F16, true));
+        for out in [OutType::F32, OutType::F16, OutType::BF16] {
+            let (ty, fallback) = tensor_type_parts(out, GgmlType::F32, &[88, 8], &[24, 64]);
+            assert_eq!(
+                (ty, fallback),
+                (tensor_type(out, GgmlType::F32, &[88, 8]).0, false)
+            );
+        }
+        assert_eq!(
+            tensor_type_parts(OutType::Auto, GgmlType::BF16, &[88, 8], &[24, 64]),
+            (GgmlType::BF16, false)
+        );
+        assert_eq!(
+            fallback_note("blk.0.ffn_k2v.weight", &[16, 48]),
+            "blk.0.ffn_k2v.weight: the parts of a row (16 + 48) are not all multiples of 32, stored as f16 instead of q8_0"
+        );
+        assert_eq!(
+            fallback_note("blk.0.ffn_gate.weight", &[40]),
+            "blk.0.ffn_gate.weight: row length 40 is not a multiple of 32, stored as f16 instead of q8_0"
+        );
     }
 
     #[test]

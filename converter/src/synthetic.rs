@@ -1,12 +1,14 @@
 //! Random-weight models without a checkpoint (`--synthetic PRESET`), streamed and generated in
 //! parallel. Every chunk of every tensor has its own PRNG stream keyed by (seed, tensor index,
 //! chunk index) and chunk boundaries depend only on the tensor's shape, so the file is the same
-//! for a seed whatever the thread count.
+//! for a seed whatever the thread count. The values are those of the file with K2 and V
+//! separate (`ffn_up`, `ffn_down_t`; tensor indices of that layout): a `--pair-k2v` file holds
+//! the same values, each `ffn_k2v` row made of its `ffn_up` and `ffn_down_t` rows.
 
 use std::path::PathBuf;
 
 use rayon::prelude::*;
-use spark_gguf::schema::{Arch, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{Arch, FfnRowLayout, Layout, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{quant, GgmlType, GgufError, TensorPlan};
 
 use crate::config::ModelConfig;
@@ -49,6 +51,8 @@ pub struct SyntheticOptions {
     pub overrides: SparkOverrides,
     /// How Wq, Wk and Wv are written (Spark presets only).
     pub qkv: QkvLayout,
+    /// How K2 and V are written (Spark presets only).
+    pub ffn_rows: FfnRowLayout,
     /// `general.name` (default: the preset name).
     pub name: Option<String>,
     /// Also write a llama-gguf-hash manifest of the tensor data here, committed with the output.
@@ -208,6 +212,12 @@ pub fn generate_with_chat_template(
             o.preset
         )));
     }
+    if arch == GEMMA2_ARCH && o.ffn_rows != FfnRowLayout::Separate {
+        return Err(Error::Usage(format!(
+            "--pair-k2v does not apply to the dense preset '{}'",
+            o.preset
+        )));
+    }
     o.overrides.apply(&mut cfg);
     let hp = model::hparams(arch, &cfg)?;
     let outtype = if o.outtype == OutType::Auto {
@@ -215,19 +225,21 @@ pub fn generate_with_chat_template(
     } else {
         o.outtype
     };
+    let tensors = synthetic_tensors(&hp, Layout::new(o.qkv, o.ffn_rows))?;
     let mut notes = Vec::new();
-    let plans: Vec<TensorPlan> = hp
-        .expected_tensors_in(arch.tensors_with(o.qkv))
-        .into_iter()
-        .map(|(name, ne)| {
-            let (ty, fallback) = model::tensor_type(outtype, GgmlType::F32, &ne);
+    let plans: Vec<TensorPlan> = tensors
+        .iter()
+        .map(|st| {
+            let widths: Vec<u64> = st.parts.iter().map(|p| p.ne[0]).collect();
+            let (ty, fallback) = model::tensor_type_parts(outtype, GgmlType::F32, &st.ne, &widths);
             if fallback {
-                notes.push(format!(
-                    "{name}: row length {} is not a multiple of 32, stored as f16 instead of q8_0",
-                    ne[0]
-                ));
+                notes.push(model::fallback_note(&st.name, &widths));
             }
-            TensorPlan { name, ty, ne }
+            TensorPlan {
+                name: st.name.clone(),
+                ty,
+                ne: st.ne.clone(),
+            }
         })
         .collect();
     let types: Vec<GgmlType> = plans.iter().map(|p| p.ty).collect();
@@ -252,28 +264,48 @@ pub fn generate_with_chat_template(
     let w = create_writer(&o.output, o.manifest.as_deref(), o.force, &md, &plans)?;
     let window = (rayon::current_num_threads() * 2).max(2);
     let file_bytes = write_pipelined(w, &progress, |sink| {
-        for (t, plan) in plans.iter().enumerate() {
+        for (st, plan) in tensors.iter().zip(&plans) {
             progress.start_tensor(&plan.name);
-            let cols = plan.ne[0] as usize;
-            let rows: usize = plan.ne[1..].iter().map(|&n| n as usize).product();
-            let chunk_rows = (CHUNK_ELEMS / cols).max(1);
-            let n_chunks = rows.div_ceil(chunk_rows);
-            let init = init_for(&plan.name, &plan.ne);
-            for first in (0..n_chunks).step_by(window) {
-                let last = (first + window).min(n_chunks);
-                let encoded: Vec<std::result::Result<Vec<u8>, GgufError>> = (first..last)
-                    .into_par_iter()
-                    .map(|c| {
-                        let r0 = c * chunk_rows;
-                        let r1 = (r0 + chunk_rows).min(rows);
-                        let mut buf = vec![0f32; (r1 - r0) * cols];
-                        fill_chunk(o.seed, t as u64, c as u64, init, &mut buf);
-                        let mut bytes = Vec::new();
-                        quant::encode_f32(plan.ty, &buf, &mut bytes).map(|()| bytes)
-                    })
-                    .collect();
-                for e in encoded {
-                    sink.send(e?)?;
+            match st.parts.as_slice() {
+                [part] => {
+                    let g = PartGen::new(part, o.seed);
+                    for first in (0..g.n_chunks()).step_by(window) {
+                        let last = (first + window).min(g.n_chunks());
+                        let encoded: Vec<std::result::Result<Vec<u8>, GgufError>> = (first..last)
+                            .into_par_iter()
+                            .map(|c| {
+                                let mut bytes = Vec::new();
+                                quant::encode_f32(plan.ty, &g.chunk(c), &mut bytes).map(|()| bytes)
+                            })
+                            .collect();
+                        for e in encoded {
+                            sink.send(e?)?;
+                        }
+                    }
+                }
+                parts => {
+                    let mut gens: Vec<PartGen> =
+                        parts.iter().map(|p| PartGen::new(p, o.seed)).collect();
+                    let rows = gens[0].rows;
+                    let cols: usize = gens.iter().map(|g| g.cols).sum();
+                    // a few of the widest part's chunks per block of rows
+                    let step = gens.iter().map(|g| g.chunk_rows).max().unwrap_or(1) * window.min(8);
+                    let mut buf = vec![0f32; step.min(rows) * cols];
+                    for r0 in (0..rows).step_by(step) {
+                        let r1 = (r0 + step).min(rows);
+                        let block = &mut buf[..(r1 - r0) * cols];
+                        let mut offset = 0;
+                        for g in &mut gens {
+                            let part = g.rows(r0, r1);
+                            for (row, prow) in
+                                block.chunks_exact_mut(cols).zip(part.chunks_exact(g.cols))
+                            {
+                                row[offset..offset + g.cols].copy_from_slice(prow);
+                            }
+                            offset += g.cols;
+                        }
+                        sink.send_rows(plan.ty, block, cols)?;
+                    }
                 }
             }
         }
@@ -281,6 +313,133 @@ pub fn generate_with_chat_template(
     })?;
     progress.finish(&o.output, o.manifest.as_deref(), file_bytes);
     Ok(())
+}
+
+/// One tensor of a synthetic file: its name and dims, and the tensors of the separate-K2/V
+/// layout whose values it holds (itself, or for `ffn_k2v` its `ffn_up` and `ffn_down_t`, whose
+/// rows it holds side by side).
+struct SyntheticTensor {
+    name: String,
+    ne: Vec<u64>,
+    parts: Vec<SyntheticPart>,
+}
+
+/// A tensor of the separate-K2/V layout, as its values are drawn.
+struct SyntheticPart {
+    /// Its index in that layout's tensor list (the PRNG's tensor index).
+    index: u64,
+    ne: Vec<u64>,
+    init: Init,
+}
+
+/// The tensors of a synthetic file of `hp` laid out as `layout`, in file order.
+fn synthetic_tensors(
+    hp: &spark_gguf::schema::Hparams,
+    layout: Layout,
+) -> Result<Vec<SyntheticTensor>> {
+    let arch = hp.arch;
+    let separate_layout = Layout {
+        ffn_rows: FfnRowLayout::Separate,
+        ..layout
+    };
+    let separate = hp.expected_tensors_in(arch.tensors_with(separate_layout));
+    let part = |name: &str| -> Result<SyntheticPart> {
+        let i = separate
+            .iter()
+            .position(|(n, _)| n == name)
+            .ok_or_else(|| Error::Internal(format!("internal: no tensor '{name}' to draw from")))?;
+        let ne = separate[i].1.clone();
+        Ok(SyntheticPart {
+            index: i as u64,
+            init: init_for(name, &ne),
+            ne,
+        })
+    };
+    let specs = arch.tensors_with(layout);
+    let globals = specs.iter().filter(|s| !s.per_layer()).map(|s| (s, 0u64));
+    let layered =
+        (0..hp.n_layers).flat_map(|l| specs.iter().filter(|s| s.per_layer()).map(move |s| (s, l)));
+    globals
+        .chain(layered)
+        .zip(hp.expected_tensors_in(specs))
+        .map(|((spec, l), (name, ne))| {
+            let parts = match spec.kind.row_parts() {
+                [] => vec![part(&name)?],
+                kinds => kinds
+                    .iter()
+                    .map(|k| part(&k.name_for(l)))
+                    .collect::<Result<Vec<_>>>()?,
+            };
+            Ok(SyntheticTensor { name, ne, parts })
+        })
+        .collect()
+}
+
+/// Draws the rows of one [`SyntheticPart`], chunk by chunk (each chunk its own PRNG stream),
+/// keeping the last chunk drawn for the next call.
+struct PartGen {
+    seed: u64,
+    index: u64,
+    init: Init,
+    cols: usize,
+    rows: usize,
+    chunk_rows: usize,
+    /// The last chunk drawn by [`PartGen::rows`]: (chunk index, values).
+    carry: Option<(usize, Vec<f32>)>,
+}
+
+impl PartGen {
+    fn new(p: &SyntheticPart, seed: u64) -> Self {
+        let cols = p.ne[0] as usize;
+        PartGen {
+            seed,
+            index: p.index,
+            init: p.init,
+            cols,
+            rows: p.ne[1..].iter().map(|&n| n as usize).product(),
+            chunk_rows: (CHUNK_ELEMS / cols).max(1),
+            carry: None,
+        }
+    }
+
+    fn n_chunks(&self) -> usize {
+        self.rows.div_ceil(self.chunk_rows)
+    }
+
+    /// Chunk `c`'s values (its rows, all columns).
+    fn chunk(&self, c: usize) -> Vec<f32> {
+        let r0 = c * self.chunk_rows;
+        let r1 = (r0 + self.chunk_rows).min(self.rows);
+        let mut buf = vec![0f32; (r1 - r0) * self.cols];
+        fill_chunk(self.seed, self.index, c as u64, self.init, &mut buf);
+        buf
+    }
+
+    /// Rows `r0..r1` (`r0 < r1`), drawn in parallel; call with increasing row ranges.
+    fn rows(&mut self, r0: usize, r1: usize) -> Vec<f32> {
+        let (c0, c1) = (r0 / self.chunk_rows, (r1 - 1) / self.chunk_rows);
+        let carried = self.carry.take().filter(|(c, _)| *c == c0);
+        let first_new = c0 + usize::from(carried.is_some());
+        let fresh: Vec<Vec<f32>> = (first_new..=c1)
+            .into_par_iter()
+            .map(|c| self.chunk(c))
+            .collect();
+        let mut chunks: Vec<(usize, Vec<f32>)> = carried
+            .into_iter()
+            .chain((first_new..=c1).zip(fresh))
+            .collect();
+        let mut out = Vec::with_capacity((r1 - r0) * self.cols);
+        for (c, values) in &chunks {
+            let start = c * self.chunk_rows;
+            let (a, b) = (
+                r0.max(start) - start,
+                r1.min(start + self.chunk_rows) - start,
+            );
+            out.extend_from_slice(&values[a * self.cols..b * self.cols]);
+        }
+        self.carry = chunks.pop();
+        out
+    }
 }
 
 #[cfg(test)]
@@ -347,6 +506,7 @@ mod tests {
             outtype: OutType::Q8_0,
             overrides: SparkOverrides::default(),
             qkv: QkvLayout::Split,
+            ffn_rows: FfnRowLayout::Separate,
             name: None,
             manifest: Some(manifest.clone()),
             force: false,
@@ -373,6 +533,60 @@ mod tests {
             e.contains("the manifest cannot be the output itself"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn rows_drawn_in_any_blocks_are_the_chunks_drawn_whole() {
+        // rows of 4096 values: chunks of 256 rows, the last of 1000 rows short
+        let part = SyntheticPart {
+            index: 3,
+            ne: vec![4096, 1000],
+            init: Init::Normal(0.5),
+        };
+        let whole: Vec<f32> = {
+            let g = PartGen::new(&part, 9);
+            assert_eq!((g.chunk_rows, g.n_chunks()), (256, 4));
+            (0..g.n_chunks()).flat_map(|c| g.chunk(c)).collect()
+        };
+        assert_eq!(whole.len(), 4096 * 1000);
+        for step in [1, 100, 256, 300, 1000] {
+            let mut g = PartGen::new(&part, 9);
+            let mut drawn = Vec::new();
+            for r0 in (0..1000).step_by(step) {
+                drawn.extend(g.rows(r0, (r0 + step).min(1000)));
+            }
+            assert!(drawn == whole, "blocks of {step} rows");
+        }
+    }
+
+    #[test]
+    fn paired_tensors_draw_the_separate_tensors_values() {
+        let (arch, cfg) = preset("tiny").unwrap();
+        let hp = model::hparams(arch, &cfg).unwrap();
+        for qkv in [QkvLayout::Split, QkvLayout::Stacked] {
+            let separate =
+                synthetic_tensors(&hp, Layout::new(qkv, FfnRowLayout::Separate)).unwrap();
+            let paired = synthetic_tensors(&hp, Layout::new(qkv, FfnRowLayout::Paired)).unwrap();
+            // the separate layout draws tensor i from stream i
+            for (i, t) in separate.iter().enumerate() {
+                assert_eq!(t.parts.len(), 1);
+                assert_eq!(t.parts[0].index, i as u64);
+            }
+            let index = |name: &str| separate.iter().position(|t| t.name == name).unwrap() as u64;
+            for t in &paired {
+                let want: Vec<u64> = if t.name.contains("ffn_k2v") {
+                    let l = &t.name["blk.".len()..t.name.find(".ffn").unwrap()];
+                    vec![
+                        index(&format!("blk.{l}.ffn_up.weight")),
+                        index(&format!("blk.{l}.ffn_down_t.weight")),
+                    ]
+                } else {
+                    vec![index(&t.name)]
+                };
+                let got: Vec<u64> = t.parts.iter().map(|p| p.index).collect();
+                assert_eq!(got, want, "{}", t.name);
+            }
+        }
     }
 
     #[test]

@@ -223,6 +223,7 @@ fn check_conversion(bytes: &[u8], outtype: OutType) -> Result<bool, TestCaseErro
         chat_template: None,
         overrides: SparkOverrides::default(),
         qkv: spark_gguf::schema::QkvLayout::Split,
+        ffn_rows: spark_gguf::schema::FfnRowLayout::Separate,
         name: None,
         manifest: None,
         force: false,

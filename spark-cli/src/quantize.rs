@@ -1,4 +1,9 @@
 //! `spark quantize`: llama.cpp's own quantizer (`llama_model_quantize`) on any GGUF it can load.
+//!
+//! The quantizer keeps every tensor's name and shape, so a file's layout (SPEC section 3:
+//! `attn_qkv` stacked, `ffn_k2v` paired) carries over; it types a paired `ffn_k2v` as one
+//! matrix, and an output whose type does not make both parts of its rows (K2's D - r_f values,
+//! V's D) whole blocks is refused and removed.
 
 use crate::error::{CliError, Result};
 use crate::gguf_info::{self, path_cstring};
@@ -95,6 +100,14 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             args.input.display()
         )));
     }
+    if let Err(cause) = check_row_parts(&args.output) {
+        let _ = std::fs::remove_file(&args.output);
+        return Err(CliError::new(format!(
+            "cannot quantize {} to {}: {cause}",
+            args.input.display(),
+            args.ftype.to_ascii_uppercase()
+        )));
+    }
     if !args.quiet {
         let size = |p: &PathBuf| {
             std::fs::metadata(p)
@@ -112,6 +125,21 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Checks the quantized file at `path` against SPEC section 3's rule for tensors made of row
+/// parts (`ffn_k2v`: each part of a row whole blocks of the tensor's type), naming the first
+/// tensor that breaks it.
+fn check_row_parts(path: &Path) -> std::result::Result<(), String> {
+    let f = spark_gguf::GgufFile::open(path)
+        .map_err(|e| format!("the output does not read back: {e}"))?;
+    match spark_gguf::validate::row_part_violations(&f).first() {
+        None => Ok(()),
+        Some(v) => Err(format!(
+            "{v} (a file converted with --pair-k2v needs a type whose blocks divide both D - r_f \
+             and D; convert without --pair-k2v to quantize it to this type)"
+        )),
+    }
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {

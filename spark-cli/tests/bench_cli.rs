@@ -26,6 +26,7 @@ fn model(preset: &str, cell: &'static OnceLock<PathBuf>) -> &'static Path {
             outtype: OutType::F16,
             overrides: SparkOverrides::default(),
             qkv: spark_gguf::schema::QkvLayout::Split,
+            ffn_rows: spark_gguf::schema::FfnRowLayout::Separate,
             name: None,
             manifest: None,
             force: true,

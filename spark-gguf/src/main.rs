@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use spark_gguf::manifest::{verify, Manifest};
-use spark_gguf::{validate::validate, GgufFile};
+use spark_gguf::schema::Layout;
+use spark_gguf::validate::{layout_of, validate};
+use spark_gguf::GgufFile;
 
 /// Inspect and validate GGUF files (llama.cpp's rules plus the Spark schema).
 #[derive(Parser)]
@@ -25,7 +27,9 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         max_elems: usize,
     },
-    /// Check the file; print each violation and exit non-zero if there is any.
+    /// Check the file; print each violation and exit non-zero if there is any. The line of a
+    /// valid file names its tensor layout when it is not the default ("attn_qkv stacked",
+    /// "ffn_k2v paired", SPEC section 3).
     Validate {
         /// The GGUF file.
         file: PathBuf,
@@ -139,8 +143,15 @@ fn main() -> ExitCode {
             };
             match matched {
                 Some(summary) if violations.is_empty() => {
+                    // a layout other than the default (SPEC section 3) is said
+                    let layout = layout_of(&f);
+                    let layout = if layout == Layout::default() {
+                        String::new()
+                    } else {
+                        format!(", {layout}")
+                    };
                     println!(
-                        "{}: valid ({} tensors, {} keys){summary}",
+                        "{}: valid ({} tensors, {} keys{layout}){summary}",
                         file.display(),
                         f.tensors().len(),
                         f.metadata().len()

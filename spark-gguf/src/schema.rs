@@ -68,20 +68,31 @@ impl Arch {
     }
 
     /// The tensors, in file order (SPEC section 3 for `spark-gemma2`; llama.cpp's layout for
-    /// `gemma2`), with Wq, Wk and Wv as three matrices ([`QkvLayout::Split`]).
+    /// `gemma2`), in the default [`Layout`]: Wq, Wk and Wv as three matrices
+    /// ([`QkvLayout::Split`]), K2 and V as two ([`FfnRowLayout::Separate`]).
     pub fn tensors(self) -> &'static [TensorSpec] {
-        self.tensors_with(QkvLayout::Split)
+        self.tensors_with(Layout::default())
     }
 
-    /// The tensors of a file whose attention input matrices are laid out as `qkv`
-    /// ([`QkvLayout::Stacked`] is a `spark-gemma2` form; `gemma2` has llama.cpp's three
-    /// matrices either way).
-    pub fn tensors_with(self, qkv: QkvLayout) -> &'static [TensorSpec] {
-        match (self, qkv) {
-            (Arch::SparkGemma2, QkvLayout::Split) => &SPARK_TENSORS,
-            (Arch::SparkGemma2, QkvLayout::Stacked) => &SPARK_STACKED_QKV_TENSORS,
-            (Arch::Gemma2, _) => &GEMMA2_TENSORS,
+    /// The tensors of a file laid out as `layout` ([`QkvLayout::Stacked`] and
+    /// [`FfnRowLayout::Paired`] are `spark-gemma2` forms, independent of each other; `gemma2` has
+    /// llama.cpp's layout whatever `layout` says: see [`Arch::supports`]).
+    pub fn tensors_with(self, layout: Layout) -> &'static [TensorSpec] {
+        use FfnRowLayout::{Paired, Separate};
+        use QkvLayout::{Split, Stacked};
+        match (self, layout.qkv, layout.ffn_rows) {
+            (Arch::SparkGemma2, Split, Separate) => &SPARK_TENSORS,
+            (Arch::SparkGemma2, Stacked, Separate) => &SPARK_STACKED_QKV_TENSORS,
+            (Arch::SparkGemma2, Split, Paired) => &SPARK_PAIRED_K2V_TENSORS,
+            (Arch::SparkGemma2, Stacked, Paired) => &SPARK_STACKED_QKV_PAIRED_K2V_TENSORS,
+            (Arch::Gemma2, _, _) => &GEMMA2_TENSORS,
         }
+    }
+
+    /// Whether files of this architecture can be laid out as `layout` (`gemma2`: only the
+    /// default, llama.cpp's own).
+    pub fn supports(self, layout: Layout) -> bool {
+        self.is_spark() || layout == Layout::default()
     }
 }
 
@@ -96,6 +107,72 @@ pub enum QkvLayout {
     /// fewer per decode layer on ggml-cuda (two per quantized product), about 4 % slower decode
     /// on the 2-core CPU it was measured on (docs/PERF.md); `spark-convert --stack-qkv`.
     Stacked,
+}
+
+/// How a file holds a Spark FFN's per-neuron rows: K2 (value weights) and V (output vector)
+/// (llama.cpp loads either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FfnRowLayout {
+    /// Two tensors, `ffn_up` (K2) and `ffn_down_t` (V) (spark-convert's default).
+    #[default]
+    Separate,
+    /// One tensor, `ffn_k2v`, whose row j is K2's row j followed by V's row j, each part in whole
+    /// blocks of the tensor's type ([`TensorKind::row_parts`]): an active neuron whose rows are
+    /// read from storage costs one read instead of two; `spark-convert --pair-k2v`.
+    Paired,
+}
+
+/// A file's tensor layout: the two independent choices of SPEC section 3 (a file makes each
+/// for all its layers; never a mix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Layout {
+    /// Wq, Wk and Wv: three matrices or one stacked.
+    pub qkv: QkvLayout,
+    /// K2 and V: two tensors or one paired.
+    pub ffn_rows: FfnRowLayout,
+}
+
+impl Layout {
+    /// The layout of the two choices.
+    pub const fn new(qkv: QkvLayout, ffn_rows: FfnRowLayout) -> Self {
+        Layout { qkv, ffn_rows }
+    }
+
+    /// The layout of a file, from whether it has a tensor of this name (`has`): layer 0's
+    /// `attn_qkv` and `ffn_k2v` decide (a file that mixes layouts then fails the tensor-by-tensor
+    /// comparison with [`Arch::tensors_with`] of this layout, as `spark-gguf validate` does it).
+    pub fn infer(has: impl Fn(&str) -> bool) -> Layout {
+        let qkv = if has(&TensorKind::AttnQkv.name_for(0)) {
+            QkvLayout::Stacked
+        } else {
+            QkvLayout::Split
+        };
+        let ffn_rows = if has(&TensorKind::FfnK2v.name_for(0)) {
+            FfnRowLayout::Paired
+        } else {
+            FfnRowLayout::Separate
+        };
+        Layout { qkv, ffn_rows }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    /// The layout's tensors that are not the default's, e.g. `"attn_qkv stacked, ffn_k2v
+    /// paired"`, or `"default"`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.qkv == QkvLayout::Stacked {
+            parts.push(format!("{} stacked", TensorKind::AttnQkv.short_name()));
+        }
+        if self.ffn_rows == FfnRowLayout::Paired {
+            parts.push(format!("{} paired", TensorKind::FfnK2v.short_name()));
+        }
+        if parts.is_empty() {
+            f.write_str("default")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
 }
 
 impl std::fmt::Display for Arch {
@@ -252,6 +329,8 @@ pub enum Dim {
     FfnR,
     /// D - r_f
     EmbdMinusFfnR,
+    /// (D - r_f) + D: a K2 row and a V row side by side
+    EmbdMinusFfnRPlusEmbd,
 }
 
 impl Dim {
@@ -266,6 +345,7 @@ impl Dim {
             Dim::Ff => hp.d_ff,
             Dim::FfnR => hp.ffn_r,
             Dim::EmbdMinusFfnR => hp.d_model.saturating_sub(hp.ffn_r),
+            Dim::EmbdMinusFfnRPlusEmbd => hp.d_model.saturating_sub(hp.ffn_r) + hp.d_model,
         }
     }
 }
@@ -302,6 +382,8 @@ pub enum TensorKind {
     FfnDown,
     /// Spark's V, neuron-major (the down projection transposed).
     FfnDownT,
+    /// Spark's K2 and V side by side: row j = K2's row j, then V's row j.
+    FfnK2v,
     /// The post-FFN RMSNorm weight.
     PostFfwNorm,
 }
@@ -324,6 +406,7 @@ impl TensorKind {
             TensorKind::FfnUp => "blk.{l}.ffn_up.weight",
             TensorKind::FfnDown => "blk.{l}.ffn_down.weight",
             TensorKind::FfnDownT => "blk.{l}.ffn_down_t.weight",
+            TensorKind::FfnK2v => "blk.{l}.ffn_k2v.weight",
             TensorKind::PostFfwNorm => "blk.{l}.post_ffw_norm.weight",
         }
     }
@@ -336,6 +419,25 @@ impl TensorKind {
     /// The tensor's name for layer `l` (ignored by global tensors).
     pub fn name_for(self, l: u64) -> String {
         self.name().replace("{l}", &l.to_string())
+    }
+
+    /// The name without the layer prefix and the `.weight` suffix, as messages say it
+    /// (`"ffn_up"`).
+    pub fn short_name(self) -> &'static str {
+        let n = self.name();
+        let n = n.strip_prefix("blk.{l}.").unwrap_or(n);
+        n.strip_suffix(".weight").unwrap_or(n)
+    }
+
+    /// For a tensor whose every row is rows of other tensors side by side, those tensors in
+    /// order: row j of `ffn_k2v` is row j of `ffn_up` (K2) followed by row j of `ffn_down_t`
+    /// (V). Each part must be whole blocks of the tensor's type, so that a row's bytes are the
+    /// parts' bytes in that type, concatenated. Empty for every other tensor.
+    pub const fn row_parts(self) -> &'static [TensorKind] {
+        match self {
+            TensorKind::FfnK2v => &[TensorKind::FfnUp, TensorKind::FfnDownT],
+            _ => &[],
+        }
     }
 }
 
@@ -376,10 +478,10 @@ use TensorKind::*;
 
 /// The tensor table of a Gemma-2 layout, in file order: the tensors both architectures share,
 /// with the architecture's own attention input projections ($qkv: one stacked matrix or three)
-/// after the pre-attention norm and its own FFN matrices between the pre-FFN and the post-FFN
-/// norm.
+/// after the pre-attention norm and its own FFN matrices ($ffn: the predictor or gate, then the
+/// others) between the pre-FFN and the post-FFN norm.
 macro_rules! gemma2_layout {
-    ([$($qkv:expr),+], $gate:expr, $up:expr, $down:expr $(,)?) => {
+    ([$($qkv:expr),+], [$($ffn:expr),+ $(,)?] $(,)?) => {
         [
             t(TokenEmbd, &[Embd, Vocab], "embedding, tied output"),
             t(OutputNorm, &[Embd], "final RMSNorm weight (1 + scale)"),
@@ -392,9 +494,7 @@ macro_rules! gemma2_layout {
                 "post-attention RMSNorm (1 + scale)",
             ),
             t(FfnNorm, &[Embd], "pre-FFN RMSNorm (1 + scale)"),
-            $gate,
-            $up,
-            $down,
+            $($ffn,)+
             t(PostFfwNorm, &[Embd], "post-FFN RMSNorm (1 + scale)"),
         ]
     };
@@ -424,19 +524,36 @@ const SPARK_V: TensorSpec = t(
     "V, neuron-major: row j = neuron j's output",
 );
 
-/// Spark's layout ([`QkvLayout::Split`]).
-static SPARK_TENSORS: [TensorSpec; 13] = gemma2_layout!([WQ, WK, WV], SPARK_K1, SPARK_K2, SPARK_V);
+const SPARK_K2V: TensorSpec = t(
+    FfnK2v,
+    &[EmbdMinusFfnRPlusEmbd, Ff],
+    "K2 and V side by side: row j = K2's row j, then V's row j",
+);
+
+/// Spark's layout ([`Layout::default`]).
+static SPARK_TENSORS: [TensorSpec; 13] =
+    gemma2_layout!([WQ, WK, WV], [SPARK_K1, SPARK_K2, SPARK_V]);
 
 /// Spark's layout with Wq, Wk and Wv stacked into one matrix, `attn_qkv`
 /// ([`QkvLayout::Stacked`]).
 static SPARK_STACKED_QKV_TENSORS: [TensorSpec; 11] =
-    gemma2_layout!([WQKV], SPARK_K1, SPARK_K2, SPARK_V);
+    gemma2_layout!([WQKV], [SPARK_K1, SPARK_K2, SPARK_V]);
+
+/// Spark's layout with K2 and V paired into one tensor, `ffn_k2v` ([`FfnRowLayout::Paired`]).
+static SPARK_PAIRED_K2V_TENSORS: [TensorSpec; 12] =
+    gemma2_layout!([WQ, WK, WV], [SPARK_K1, SPARK_K2V]);
+
+/// Spark's layout with `attn_qkv` stacked and `ffn_k2v` paired.
+static SPARK_STACKED_QKV_PAIRED_K2V_TENSORS: [TensorSpec; 10] =
+    gemma2_layout!([WQKV], [SPARK_K1, SPARK_K2V]);
 
 static GEMMA2_TENSORS: [TensorSpec; 13] = gemma2_layout!(
     [WQ, WK, WV],
-    t(FfnGate, &[Embd, Ff], "gate projection"),
-    t(FfnUp, &[Embd, Ff], "up projection"),
-    t(FfnDown, &[Ff, Embd], "down projection"),
+    [
+        t(FfnGate, &[Embd, Ff], "gate projection"),
+        t(FfnUp, &[Embd, Ff], "up projection"),
+        t(FfnDown, &[Ff, Embd], "down projection"),
+    ],
 );
 
 /// The model dimensions that determine tensor shapes. For `gemma2` the `ffn_*`/`attn_*` Spark
@@ -668,6 +785,19 @@ impl Hparams {
         self.expected_tensors_in(self.arch.tensors())
     }
 
+    /// The parts of a row of tensor `kind` ([`TensorKind::row_parts`]) with their widths (each
+    /// part's ne0, as the default layout stores it): for `ffn_k2v`, `[(FfnUp, D - r_f),
+    /// (FfnDownT, D)]`. Empty for a tensor that is not made of parts.
+    pub fn row_parts(&self, kind: TensorKind) -> Vec<(TensorKind, u64)> {
+        kind.row_parts()
+            .iter()
+            .filter_map(|&part| {
+                let spec = self.arch.tensors().iter().find(|s| s.kind == part)?;
+                Some((part, spec.dims.first()?.resolve(self)))
+            })
+            .collect()
+    }
+
     /// [`expected_tensors`](Self::expected_tensors) of the layout `specs` (one of
     /// [`Arch::tensors_with`]'s).
     pub fn expected_tensors_in(&self, specs: &[TensorSpec]) -> Vec<(String, Vec<u64>)> {
@@ -687,6 +817,25 @@ impl Hparams {
         }
         out
     }
+}
+
+/// Checks that type `ty` stores each part of a row (`parts`, as [`Hparams::row_parts`] gives
+/// them) in whole blocks, so that the row's bytes are the parts' bytes in `ty`, concatenated; the
+/// error says the type, its block size and every part's width.
+pub fn check_row_parts(ty: GgmlType, parts: &[(TensorKind, u64)]) -> Result<(), String> {
+    let block = ty.block_size();
+    if parts.iter().all(|(_, w)| w.is_multiple_of(block)) {
+        return Ok(());
+    }
+    let widths: Vec<String> = parts
+        .iter()
+        .map(|(k, w)| format!("{} part {w}", k.short_name()))
+        .collect();
+    Err(format!(
+        "type {} (blocks of {block} elements) does not make each part of a row whole blocks: {} elements",
+        ty.name(),
+        widths.join(", ")
+    ))
 }
 
 /// The llama.cpp `LLAMA_FTYPE_*` value describing tensors stored mostly as `ty`, if llama.cpp
@@ -811,12 +960,91 @@ mod tests {
         assert_eq!(find("blk.0.attn_output.weight"), vec![2048, 2304]);
         assert_eq!(find("blk.0.attn_k.weight"), vec![2304, 1024]);
         // Wq, Wk, Wv stacked into one matrix
-        let stacked = hp.expected_tensors_in(SPARK_ARCH.tensors_with(QkvLayout::Stacked));
+        let stacked_qkv = Layout::new(QkvLayout::Stacked, FfnRowLayout::Separate);
+        let stacked = hp.expected_tensors_in(SPARK_ARCH.tensors_with(stacked_qkv));
         assert_eq!(stacked.len(), 2 + 2 * 9);
         let find = |n: &str| stacked.iter().find(|(k, _)| k == n).unwrap().1.clone();
         assert_eq!(find("blk.0.attn_qkv.weight"), vec![2304, (8 + 2 * 4) * 256]);
         assert_eq!(find("blk.1.ffn_down_t.weight"), vec![2304, 13824]);
         assert!(stacked.iter().all(|(n, _)| !n.contains("attn_k.")));
+    }
+
+    #[test]
+    fn paired_k2v_layouts_in_both_qkv_layouts() {
+        let m = spark_meta();
+        let hp = Hparams::from_metadata(SPARK_ARCH, lookup(&m)).unwrap();
+        let names = |layout: Layout| -> Vec<String> {
+            hp.expected_tensors_in(SPARK_ARCH.tensors_with(layout))
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        };
+        for qkv in [QkvLayout::Split, QkvLayout::Stacked] {
+            let separate = names(Layout::new(qkv, FfnRowLayout::Separate));
+            let paired_layout = Layout::new(qkv, FfnRowLayout::Paired);
+            let paired = hp.expected_tensors_in(SPARK_ARCH.tensors_with(paired_layout));
+            // one tensor fewer per layer: ffn_k2v where ffn_up was, no ffn_down_t
+            assert_eq!(paired.len(), separate.len() - 2);
+            let want: Vec<String> = separate
+                .iter()
+                .filter(|n| !n.contains("ffn_down_t"))
+                .map(|n| n.replace("ffn_up", "ffn_k2v"))
+                .collect();
+            let got: Vec<String> = paired.iter().map(|(n, _)| n.clone()).collect();
+            assert_eq!(got, want, "{qkv:?}");
+            let k2v = paired
+                .iter()
+                .find(|(n, _)| n == "blk.1.ffn_k2v.weight")
+                .unwrap();
+            assert_eq!(k2v.1, vec![(2304 - 1024) + 2304, 13824]);
+            let i = got
+                .iter()
+                .position(|n| n == "blk.0.ffn_k2v.weight")
+                .unwrap();
+            assert_eq!(
+                [got[i - 1].as_str(), got[i + 1].as_str()],
+                ["blk.0.ffn_gate.weight", "blk.0.post_ffw_norm.weight"]
+            );
+            assert_eq!(
+                got.iter().any(|n| n.contains("attn_qkv")),
+                qkv == QkvLayout::Stacked
+            );
+            // inferred back from the names
+            assert_eq!(Layout::infer(|n| got.iter().any(|g| g == n)), paired_layout);
+            assert_eq!(
+                Layout::infer(|n| separate.iter().any(|g| g == n)),
+                Layout::new(qkv, FfnRowLayout::Separate)
+            );
+        }
+        // the parts of a row, their widths and the block rule
+        assert_eq!(
+            hp.row_parts(TensorKind::FfnK2v),
+            vec![(TensorKind::FfnUp, 1280), (TensorKind::FfnDownT, 2304)]
+        );
+        assert!(hp.row_parts(TensorKind::FfnUp).is_empty());
+        let parts = hp.row_parts(TensorKind::FfnK2v);
+        assert_eq!(check_row_parts(GgmlType::Q8_0, &parts), Ok(()));
+        assert_eq!(check_row_parts(GgmlType::Q4_K, &parts), Ok(()));
+        let odd = [(TensorKind::FfnUp, 128), (TensorKind::FfnDownT, 384)];
+        assert_eq!(check_row_parts(GgmlType::Q8_0, &odd), Ok(()));
+        assert_eq!(
+            check_row_parts(GgmlType::Q4_K, &odd).unwrap_err(),
+            "type q4_K (blocks of 256 elements) does not make each part of a row whole blocks: \
+             ffn_up part 128, ffn_down_t part 384 elements"
+        );
+        assert_eq!(TensorKind::FfnK2v.short_name(), "ffn_k2v");
+        assert_eq!(TensorKind::TokenEmbd.short_name(), "token_embd");
+        // dense gemma2 has llama.cpp's layout only
+        let paired = Layout::new(QkvLayout::Split, FfnRowLayout::Paired);
+        assert!(SPARK_ARCH.supports(paired));
+        assert!(!GEMMA2_ARCH.supports(paired));
+        assert!(GEMMA2_ARCH.supports(Layout::default()));
+        assert_eq!(paired.to_string(), "ffn_k2v paired");
+        assert_eq!(
+            Layout::new(QkvLayout::Stacked, FfnRowLayout::Paired).to_string(),
+            "attn_qkv stacked, ffn_k2v paired"
+        );
+        assert_eq!(Layout::default().to_string(), "default");
     }
 
     #[test]

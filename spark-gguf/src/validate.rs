@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::reader::GgufFile;
-use crate::schema::{Arch, Hparams, QkvLayout, TensorKind, GEMMA2_ARCH, SPARK_ARCH};
+use crate::schema::{check_row_parts, Arch, Hparams, Layout, TensorSpec, GEMMA2_ARCH, SPARK_ARCH};
 use crate::writer::MAX_TENSOR_NAME_BYTES;
 use crate::{keys, Array, Value, ValueType};
 
@@ -361,14 +361,10 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
         .iter()
         .map(|t| (t.name.as_str(), t))
         .collect();
-    // a file with Wq, Wk, Wv stacked (attn_qkv) is checked against that layout (llama.cpp
-    // loads either); every other file against the three matrices
-    let stacked = present.contains_key(TensorKind::AttnQkv.name_for(0).as_str());
-    let expected = hp.expected_tensors_in(arch.tensors_with(if stacked {
-        QkvLayout::Stacked
-    } else {
-        QkvLayout::Split
-    }));
+    // a file with Wq, Wk, Wv stacked (attn_qkv), or K2 and V paired (ffn_k2v), is checked
+    // against that layout (llama.cpp loads either of each); every other file against the default
+    let specs = arch.tensors_with(Layout::infer(|n| present.contains_key(n)));
+    let expected = hp.expected_tensors_in(specs);
     for (name, shape) in &expected {
         match present.get(name.as_str()) {
             None => r.add(name, format!("is missing (expected shape {shape:?})")),
@@ -386,6 +382,64 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
                 &t.name,
                 format!("is not a tensor of {arch} (llama.cpp refuses files with extra tensors)"),
             );
+        }
+    }
+    check_row_parts_of(&hp, specs, &present, r);
+}
+
+/// The layout of `file` (which of SPEC section 3's forms its tensors have), as [`validate`]
+/// infers it: layer 0's `attn_qkv` and `ffn_k2v` decide.
+pub fn layout_of(file: &GgufFile) -> Layout {
+    Layout::infer(|n| file.tensor(n).is_some())
+}
+
+/// The violations of SPEC section 3's rule for tensors made of row parts (`ffn_k2v`: each part
+/// of a row whole blocks of the tensor's type) in `file`, alone: what a tool that re-types a
+/// file's tensors (`spark quantize`) checks its output against. Empty for a file whose
+/// architecture or dimensions the schema cannot read (the full [`validate`] reports those).
+pub fn row_part_violations(file: &GgufFile) -> Vec<Violation> {
+    let mut r = Report(Vec::new());
+    let Some(Value::String(arch)) = file.get(keys::GENERAL_ARCHITECTURE) else {
+        return r.0;
+    };
+    let Some(arch) = Arch::from_name(arch) else {
+        return r.0;
+    };
+    let Ok(hp) = Hparams::from_metadata(arch, |k| file.get(k)) else {
+        return r.0;
+    };
+    let present: HashMap<&str, &crate::TensorInfo> = file
+        .tensors()
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    check_row_parts_of(&hp, arch.tensors_with(layout_of(file)), &present, &mut r);
+    r.0
+}
+
+/// For each tensor of `specs` made of row parts that `present` holds with rows of the expected
+/// width: its type makes each part whole blocks.
+fn check_row_parts_of(
+    hp: &Hparams,
+    specs: &[TensorSpec],
+    present: &HashMap<&str, &crate::TensorInfo>,
+    r: &mut Report,
+) {
+    for spec in specs.iter().filter(|s| !s.kind.row_parts().is_empty()) {
+        let parts = hp.row_parts(spec.kind);
+        let width: u64 = parts.iter().map(|(_, w)| w).sum();
+        let layers = if spec.per_layer() { hp.n_layers } else { 1 };
+        for l in 0..layers {
+            let name = spec.name_for(l);
+            // a tensor of another row width is reported by the shape check
+            if let Some(t) = present
+                .get(name.as_str())
+                .filter(|t| t.ne.first() == Some(&width))
+            {
+                if let Err(e) = check_row_parts(t.ty, &parts) {
+                    r.add(name, e);
+                }
+            }
         }
     }
 }

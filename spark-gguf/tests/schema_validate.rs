@@ -3,8 +3,10 @@
 mod gguf_helpers;
 
 use gguf_helpers::*;
-use spark_gguf::schema::{suffix, Hparams, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
-use spark_gguf::validate::validate;
+use spark_gguf::schema::{
+    suffix, FfnRowLayout, Hparams, Layout, QkvLayout, GEMMA2_ARCH, SPARK_ARCH,
+};
+use spark_gguf::validate::{layout_of, row_part_violations, validate};
 use spark_gguf::{keys, Array, GgmlType, GgufFile, GgufWriter, TensorPlan, Value};
 
 /// Writes metadata + plans with zero data and returns the violations as "what: message" lines.
@@ -216,7 +218,9 @@ fn spark_files_with_wq_wk_wv_stacked_are_valid_too() {
     })
     .unwrap();
     let stacked: Vec<TensorPlan> = hp
-        .expected_tensors_in(SPARK_ARCH.tensors_with(QkvLayout::Stacked))
+        .expected_tensors_in(
+            SPARK_ARCH.tensors_with(Layout::new(QkvLayout::Stacked, FfnRowLayout::Separate)),
+        )
         .into_iter()
         .map(|(name, ne)| TensorPlan {
             name,
@@ -240,6 +244,199 @@ fn spark_files_with_wq_wk_wv_stacked_are_valid_too() {
         violations(&base, &both),
         ["blk.1.attn_qkv.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)"]
     );
+}
+
+/// The tiny model's plans in `layout`: matrices `matrix_ty`, norms f32.
+fn plans_in(meta: &[(String, Value)], layout: Layout, matrix_ty: GgmlType) -> Vec<TensorPlan> {
+    let hp = Hparams::from_metadata(SPARK_ARCH, |k| {
+        meta.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)
+    })
+    .unwrap();
+    hp.expected_tensors_in(SPARK_ARCH.tensors_with(layout))
+        .into_iter()
+        .map(|(name, ne)| TensorPlan {
+            ty: if ne.len() == 1 {
+                GgmlType::F32
+            } else {
+                matrix_ty
+            },
+            name,
+            ne,
+        })
+        .collect()
+}
+
+/// Writes the file and reads it back.
+fn open_written(meta: &[(String, Value)], plans: &[TensorPlan]) -> (tempfile::TempDir, GgufFile) {
+    let dir = tmpdir();
+    let path = in_dir(&dir, "m.gguf");
+    let data: Vec<Vec<u8>> = plans
+        .iter()
+        .map(|p| vec![0u8; p.ty.tensor_bytes(&p.ne).unwrap() as usize])
+        .collect();
+    write_file(&path, meta, plans, &data, 32);
+    let f = GgufFile::open(&path).unwrap();
+    (dir, f)
+}
+
+#[test]
+fn spark_files_with_k2_and_v_paired_are_valid_in_both_qkv_layouts() {
+    // spark-convert --pair-k2v writes K2 and V as one ffn_k2v; llama.cpp loads either
+    let mut base = tiny_metadata(SPARK_ARCH);
+    base.push((
+        keys::GENERAL_QUANTIZATION_VERSION.into(),
+        Value::U32(keys::QUANTIZATION_VERSION),
+    ));
+    for qkv in [QkvLayout::Split, QkvLayout::Stacked] {
+        let layout = Layout::new(qkv, FfnRowLayout::Paired);
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
+            let plans = plans_in(&base, layout, ty);
+            let k2v = plans
+                .iter()
+                .find(|t| t.name == "blk.1.ffn_k2v.weight")
+                .unwrap();
+            // D = 96, r_f = 32: a row is K2's 64 values then V's 96
+            assert_eq!(k2v.ne, vec![64 + 96, 96]);
+            assert!(plans
+                .iter()
+                .all(|t| !t.name.contains("ffn_up") && !t.name.contains("ffn_down")));
+            assert_eq!(
+                violations(&base, &plans),
+                Vec::<String>::new(),
+                "{qkv:?} {ty}"
+            );
+            let (_dir, f) = open_written(&base, &plans);
+            assert_eq!(layout_of(&f), layout);
+            assert!(row_part_violations(&f).is_empty());
+        }
+    }
+}
+
+#[test]
+fn paired_and_separate_k2_v_never_mix() {
+    let base = tiny_metadata(SPARK_ARCH);
+    let separate = tiny_plans(&base, GgmlType::F32);
+    let paired = plans_in(
+        &base,
+        Layout::new(QkvLayout::Split, FfnRowLayout::Paired),
+        GgmlType::F32,
+    );
+    // layer 0 paired, layer 1 separate: checked as a paired file
+    let mut mixed: Vec<TensorPlan> = paired
+        .iter()
+        .filter(|t| !t.name.starts_with("blk.1."))
+        .cloned()
+        .collect();
+    mixed.extend(
+        separate
+            .iter()
+            .filter(|t| t.name.starts_with("blk.1."))
+            .cloned(),
+    );
+    assert_eq!(
+        violations(&base, &mixed),
+        [
+            "blk.1.ffn_k2v.weight: is missing (expected shape [160, 96])",
+            "blk.1.ffn_up.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)",
+            "blk.1.ffn_down_t.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)",
+        ]
+    );
+    // layer 0 separate, layer 1 paired: checked as a separate file
+    let mut mixed: Vec<TensorPlan> = separate
+        .iter()
+        .filter(|t| !t.name.starts_with("blk.1."))
+        .cloned()
+        .collect();
+    mixed.extend(
+        paired
+            .iter()
+            .filter(|t| t.name.starts_with("blk.1."))
+            .cloned(),
+    );
+    assert_eq!(
+        violations(&base, &mixed),
+        [
+            "blk.1.ffn_up.weight: is missing (expected shape [64, 96])",
+            "blk.1.ffn_down_t.weight: is missing (expected shape [96, 96])",
+            "blk.1.ffn_k2v.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)",
+        ]
+    );
+    // both forms in one layer
+    let mut both = paired.clone();
+    both.extend(
+        separate
+            .iter()
+            .filter(|t| t.name.contains("ffn_up"))
+            .cloned(),
+    );
+    assert_eq!(
+        violations(&base, &both),
+        [
+            "blk.0.ffn_up.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)",
+            "blk.1.ffn_up.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)",
+        ]
+    );
+    // a paired tensor of the wrong width is named with both shapes
+    let mut wide = paired.clone();
+    wide.iter_mut()
+        .find(|t| t.name == "blk.0.ffn_k2v.weight")
+        .unwrap()
+        .ne = vec![192, 96];
+    assert_eq!(
+        violations(&base, &wide),
+        ["blk.0.ffn_k2v.weight: has shape [192, 96], expected [160, 96]"]
+    );
+}
+
+#[test]
+fn a_paired_tensor_s_type_must_make_both_parts_whole_blocks() {
+    // D = 80, r_f = 32: a row of 48 + 80 = 128 values is four q8_0 blocks, but K2's 48 values
+    // end in the middle of the second one
+    let mut base = tiny_metadata(SPARK_ARCH);
+    set(&mut base, "spark-gemma2.embedding_length", Value::U32(80));
+    base.push((
+        keys::GENERAL_QUANTIZATION_VERSION.into(),
+        Value::U32(keys::QUANTIZATION_VERSION),
+    ));
+    let layout = Layout::new(QkvLayout::Split, FfnRowLayout::Paired);
+    let mut plans = plans_in(&base, layout, GgmlType::F32);
+    assert_eq!(violations(&base, &plans), Vec::<String>::new());
+    for t in plans
+        .iter_mut()
+        .filter(|t| t.name.ends_with("ffn_k2v.weight"))
+    {
+        assert_eq!(t.ne, vec![48 + 80, 96]);
+        t.ty = GgmlType::Q8_0;
+    }
+    let msg = "type q8_0 (blocks of 32 elements) does not make each part of a row whole blocks: \
+               ffn_up part 48, ffn_down_t part 80 elements";
+    assert_eq!(
+        violations(&base, &plans),
+        [
+            format!("blk.0.ffn_k2v.weight: {msg}"),
+            format!("blk.1.ffn_k2v.weight: {msg}"),
+        ]
+    );
+    let (_dir, f) = open_written(&base, &plans);
+    let alone: Vec<String> = row_part_violations(&f)
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    assert_eq!(
+        alone,
+        [
+            format!("blk.0.ffn_k2v.weight: {msg}"),
+            format!("blk.1.ffn_k2v.weight: {msg}")
+        ]
+    );
+    // f16 (block size 1) makes any parts whole
+    for t in plans
+        .iter_mut()
+        .filter(|t| t.name.ends_with("ffn_k2v.weight"))
+    {
+        t.ty = GgmlType::F16;
+    }
+    assert_eq!(violations(&base, &plans), Vec::<String>::new());
 }
 
 #[test]

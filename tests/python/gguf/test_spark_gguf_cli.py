@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFValueType, GGUFWriter, GGMLQuantizationType
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
@@ -139,3 +140,103 @@ def test_unreadable_file_is_one_clear_line(tmp_path):
     assert p.stdout == ""
     assert p.stderr.count("\n") == 1
     assert "extends beyond the end of the" in p.stderr
+
+
+def write_paired(src: Path, dst: Path, k2v_type: GGMLQuantizationType) -> None:
+    """Rewrites the Spark model at `src` (gguf-py's, all f32) with each layer's ffn_up (K2) and
+    ffn_down_t (V) as one tensor, ffn_k2v, in ffn_up's place: row j = K2's row j then V's row j
+    (SPEC section 3), stored as `k2v_type` by gguf-py."""
+    r = GGUFReader(src)
+    g = GGUFWriter(str(dst), "spark-gemma2")
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
+        g.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+    g.add_uint32("general.quantization_version", 2)
+    t = {x.name: x for x in r.tensors}
+    for x in r.tensors:
+        if x.name.endswith(".ffn_down_t.weight"):
+            continue
+        data = np.asarray(x.data)
+        if x.name.endswith(".ffn_up.weight"):
+            v = np.asarray(t[x.name.replace(".ffn_up.", ".ffn_down_t.")].data)
+            k2v = np.concatenate([data, v], axis=1)
+            if k2v_type == GGMLQuantizationType.F32:
+                g.add_tensor(x.name.replace(".ffn_up.", ".ffn_k2v."), k2v)
+            else:
+                raw = gguf_quants.quantize(k2v, k2v_type)
+                g.add_tensor(x.name.replace(".ffn_up.", ".ffn_k2v."), raw, raw_shape=raw.shape,
+                             raw_dtype=k2v_type)
+        else:
+            g.add_tensor(x.name, data)
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+
+
+@pytest.mark.parametrize("k2v_type", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0])
+def test_validate_accepts_k2_and_v_paired_by_gguf_py(tmp_path, tiny_weights, k2v_type):
+    cfg, w = tiny_weights  # D 64, r_f 32: both parts of a row whole q8_0 blocks
+    src, path = tmp_path / "spark.gguf", tmp_path / "paired.gguf"
+    write_spark_gguf(str(src), cfg, w)
+    write_paired(src, path, k2v_type)
+    p = spark_gguf("validate", path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    n_tensors = 2 + 10 * cfg["n_layers"]
+    assert p.stdout.startswith(f"{path}: valid ({n_tensors} tensors, "), p.stdout
+    assert p.stdout.rstrip().endswith(", ffn_k2v paired)"), p.stdout
+    d, rf, f = cfg["d_model"], cfg["ffn_r"], cfg["d_ff"]
+    p = spark_gguf("inspect", path)
+    assert f"  blk.1.ffn_k2v.weight {k2v_type.name.lower()} [{d - rf + d}, {f}] " in p.stdout, p.stdout
+
+
+def test_validate_names_a_paired_type_that_splits_the_parts(tmp_path):
+    # D 48, r_f 32: a row of 16 + 48 = 64 values is two whole q8_0 blocks, but K2's part ends in
+    # the middle of the first
+    cfg = spark_checkpoint.default_tiny_config(d_model=48, ffn_r=32, n_layers=1)
+    w = {k: v for k, v in spark_checkpoint.make_checkpoint(cfg, seed=3).items() if k != "config"}
+    src, path = tmp_path / "spark.gguf", tmp_path / "paired.gguf"
+    write_spark_gguf(str(src), cfg, w)
+    write_paired(src, path, GGMLQuantizationType.Q8_0)
+    p = spark_gguf("validate", path)
+    assert p.returncode == 1
+    assert p.stdout == (f"{path}: blk.0.ffn_k2v.weight: type q8_0 (blocks of 32 elements) does not make each "
+                        "part of a row whole blocks: ffn_up part 16, ffn_down_t part 48 elements\n")
+    write_paired(src, path, GGMLQuantizationType.F32)
+    assert spark_gguf("validate", path).returncode == 0
+
+
+def test_validate_refuses_a_mix_of_paired_and_separate_layers(tmp_path, tiny_weights):
+    cfg, w = tiny_weights
+    src, path = tmp_path / "spark.gguf", tmp_path / "paired.gguf"
+    write_spark_gguf(str(src), cfg, w)
+    write_paired(src, path, GGMLQuantizationType.F32)
+    # layer 0 paired, layer 1 separate: the paired file without blk.1.ffn_k2v, with blk.1's
+    # ffn_up and ffn_down_t
+    mixed = tmp_path / "mixed.gguf"
+    rp, rs = GGUFReader(path), GGUFReader(src)
+    g = GGUFWriter(str(mixed), "spark-gemma2")
+    for f in rp.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
+        g.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+    for x in rp.tensors:
+        if x.name != "blk.1.ffn_k2v.weight":
+            g.add_tensor(x.name, np.asarray(x.data))
+    for x in rs.tensors:
+        if x.name in ("blk.1.ffn_up.weight", "blk.1.ffn_down_t.weight"):
+            g.add_tensor(x.name, np.asarray(x.data))
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+    p = spark_gguf("validate", mixed)
+    assert p.returncode == 1
+    d, rf, f = cfg["d_model"], cfg["ffn_r"], cfg["d_ff"]
+    assert p.stdout == (
+        f"{mixed}: blk.1.ffn_k2v.weight: is missing (expected shape [{d - rf + d}, {f}])\n"
+        f"{mixed}: blk.1.ffn_up.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)\n"
+        f"{mixed}: blk.1.ffn_down_t.weight: is not a tensor of spark-gemma2 (llama.cpp refuses files with extra tensors)\n")
