@@ -13,7 +13,7 @@ import pytest
 
 import gguf
 
-from convert_helpers import ROOT, tiny_q8_0_pair
+from convert_helpers import ROOT, run_convert, tiny_q8_0_pair
 
 SCRIPT = ROOT / "tools" / "memory-budget.py"
 D, L, F, R_F = 128, 2, 512, 64  # converter/src/synthetic.rs, tiny
@@ -54,6 +54,15 @@ def test_sizes_split_a_spark_file_into_always_read_and_rows(pair):
         s["always"] == pytest.approx(total - rows, abs=2e-6), s
     d = sizes(stock)  # stock gemma2: every byte is read per token
     assert d["rows"] == 0 and d["always"] == d["total"] > 0, d
+
+
+def test_sizes_count_paired_k2_and_v_as_rows(pair, tmp_path):
+    """The same model with K2 and V side by side (--pair-k2v: one ffn_k2v per layer): the same
+    split, byte for byte."""
+    paired = tmp_path / "tiny-paired.gguf"
+    run_convert("--synthetic", "tiny", paired, "--outtype", "q8_0", "--pair-k2v", "--quiet")
+    assert any(t.name.endswith(".ffn_k2v.weight") for t in gguf.GGUFReader(paired).tensors)
+    assert sizes(paired) == sizes(pair[0])
 
 
 def test_a_command_runs_with_the_memory_left_and_keeps_its_exit_status():

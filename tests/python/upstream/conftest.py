@@ -58,6 +58,15 @@ def shipped_f32(upstream_models) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shipped_f32_paired(upstream_models) -> Path:
+    """The shipped model as shipped_f32 with each neuron's K2 and V rows side by side
+    (spark-convert --pair-k2v: one ffn_k2v tensor per layer)."""
+    out = upstream_models / "spark-shakespeare-f32-paired.gguf"
+    run([spark_binary("spark-convert"), MODEL_NPZ, out, "--outtype", "f32", "--quiet", "--pair-k2v"])
+    return out
+
+
+@pytest.fixture(scope="session")
 def shipped_f32_chat(upstream_models) -> Path:
     """The shipped model as shipped_f32, with Gemma-2's chat template in the file
     (tokenizer.chat_template = GEMMA2_CHAT_TEMPLATE): what a chat client finds in a real model."""

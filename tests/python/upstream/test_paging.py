@@ -70,11 +70,12 @@ def mib(n: int) -> str:
 
 def weight_bytes(model) -> dict:
     """The model's tensors by how a token reads them, from gguf-py: K2 (`ffn_up`) and V
-    (`ffn_down_t`) by rows, the rest whole; `per_token` = ceil(bytes * k_f / F) of each row tensor."""
+    (`ffn_down_t`), or both side by side (`ffn_k2v`), by rows, the rest whole; `per_token` =
+    ceil(bytes * k_f / F) of each row tensor."""
     whole = rows = per_token = 0
     for t in gguf.GGUFReader(model).tensors:
         n = int(t.n_bytes)
-        if t.name.endswith((".ffn_up.weight", ".ffn_down_t.weight")):
+        if t.name.endswith((".ffn_up.weight", ".ffn_down_t.weight", ".ffn_k2v.weight")):
             rows += n
             per_token += -(-n * CFG["ffn_k"] // CFG["d_ff"])
         else:
@@ -82,10 +83,13 @@ def weight_bytes(model) -> dict:
     return {"whole": whole, "rows": rows, "per_token": per_token}
 
 
-def test_a_model_whose_rows_do_not_fit_says_so_at_load_and_runs_the_same(shipped_f32):
+@pytest.mark.parametrize("layout", ["separate", "paired"])
+def test_a_model_whose_rows_do_not_fit_says_so_at_load_and_runs_the_same(request, layout):
     """SPARK_MEMORY one byte short of the whole model: one line at load with the file's sizes,
     the same greedy text; with room for everything, or SPARK_PAGING=never, no line. (The rows
-    are 9 MiB: the context, which must fit beside the weights too, gets small ubatches.)"""
+    are 9 MiB: the context, which must fit beside the weights too, gets small ubatches.) The
+    same for a file with K2 and V side by side (--pair-k2v), whose ffn_k2v are the rows."""
+    shipped_f32 = request.getfixturevalue("shipped_f32" if layout == "separate" else "shipped_f32_paired")
     w = weight_bytes(shipped_f32)
     small = ["-b", "16", "-ub", "16"]
     want, _ = llama_completion(shipped_f32, "ROMEO:", 16, True, *small)
