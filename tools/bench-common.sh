@@ -4,7 +4,9 @@
 #   bench_models DIR [SIZE] sets $spark and $stock: the synthetic Gemma-2 SIZE (2b, default, or
 #                          9b) Q8_0 models (Spark and stock gemma2; random weights, speed does not
 #                          depend on them), made once in DIR with spark-convert ($SPARK_CONVERT,
-#                          else target/*/)
+#                          else target/*/; it sets $convert to that converter)
+#   bench_paired_model DIR SIZE  prints the path of the same Spark model with K2 and V side by
+#                          side (--pair-k2v), made once in DIR
 #   bench_python           sets $python: the project's .venv interpreter, else python3
 #   bench_cpu              prints the CPU model and count
 
@@ -16,7 +18,8 @@ bench_need() {
 }
 
 bench_models() {
-    local convert= c
+    local c
+    convert=
     for c in ${SPARK_CONVERT:-} target/debug/spark-convert target/release/spark-convert; do
         if [ -x "$c" ]; then convert=$c; break; fi
     done
@@ -27,6 +30,14 @@ bench_models() {
     stock=$1/gemma2-$size-q8_0.gguf
     [ -f "$spark" ] || "$convert" --synthetic "spark-gemma2-$size" "$spark" --outtype q8_0 --quiet
     [ -f "$stock" ] || "$convert" --synthetic "gemma2-$size" "$stock" --outtype q8_0 --quiet
+}
+
+# bench_paired_model DIR SIZE: prints the path of the Spark model of bench_models with its K2 and V
+# rows side by side (spark-convert --pair-k2v), made once in DIR (after bench_models)
+bench_paired_model() {
+    local out=$1/spark-gemma2-$2-q8_0-paired.gguf
+    [ -f "$out" ] || "$convert" --synthetic "spark-gemma2-$2" "$out" --outtype q8_0 --pair-k2v --quiet >&2
+    echo "$out"
 }
 
 bench_python() {

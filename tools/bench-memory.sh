@@ -6,7 +6,7 @@
 #
 # Usage: bash tools/bench-memory.sh [--size 2b|9b] [--leave GB,GB,...] [--repack 0,1] [-n 16]
 #                                   [-p 0] [-r 1] [--overhead GB] [--paging auto,never]
-#                                   [--models DIR] [--upstream DIR]
+#                                   [--layout separate,paired] [--models DIR] [--upstream DIR]
 #   --size      the synthetic model pair (spark-convert --synthetic spark-gemma2-SIZE and
 #               gemma2-SIZE, Q8_0, made once in --models)                        default: 9b
 #   --leave     the budgets (GB left to llama-bench, as MemAvailable counts it); "all" runs
@@ -19,6 +19,10 @@
 #   --paging    SPARK_PAGING values for Spark's runs, one column each (auto: rows requested
 #               from storage ahead of use when not in memory; never: the kernel's own paging,
 #               as before issue 55); ratios use the first                     default: auto
+#   --layout    Spark files, one column each per paging value: separate (K2 and V as two
+#               tensors, spark-convert's default), paired (spark-convert --pair-k2v: a
+#               neuron's K2 and V rows side by side, one read each); ratios use the first
+#                                                                           default: separate
 #   -n -p -r    as llama-bench                                     default: 16 / 0 / 1
 #   --models DIR    where the models are made                      default: target/bench-models
 #   --upstream DIR  what tools/upstream.sh installed               default: target/upstream
@@ -31,7 +35,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-size=9b leaves="" repacks=0,1 gen=16 prompt=0 reps=1 overhead=0.6 pagings=auto
+size=9b leaves="" repacks=0,1 gen=16 prompt=0 reps=1 overhead=0.6 pagings=auto layouts=separate
 models=target/bench-models upstream=target/upstream
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -40,6 +44,7 @@ while [ $# -gt 0 ]; do
         --repack) repacks=$2; shift 2 ;;
         --overhead) overhead=$2; shift 2 ;;
         --paging) pagings=$2; shift 2 ;;
+        --layout) layouts=$2; shift 2 ;;
         -n) gen=$2; shift 2 ;;
         -p) prompt=$2; shift 2 ;;
         -r) reps=$2; shift 2 ;;
@@ -58,6 +63,16 @@ source tools/bench-common.sh
 bench_need "$bench" "$plugin"
 bench_python
 bench_models "$models" "$size"
+IFS=, read -r -a layout_list <<<"$layouts"
+declare -A spark_of=([separate]=$spark)
+for l in "${layout_list[@]}"; do
+    case "$l" in
+        separate) ;;
+        paired) spark_of[paired]=$(bench_paired_model "$models" "$size") ;;
+        *) echo "bench-memory: --layout takes separate, paired, not '$l'" >&2; exit 2 ;;
+    esac
+done
+spark=${spark_of[${layout_list[0]}]}
 
 budget="$python tools/memory-budget.py --quiet"
 size_of() { $python tools/memory-budget.py --sizes "$1" | awk -v k="$2" '$1 == k { print $2 }'; }
@@ -85,7 +100,9 @@ for p in "${paging_list[@]}"; do
     case "$p" in auto|always|never) ;; *) echo "bench-memory: --paging takes auto, always, never, not '$p'" >&2; exit 2 ;; esac
 done
 head="| GB left | repack |" rule="|---|---|"
-for p in "${paging_list[@]}"; do head+=" Spark t/s (paging $p) |"; rule+="---|"; done
+for l in "${layout_list[@]}"; do
+    for p in "${paging_list[@]}"; do head+=" Spark t/s ($l, paging $p) |"; rule+="---|"; done
+done
 echo "$head stock t/s | Spark / stock | Spark vs its in-RAM speed |"
 echo "$rule---|---|---|"
 
@@ -111,10 +128,12 @@ IFS=, read -r -a repack_list <<<"$repacks"
 for leave in "${leave_list[@]}"; do
     for repack in "${repack_list[@]}"; do
         cols="" s=""
-        for p in "${paging_list[@]}"; do
-            t=$(run_one "$spark" "$leave" "$repack" 1 "$p")
-            cols+=" $t |"
-            [ -n "$s" ] || s=$t
+        for l in "${layout_list[@]}"; do
+            for p in "${paging_list[@]}"; do
+                t=$(run_one "${spark_of[$l]}" "$leave" "$repack" 1 "$p")
+                cols+=" $t |"
+                [ -n "$s" ] || s=$t
+            done
         done
         k=$(run_one "$stock" "$leave" "$repack" 0)
         [ "$leave" = all ] && in_ram[$repack]=$s

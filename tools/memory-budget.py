@@ -21,7 +21,8 @@ fit is what gets killed, as it would be on a smaller machine; its exit status is
 --sizes MODEL.gguf prints the file's bytes split as a Spark decode step reads them (docs/SPEC.md
 section 3): `always` (every tensor but the FFN rows: attention, K1 = ffn_gate, the norms and the
 token embedding, which is also the output matrix) and `rows` (K2 = ffn_up and V = ffn_down_t,
-of which a token reads only the kept neurons' rows); for a stock file everything is `always`.
+or both side by side in ffn_k2v, of which a token reads only the kept neurons' rows); for a stock
+file everything is `always`.
 In GB (1e9 bytes), one `name value` pair per line, for scripts (tools/bench-memory.sh).
 
 Progress goes to stderr (--quiet: none). Exit status: CMD's, or 1 when the budget cannot be set
@@ -118,7 +119,7 @@ def gguf_sizes(path: Path) -> dict[str, float]:
     always = rows = 0
     for t in reader.tensors:
         n = int(t.n_bytes)
-        if spark and (t.name.endswith(".ffn_up.weight") or t.name.endswith(".ffn_down_t.weight")):
+        if spark and t.name.endswith((".ffn_up.weight", ".ffn_down_t.weight", ".ffn_k2v.weight")):
             rows += n
         else:
             always += n

@@ -107,7 +107,7 @@ def load(path: Path, gguf) -> Model:
     )
 
 
-SPARSE_ROWS = re.compile(r"^blk\.\d+\.(ffn_up|ffn_down_t)\.weight$")
+SPARSE_ROWS = re.compile(r"^blk\.\d+\.(ffn_up|ffn_down_t|ffn_k2v)\.weight$")
 
 
 def kept_fraction(m: Model, tokens: int) -> float:
