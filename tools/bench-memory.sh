@@ -26,8 +26,8 @@
 #   -n -p -r    as llama-bench                                     default: 16 / 0 / 1
 #   --models DIR    where the models are made                      default: target/bench-models
 #   --upstream DIR  what tools/upstream.sh installed               default: target/upstream
-# Before each run under a budget the model file's pages are dropped from the page cache
-# (memory-budget.py --evict), so each starts cold; before each "all" run the file is read into
+# Before each run under a budget the model files' pages are dropped from the page cache
+# (memory-budget.py --evict, every file of the run), so each starts cold; before each "all" run the file is read into
 # the page cache (the in-memory speed). A run the kernel kills (it did not fit) is reported.
 # Prints the CPU, the storage's cold sequential read rate of the model file, the files' always/
 # rows split, then one row per (budget, repack): Spark and stock t/s and their ratio, and Spark's
@@ -73,6 +73,8 @@ for l in "${layout_list[@]}"; do
     esac
 done
 spark=${spark_of[${layout_list[0]}]}
+all_models=("$stock")
+for l in "${layout_list[@]}"; do all_models+=("${spark_of[$l]}"); done
 
 budget="$python tools/memory-budget.py --quiet"
 size_of() { $python tools/memory-budget.py --sizes "$1" | awk -v k="$2" '$1 == k { print $2 }'; }
@@ -109,7 +111,11 @@ echo "$rule---|---|---|"
 # llama-bench's tg (or pp) t/s of one model under one budget; "killed" or "failed" otherwise
 run_one() {
     local model=$1 leave=$2 repack=$3 with_plugin=$4 paging=${5:-auto} out rc=0 hold=()
-    [ "$leave" = all ] || hold=($budget --leave "$leave" --evict "$model" --)
+    # every model of the run is evicted, not only this one: pages another run left in the page
+    # cache would be reclaimed during this run's reads (kswapd's time on these 2 cores)
+    local evict=() f
+    for f in "${all_models[@]}"; do evict+=(--evict "$f"); done
+    [ "$leave" = all ] || hold=($budget --leave "$leave" "${evict[@]}" --)
     [ "$leave" = all ] && cat "$model" >/dev/null  # in memory: the file read into the page cache
     local env=()
     [ "$with_plugin" = 1 ] && env=(GGML_BACKEND_PATH="$PWD/$plugin" SPARK_PAGING="$paging")
