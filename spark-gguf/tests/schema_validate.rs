@@ -246,26 +246,6 @@ fn spark_files_with_wq_wk_wv_stacked_are_valid_too() {
     );
 }
 
-/// The tiny model's plans in `layout`: matrices `matrix_ty`, norms f32.
-fn plans_in(meta: &[(String, Value)], layout: Layout, matrix_ty: GgmlType) -> Vec<TensorPlan> {
-    let hp = Hparams::from_metadata(SPARK_ARCH, |k| {
-        meta.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)
-    })
-    .unwrap();
-    hp.expected_tensors_in(SPARK_ARCH.tensors_with(layout))
-        .into_iter()
-        .map(|(name, ne)| TensorPlan {
-            ty: if ne.len() == 1 {
-                GgmlType::F32
-            } else {
-                matrix_ty
-            },
-            name,
-            ne,
-        })
-        .collect()
-}
-
 /// Writes the file and reads it back.
 fn open_written(meta: &[(String, Value)], plans: &[TensorPlan]) -> (tempfile::TempDir, GgufFile) {
     let dir = tmpdir();
@@ -290,7 +270,7 @@ fn spark_files_with_k2_and_v_paired_are_valid_in_both_qkv_layouts() {
     for qkv in [QkvLayout::Split, QkvLayout::Stacked] {
         let layout = Layout::new(qkv, FfnRowLayout::Paired);
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
-            let plans = plans_in(&base, layout, ty);
+            let plans = tiny_plans_in(&base, layout, ty);
             let k2v = plans
                 .iter()
                 .find(|t| t.name == "blk.1.ffn_k2v.weight")
@@ -316,7 +296,7 @@ fn spark_files_with_k2_and_v_paired_are_valid_in_both_qkv_layouts() {
 fn paired_and_separate_k2_v_never_mix() {
     let base = tiny_metadata(SPARK_ARCH);
     let separate = tiny_plans(&base, GgmlType::F32);
-    let paired = plans_in(
+    let paired = tiny_plans_in(
         &base,
         Layout::new(QkvLayout::Split, FfnRowLayout::Paired),
         GgmlType::F32,
@@ -399,7 +379,7 @@ fn a_paired_tensor_s_type_must_make_both_parts_whole_blocks() {
         Value::U32(keys::QUANTIZATION_VERSION),
     ));
     let layout = Layout::new(QkvLayout::Split, FfnRowLayout::Paired);
-    let mut plans = plans_in(&base, layout, GgmlType::F32);
+    let mut plans = tiny_plans_in(&base, layout, GgmlType::F32);
     assert_eq!(violations(&base, &plans), Vec::<String>::new());
     for t in plans
         .iter_mut()

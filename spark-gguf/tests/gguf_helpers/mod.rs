@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use spark_gguf::schema::{suffix, Arch, Hparams, GEMMA2_ARCH, SPARK_ARCH};
+use spark_gguf::schema::{suffix, Arch, Hparams, Layout, GEMMA2_ARCH, SPARK_ARCH};
 use spark_gguf::{keys, Array, GgmlType, GgufWriter, TensorPlan, Value};
 
 /// Runs the `spark-gguf` binary: (exit code, stdout, stderr).
@@ -186,12 +186,21 @@ pub fn tiny_metadata(arch: Arch) -> Vec<(String, Value)> {
 
 /// Plans for every tensor of the tiny model, all of type `matrix_ty` except 1-D norms (F32).
 pub fn tiny_plans(metadata: &[(String, Value)], matrix_ty: GgmlType) -> Vec<TensorPlan> {
+    tiny_plans_in(metadata, Layout::default(), matrix_ty)
+}
+
+/// [`tiny_plans`] for a file laid out as `layout` (stacked `attn_qkv`, paired `ffn_k2v`).
+pub fn tiny_plans_in(
+    metadata: &[(String, Value)],
+    layout: Layout,
+    matrix_ty: GgmlType,
+) -> Vec<TensorPlan> {
     let arch = Arch::from_gguf(metadata[0].1.as_str().unwrap()).unwrap();
     let hp = Hparams::from_metadata(arch, |k| {
         metadata.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)
     })
     .unwrap();
-    hp.expected_tensors()
+    hp.expected_tensors_in(arch.tensors_with(layout))
         .into_iter()
         .map(|(name, ne)| TensorPlan {
             ty: if ne.len() == 1 {
