@@ -214,6 +214,14 @@ fn rows_side_by_side_are_requested_together_and_alone() {
             assert!(!page_resident(map.bytes(), p * page), "page {p} was read");
         }
     }
+    // A ubatch that reads most rows asks for its share of both at once: the second half of
+    // the neurons is the second half of the pages, K2's and V's.
+    Paging::request_share_side_by_side(&k2, &v, 1, 2);
+    wait_resident(&map, &(128..256).collect::<Vec<_>>());
+    assert!(
+        !page_resident(map.bytes(), 60 * page),
+        "the first half was read"
+    );
     assert_eq!(map.bytes(), &bytes[..]);
 }
 

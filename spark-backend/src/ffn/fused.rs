@@ -146,7 +146,13 @@ pub(crate) fn request_from_storage(
         return;
     }
     let (f, n_tokens) = (v.n_rows(), inputs.up.batch.n_tokens);
+    // a neuron's K2 and V rows are one range (a paired file)
+    let paired = streaming.len() == 2 && Paging::side_by_side(k2, v);
     if n_tokens >= REQUEST_WHOLE_FROM {
+        if paired {
+            Paging::request_share_side_by_side(k2, v, part, parts);
+            return;
+        }
         for m in streaming {
             Paging::request_share(m, part, parts);
         }
@@ -167,8 +173,8 @@ pub(crate) fn request_from_storage(
                 .any(|(t, &theta)| activation(scores[t * f + j], theta).is_some())
         })
         .collect();
-    if Paging::side_by_side(k2, v) {
-        // a neuron's K2 and V rows are one range (a paired file): one read
+    if paired {
+        // one read per neuron
         Paging::request_rows_side_by_side(k2, v, active.iter().copied());
         return;
     }

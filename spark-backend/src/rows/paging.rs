@@ -6,7 +6,9 @@
 //! at a time: each fault waits for its own read (one read in flight per thread), and the
 //! kernel's readahead around each faulted page reads rows the step does not use, evicting ones
 //! it does. So for each row matrix the sparse FFN reads, [`Paging`] keeps:
-//! - how much of it is in memory, measured with `mincore` at most once per [`CHECK_EVERY`];
+//! - how much of it is in memory, measured with `mincore` at most once per [`CHECK_EVERY`]
+//!   ([`CHECK_STREAMING_EVERY`] while its rows stream: the check walks the page cache page by
+//!   page, 2-3 % of a step's CPU when every matrix is checked each second);
 //! - while less than [`STREAM_BELOW`] of its pages are, how to read it ([`Reading`]): when the
 //!   whole mapped file fits in the memory left ([`budget::available`] at least the file's mapped
 //!   bytes, or those the load-time plans need, and [`FILL_MARGIN`]: a model that fits, evicted
@@ -44,6 +46,12 @@ use std::time::{Duration, Instant};
 /// How often one matrix's residency is measured (a `mincore` over its range: ~10-50 us for a
 /// 9B layer's K2 or V, so well under 0.1 % of a decode step's time in memory).
 pub const CHECK_EVERY: Duration = Duration::from_millis(1000);
+
+/// How often a matrix whose rows stream is measured: over a mapping the page tables do not
+/// cover, `mincore` looks each page up in the page cache (~0.5 ms for a 9B layer's K2 and V,
+/// 84 such matrices: 2.5 % of a decode step's CPU at 7.7 GB left, measured with perf, when
+/// checked every second). Memory that comes back is noticed a few tokens later.
+pub const CHECK_STREAMING_EVERY: Duration = Duration::from_secs(10);
 
 /// The fraction of a matrix's pages below which its rows are requested ahead: with 1 % of a
 /// step's rows to fault, one read each, the faults cost about what requesting every row costs.
@@ -240,7 +248,11 @@ impl Paging {
         let now = Instant::now();
         let prior = self.lock().get(&key).copied();
         if let Some(p) = prior {
-            if now.duration_since(p.checked) < CHECK_EVERY {
+            let every = match p.reading {
+                Reading::Rows => CHECK_STREAMING_EVERY,
+                _ => CHECK_EVERY,
+            };
+            if now.duration_since(p.checked) < every {
                 return p.reading;
             }
         }
@@ -359,7 +371,22 @@ impl Paging {
 
     /// Requests part `part` of `parts` of `m`'s whole range (a ubatch that reads most rows).
     pub fn request_share(m: &RowMatrix<'_>, part: usize, parts: usize) {
-        let range = span(m);
+        Self::request_share_of(span(m), part, parts);
+    }
+
+    /// [`Paging::request_share`] for two matrices [`Paging::side_by_side`]: their rows
+    /// interleave, so one range spans both (requesting each would walk the same pages twice).
+    pub fn request_share_side_by_side(
+        first: &RowMatrix<'_>,
+        second: &RowMatrix<'_>,
+        part: usize,
+        parts: usize,
+    ) {
+        debug_assert!(Self::side_by_side(first, second));
+        Self::request_share_of(span(first).start..span(second).end, part, parts);
+    }
+
+    fn request_share_of(range: Range<usize>, part: usize, parts: usize) {
         let parts = parts.max(1);
         let len = range.end - range.start;
         let (lo, hi) = (part * len / parts, (part + 1).min(parts) * len / parts);
