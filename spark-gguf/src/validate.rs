@@ -356,14 +356,10 @@ fn check_schema(file: &GgufFile, r: &mut Report) {
             return;
         }
     };
-    let present: HashMap<&str, &crate::TensorInfo> = file
-        .tensors()
-        .iter()
-        .map(|t| (t.name.as_str(), t))
-        .collect();
+    let present = by_name(file);
     // a file with Wq, Wk, Wv stacked (attn_qkv), or K2 and V paired (ffn_k2v), is checked
     // against that layout (llama.cpp loads either of each); every other file against the default
-    let specs = arch.tensors_with(Layout::infer(|n| present.contains_key(n)));
+    let specs = arch.tensors_with(layout_of(file));
     let expected = hp.expected_tensors_in(specs);
     for (name, shape) in &expected {
         match present.get(name.as_str()) {
@@ -408,13 +404,21 @@ pub fn row_part_violations(file: &GgufFile) -> Vec<Violation> {
     let Ok(hp) = Hparams::from_metadata(arch, |k| file.get(k)) else {
         return r.0;
     };
-    let present: HashMap<&str, &crate::TensorInfo> = file
-        .tensors()
+    check_row_parts_of(
+        &hp,
+        arch.tensors_with(layout_of(file)),
+        &by_name(file),
+        &mut r,
+    );
+    r.0
+}
+
+/// `file`'s tensors by name.
+fn by_name(file: &GgufFile) -> HashMap<&str, &crate::TensorInfo> {
+    file.tensors()
         .iter()
         .map(|t| (t.name.as_str(), t))
-        .collect();
-    check_row_parts_of(&hp, arch.tensors_with(layout_of(file)), &present, &mut r);
-    r.0
+        .collect()
 }
 
 /// For each tensor of `specs` made of row parts that `present` holds with rows of the expected
