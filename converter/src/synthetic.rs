@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 use spark_gguf::schema::{Arch, FfnRowLayout, Layout, QkvLayout, GEMMA2_ARCH, SPARK_ARCH};
-use spark_gguf::{quant, GgmlType, GgufError, TensorPlan};
+use spark_gguf::{GgmlType, TensorPlan};
 
 use crate::config::ModelConfig;
 use crate::convert::{check_output, create_writer, SparkOverrides};
@@ -266,47 +266,18 @@ pub fn generate_with_chat_template(
     let file_bytes = write_pipelined(w, &progress, |sink| {
         for (st, plan) in tensors.iter().zip(&plans) {
             progress.start_tensor(&plan.name);
-            match st.parts.as_slice() {
-                [part] => {
-                    let g = PartGen::new(part, o.seed);
-                    for first in (0..g.n_chunks()).step_by(window) {
-                        let last = (first + window).min(g.n_chunks());
-                        let encoded: Vec<std::result::Result<Vec<u8>, GgufError>> = (first..last)
-                            .into_par_iter()
-                            .map(|c| {
-                                let mut bytes = Vec::new();
-                                quant::encode_f32(plan.ty, &g.chunk(c), &mut bytes).map(|()| bytes)
-                            })
-                            .collect();
-                        for e in encoded {
-                            sink.send(e?)?;
-                        }
-                    }
-                }
-                parts => {
-                    let mut gens: Vec<PartGen> =
-                        parts.iter().map(|p| PartGen::new(p, o.seed)).collect();
-                    let rows = gens[0].rows;
-                    let cols: usize = gens.iter().map(|g| g.cols).sum();
-                    // a few of the widest part's chunks per block of rows
-                    let step = gens.iter().map(|g| g.chunk_rows).max().unwrap_or(1) * window.min(8);
-                    let mut buf = vec![0f32; step.min(rows) * cols];
-                    for r0 in (0..rows).step_by(step) {
-                        let r1 = (r0 + step).min(rows);
-                        let block = &mut buf[..(r1 - r0) * cols];
-                        let mut offset = 0;
-                        for g in &mut gens {
-                            let part = g.rows(r0, r1);
-                            for (row, prow) in
-                                block.chunks_exact_mut(cols).zip(part.chunks_exact(g.cols))
-                            {
-                                row[offset..offset + g.cols].copy_from_slice(prow);
-                            }
-                            offset += g.cols;
-                        }
-                        sink.send_rows(plan.ty, block, cols)?;
-                    }
-                }
+            let mut gens: Vec<PartGen> = st.parts.iter().map(|p| PartGen::new(p, o.seed)).collect();
+            let rows = gens.first().map_or(0, |g| g.rows);
+            let cols: usize = gens.iter().map(|g| g.cols).sum();
+            // a few of the widest part's chunks per block of rows, drawn and encoded in parallel
+            let step = gens.iter().map(|g| g.chunk_rows).max().unwrap_or(1) * window.min(8);
+            for r0 in (0..rows).step_by(step) {
+                let r1 = (r0 + step).min(rows);
+                let block = match gens.as_mut_slice() {
+                    [g] => g.rows(r0, r1),
+                    parts => side_by_side(parts, r0, r1, cols),
+                };
+                sink.send_rows(plan.ty, &block, cols)?;
             }
         }
         Ok(())
@@ -402,6 +373,7 @@ impl PartGen {
         }
     }
 
+    #[cfg(test)]
     fn n_chunks(&self) -> usize {
         self.rows.div_ceil(self.chunk_rows)
     }
@@ -440,6 +412,21 @@ impl PartGen {
         self.carry = chunks.pop();
         out
     }
+}
+
+/// Rows `r0..r1` of a tensor made of `parts` side by side (each row: every part's row in
+/// turn, `cols` values in all).
+fn side_by_side(parts: &mut [PartGen], r0: usize, r1: usize, cols: usize) -> Vec<f32> {
+    let mut block = vec![0f32; (r1 - r0) * cols];
+    let mut offset = 0;
+    for g in parts {
+        let part = g.rows(r0, r1);
+        for (row, prow) in block.chunks_exact_mut(cols).zip(part.chunks_exact(g.cols)) {
+            row[offset..offset + g.cols].copy_from_slice(prow);
+        }
+        offset += g.cols;
+    }
+    block
 }
 
 #[cfg(test)]
