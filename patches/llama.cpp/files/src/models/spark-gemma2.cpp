@@ -420,28 +420,27 @@ static ggml_tensor * spark_down_mul_mat(ggml_context * ctx, ggml_tensor * down, 
 // a paired file views of ffn_k2v (rows of K2's then V's elements; the kernels and stock ops
 // address rows by the stride nb[1]). A view lives where its source does (spark-ops.cpp asks the
 // source), so the device questions give the same answers for either layout.
-static ggml_tensor * spark_ffn_k2(ggml_context * ctx, const llama_model_spark_gemma2 & model, const llama_layer & layer) {
-    if (!model.spark_ffn_paired) {
-        return layer.ffn_up;
-    }
-    ggml_tensor * k2v = layer.ffn_up;
-    const int64_t n_k2 = model.hparams.n_embd - (int64_t) model.spark_ffn_r;
-    return ggml_view_2d(ctx, k2v, n_k2, k2v->ne[1], k2v->nb[1], 0);
-}
+struct spark_ffn_rows {
+    ggml_tensor * k2;
+    ggml_tensor * v;
+};
 
-static ggml_tensor * spark_ffn_v(ggml_context * ctx, const llama_model_spark_gemma2 & model, const llama_layer & layer) {
+static spark_ffn_rows spark_ffn_k2_v(ggml_context * ctx, const llama_model_spark_gemma2 & model, const llama_layer & layer) {
     if (!model.spark_ffn_paired) {
-        return layer.ffn_down;
+        return { layer.ffn_up, layer.ffn_down };
     }
-    ggml_tensor * k2v = layer.ffn_down;
-    const int64_t n_k2 = model.hparams.n_embd - (int64_t) model.spark_ffn_r;
-    return ggml_view_2d(ctx, k2v, model.hparams.n_embd, k2v->ne[1], k2v->nb[1], ggml_row_size(k2v->type, n_k2));
+    ggml_tensor * k2v = layer.ffn_up;  // ffn_up and ffn_down both name the paired tensor
+    const int64_t n_embd = model.hparams.n_embd;
+    const int64_t n_k2   = n_embd - (int64_t) model.spark_ffn_r;
+    return {
+        ggml_view_2d(ctx, k2v, n_k2,   k2v->ne[1], k2v->nb[1], 0),
+        ggml_view_2d(ctx, k2v, n_embd, k2v->ne[1], k2v->nb[1], ggml_row_size(k2v->type, n_k2)),
+    };
 }
 
 ggml_tensor * llama_model_spark_gemma2::graph::build_spark_ffn(const llama_model_spark_gemma2 & model, ggml_tensor * cur, int il) const {
     const auto & layer = model.layers[il];
-    ggml_tensor * k2 = spark_ffn_k2(ctx0, model, layer);
-    ggml_tensor * v  = spark_ffn_v(ctx0, model, layer);
+    const auto [k2, v] = spark_ffn_k2_v(ctx0, model, layer);
 
     const int64_t n_ffn_r = model.spark_ffn_r;
     const int64_t n_ff    = layer.ffn_gate->ne[1];
