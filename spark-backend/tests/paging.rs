@@ -266,3 +266,36 @@ fn rows_read_at_load_are_all_in_memory_and_unchanged() {
         "nothing left to read"
     );
 }
+
+#[test]
+fn weights_read_whole_are_read_at_load_when_the_rows_stream() {
+    use spark_backend::rows::budget::{self, Available, MemoryNeed, Source};
+    use spark_backend::rows::paging::{spark_memory_resident, Bytes};
+    // SAFETY: null with n = 0 is allowed; null with n > 0 is refused (contract).
+    assert_eq!(unsafe { spark_memory_resident(std::ptr::null(), 0) }, 0);
+    assert_eq!(unsafe { spark_memory_resident(std::ptr::null(), 1) }, -1);
+    let (bytes, map) = evicted_matrix_file();
+    // A plan whose rows stream: 1 MiB read whole fits with its margin, 1 MiB of rows more does
+    // not (the mapped bytes recorded are small, so the other tests' "fits" stays true).
+    let need = MemoryNeed {
+        mapped_whole: 1 << 20,
+        mapped_rows: 1 << 20,
+        ..MemoryNeed::default()
+    };
+    let left = Available {
+        bytes: (1 << 20) + budget::FILL_MARGIN,
+        source: Source::Env,
+    };
+    assert!(budget::decide(&need, Mode::Auto, Some(left))
+        .unwrap()
+        .is_some());
+    assert!(budget::streams_at_load());
+    let ranges = [Bytes {
+        data: map.bytes().as_ptr().cast(),
+        size: map.bytes().len() as u64,
+    }];
+    // SAFETY: one entry, the live mapping.
+    assert_eq!(unsafe { spark_memory_resident(ranges.as_ptr(), 1) }, 0);
+    assert_eq!(resident_fraction(map.bytes()), 1.0, "not all read");
+    assert!(map.bytes() == &bytes[..], "reading changed the weights");
+}

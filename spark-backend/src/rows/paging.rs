@@ -24,7 +24,8 @@
 //! At the end of a load whose plan found that the whole model fits ([`budget::fits_at_load`]),
 //! the row tensors not yet in memory are read at once, sequentially ([`spark_memory_loaded`]):
 //! the first tokens then find them there, as stock's repacked weights are read before its
-//! first token.
+//! first token. At the end of a load whose rows stream ([`budget::streams_at_load`]), the weights
+//! every token reads whole are read the same way ([`spark_memory_resident`]).
 //!
 //! `SPARK_PAGING` overrides the measurement: `auto` (the default, as above), `always` (every
 //! matrix streams: for tests, and for storage a user knows to be slow) or `never` (the kernel's
@@ -473,45 +474,88 @@ const QUIET_BELOW: u64 = 256 << 20;
 #[no_mangle]
 pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> c_int {
     crate::ffi::guard("spark_memory_loaded", -1, || {
-        if ranges.is_null() {
-            return if n == 0 { 0 } else { -1 };
-        }
-        if Mode::from_env() != Mode::Auto || !budget::fits_at_load() {
-            return 0;
-        }
-        // SAFETY: `n` entries (contract).
-        let entries = unsafe { std::slice::from_raw_parts(ranges, n) };
-        let slices: Vec<&[u8]> = entries
-            .iter()
-            .filter(|b| !b.data.is_null() && b.size > 0)
-            // SAFETY: a live readable mapping of `size` bytes at `data` (contract).
-            .map(|b| unsafe { std::slice::from_raw_parts(b.data.cast::<u8>(), b.size as usize) })
-            .collect();
-        let total: u64 = slices.iter().map(|b| b.len() as u64).sum();
-        let out: Vec<(&[u8], u64)> = slices
-            .iter()
-            .map(|b| (*b, missing_bytes(b)))
-            .filter(|&(_, m)| m > 0)
-            .collect();
-        let missing: u64 = out.iter().map(|&(_, m)| m).sum();
-        if missing == 0 {
-            return 0;
-        }
-        if missing >= QUIET_BELOW {
-            crate::log::say!(
-                "spark: reading this model's FFN rows into memory now ({:.2} GiB of {:.2} GiB \
-                 not yet there; they fit in the memory left), rather than a few at a time by \
-                 its first tokens",
-                missing as f64 / (1u64 << 30) as f64,
-                total as f64 / (1u64 << 30) as f64
-            );
-        }
-        for (bytes, _) in out {
-            // SAFETY: the caller's live mappings (contract).
-            unsafe { populate(bytes) };
-        }
-        0
+        let read = Mode::from_env() == Mode::Auto && budget::fits_at_load();
+        // SAFETY: the caller's ranges (contract).
+        unsafe { read_ranges_now(ranges, n, read, "FFN rows", "they fit in the memory left") }
     })
+}
+
+/// `spark_memory_resident_t` (spark-backend.h): called at the end of a model's load with its
+/// weights in host memory that every token reads whole (attention, FFN predictor, norms, the
+/// output). When the load's plan found that its FFN rows stream ([`budget::streams_at_load`];
+/// not under `SPARK_PAGING=never`), those not yet in memory are read now, sequentially: a loader
+/// that reads the rows on demand only asks for the rest ahead, and a first token or a context's
+/// memory check would otherwise find them still on their way (one line when that is 256 MiB or
+/// more). 0 when done or nothing was to do, -1 when `ranges` is null with `n` > 0.
+///
+/// # Safety
+/// As [`spark_memory_loaded`].
+#[no_mangle]
+pub unsafe extern "C" fn spark_memory_resident(ranges: *const Bytes, n: usize) -> c_int {
+    crate::ffi::guard("spark_memory_resident", -1, || {
+        let read = Mode::from_env() != Mode::Never && budget::streams_at_load();
+        // SAFETY: the caller's ranges (contract).
+        unsafe {
+            read_ranges_now(
+                ranges,
+                n,
+                read,
+                "weights every token reads whole",
+                "they stay in memory while its FFN rows stream",
+            )
+        }
+    })
+}
+
+/// The two entries above: when `read`, the pages of `ranges` not in memory are read now
+/// ([`populate`]), with one line naming `what` and `why` when that is [`QUIET_BELOW`] or more.
+///
+/// # Safety
+/// As [`spark_memory_loaded`].
+unsafe fn read_ranges_now(
+    ranges: *const Bytes,
+    n: usize,
+    read: bool,
+    what: &str,
+    why: &str,
+) -> c_int {
+    if ranges.is_null() {
+        return if n == 0 { 0 } else { -1 };
+    }
+    if !read {
+        return 0;
+    }
+    // SAFETY: `n` entries (contract).
+    let entries = unsafe { std::slice::from_raw_parts(ranges, n) };
+    let slices: Vec<&[u8]> = entries
+        .iter()
+        .filter(|b| !b.data.is_null() && b.size > 0)
+        // SAFETY: a live readable mapping of `size` bytes at `data` (contract).
+        .map(|b| unsafe { std::slice::from_raw_parts(b.data.cast::<u8>(), b.size as usize) })
+        .collect();
+    let total: u64 = slices.iter().map(|b| b.len() as u64).sum();
+    let out: Vec<(&[u8], u64)> = slices
+        .iter()
+        .map(|b| (*b, missing_bytes(b)))
+        .filter(|&(_, m)| m > 0)
+        .collect();
+    let missing: u64 = out.iter().map(|&(_, m)| m).sum();
+    if missing == 0 {
+        return 0;
+    }
+    if missing >= QUIET_BELOW {
+        crate::log::say!(
+            "spark: reading this model's {what} into memory now ({:.2} GiB of {:.2} GiB not yet \
+             there; {why}), rather than a few at a time by its first tokens",
+            missing as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64
+        );
+    }
+    for (bytes, _) in out {
+        // SAFETY: the caller's live mappings (contract).
+        unsafe { populate(bytes) };
+    }
+    0
 }
 
 /// The one line a process prints the first time a matrix's rows stream from storage.

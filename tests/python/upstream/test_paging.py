@@ -55,6 +55,9 @@ def test_greedy_text_is_the_same_in_every_mode_and_a_bad_value_is_named(shipped_
 
 MARGIN = 64 << 20  # rows::paging::FILL_MARGIN
 LOAD_LINE = "do not all fit in the memory left"
+ROW_TENSORS = (".ffn_up.weight", ".ffn_down_t.weight", ".ffn_k2v.weight")
+# llama.cpp's loader, for each tensor it reads on demand (--lazy-mode on)
+LAZY_LINE = re.compile(r"tensor (\S+) \(size = \d+ MiB\) lazy read enabled")
 REFUSAL = "cannot hold what every token reads"
 
 
@@ -73,14 +76,16 @@ def weight_bytes(model) -> dict:
     (`ffn_down_t`), or both side by side (`ffn_k2v`), by rows, the rest whole; `per_token` =
     ceil(bytes * k_f / F) of each row tensor."""
     whole = rows = per_token = 0
+    row_names = []
     for t in gguf.GGUFReader(model).tensors:
         n = int(t.n_bytes)
-        if t.name.endswith((".ffn_up.weight", ".ffn_down_t.weight", ".ffn_k2v.weight")):
+        if t.name.endswith(ROW_TENSORS):
             rows += n
             per_token += -(-n * CFG["ffn_k"] // CFG["d_ff"])
+            row_names.append(t.name)
         else:
             whole += n
-    return {"whole": whole, "rows": rows, "per_token": per_token}
+    return {"whole": whole, "rows": rows, "per_token": per_token, "row_names": row_names}
 
 
 @pytest.mark.parametrize("layout", ["separate", "paired"])
@@ -91,7 +96,8 @@ def test_a_model_whose_rows_do_not_fit_says_so_at_load_and_runs_the_same(request
     same for a file with K2 and V side by side (--pair-k2v), whose ffn_k2v are the rows."""
     shipped_f32 = request.getfixturevalue("shipped_f32" if layout == "separate" else "shipped_f32_paired")
     w = weight_bytes(shipped_f32)
-    small = ["-b", "16", "-ub", "16"]
+    # -lv 4: the loader's lines (each tensor taken on demand) are at its info level
+    small = ["-b", "16", "-ub", "16", "-lv", "4"]
     want, _ = llama_completion(shipped_f32, "ROMEO:", 16, True, *small)
     budget = MARGIN + w["whole"] + w["rows"] - 1
     text, res = llama_completion(shipped_f32, "ROMEO:", 16, True, *small,
@@ -103,10 +109,48 @@ def test_a_model_whose_rows_do_not_fit_says_so_at_load_and_runs_the_same(request
                  f"K2 and V rows ({mib(w['rows'])}) are read", f"up to {mib(w['per_token'])} per token"]:
         assert part in lines[0], res.explain(f"{part!r} not in the load line")
     assert text == want, res.explain(f"{text!r} vs {want!r}")
-    for env in [{"SPARK_MEMORY": str(MARGIN + w["whole"] + w["rows"])},
+    # the file does not fit (less than it and a sixteenth or 64 MiB to spare): its row tensors,
+    # and only they, are read on demand from the load on (spark_rows_on_demand)
+    lazy = set(LAZY_LINE.findall(res.stderr))
+    assert lazy == set(w["row_names"]), res.explain(f"on demand: {sorted(lazy ^ set(w['row_names']))}")
+    fits = shipped_f32.stat().st_size + MARGIN
+    for env in [{"SPARK_MEMORY": str(fits)},
                 {"SPARK_MEMORY": str(budget), "SPARK_PAGING": "never"}]:
         text, res = llama_completion(shipped_f32, "ROMEO:", 16, True, *small, env=env)
-        assert LOAD_LINE not in res.stderr and text == want, res.explain(f"{env}")
+        assert text == want, res.explain(f"{env}")
+        assert not LAZY_LINE.search(res.stderr), res.explain(f"{env}: rows read on demand")
+        if "SPARK_PAGING" in env:
+            assert LOAD_LINE not in res.stderr, res.explain(f"{env}")
+
+
+@pytest.mark.parametrize("layout", ["separate", "paired"])
+def test_lazy_mode_on_maps_the_rows_alone_and_the_logits_are_the_same(request, layout, tmp_path):
+    """llama.cpp's `--lazy-mode on` (tensors read on demand): of a Spark model the loader takes
+    K2 and V (or ffn_k2v) and nothing else that way (mapped, not read at load, no readahead);
+    llama-perplexity's logits are bit for bit the default load's, with mmap and with
+    `--load-mode none` (every other weight read into memory, the rows still mapped: the load
+    plan then counts them as rows, not as weights made at load)."""
+    model = request.getfixturevalue("shipped_f32" if layout == "separate" else "shipped_f32_paired")
+    base = tmp_path / "default.kld"
+    llama_perplexity(model, *PPL_ARGS, "-f", HELDOUT, "--kl-divergence-base", base)
+    rows = set(weight_bytes(model)["row_names"])
+    for load in ["mmap", "none"]:
+        # -lv 4: the loader's lines (each tensor taken on demand) are at its info level
+        res = llama_perplexity(model, *PPL_ARGS, "--lazy-mode", "on", "--load-mode", load, "-lv", "4",
+                               "--kl-divergence-base", base, "--kl-divergence")
+        lazy = set(LAZY_LINE.findall(res.stderr))
+        assert lazy == rows, res.explain(f"--load-mode {load}: on demand {sorted(lazy ^ rows)} "
+                                         "(the row tensors and only they)")
+        assert stat(res, "Mean    KLD") == 0.0, res.stdout
+        assert stat(res, "Same top p") == 100.0, res.stdout
+    w = weight_bytes(model)
+    budget = MARGIN + w["whole"] + w["rows"] - 1
+    _, res = llama_completion(model, "ROMEO:", 4, True, "-b", "16", "-ub", "16", "--lazy-mode", "on",
+                              "--load-mode", "none", env={"SPARK_MEMORY": str(budget)})
+    lines = [line for line in res.stderr.splitlines() if LOAD_LINE in line]
+    assert len(lines) == 1, res.explain(f"not one load line: {lines}")
+    assert f"{mib(w['whole'])} made at load and 0.0 MiB read whole" in lines[0], lines[0]
+    assert f"K2 and V rows ({mib(w['rows'])}) are read" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("load", ["mmap", "none"])

@@ -205,8 +205,33 @@ static void spark_create_ffn_rows(llama_model_spark_gemma2 & model, llama_layer 
     layer.ffn_down = paired;
 }
 
-void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader &) {
+// A model larger than the memory left to it gets its FFN rows read on demand from the start, as
+// with --lazy-mode on (spark_rows_on_demand in spark-backend.h): the loader neither reads them at
+// load (MAP_POPULATE would read the whole file, evicting its own first pages) nor reads ahead
+// around them. Only under the default --lazy-mode auto and a load mode that maps the file unlocked
+// (--load-mode none, dio and mlock keep their meaning); the same answer in the memory-fit pass.
+static void spark_choose_rows_on_demand(llama_model_loader & ml, const llama_model_params & params) {
+    const bool maps_unlocked = params.load_mode == LLAMA_LOAD_MODE_AUTO || params.load_mode == LLAMA_LOAD_MODE_MMAP;
+    if (ml.lazy.mode != LLAMA_LAZY_MODE_AUTO || !maps_unlocked) {
+        return;
+    }
+    const auto on_demand = (spark_rows_on_demand_t) spark_proc("spark_rows_on_demand");
+    if (on_demand == nullptr) {
+        return;  // no Spark backend: the dense graph reads every weight whole
+    }
+    uint64_t bytes = 0;
+    for (const auto & file : ml.files) {
+        bytes += file->size();
+    }
+    if (on_demand(bytes) == 1) {
+        ml.lazy.mode = LLAMA_LAZY_MODE_ON;
+    }
+}
+
+void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader & ml) {
     LLAMA_LOAD_LOCALS;
+
+    spark_choose_rows_on_demand(ml, params);
 
     const int64_t n_ffn_r = spark_ffn_r;
 
@@ -227,8 +252,12 @@ void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader &) {
         layer.ffn_norm = create_tensor(tn(LLM_TENSOR_FFN_NORM, "weight", i), {n_embd}, 0);
         // K1 (predictor rows), K2 (value rows) and V (neuron-major): row j belongs to neuron j
         layer.ffn_gate = create_tensor(tn(LLM_TENSOR_FFN_GATE, "weight", i), {n_ffn_r, n_ff}, 0);
+        // K2 and V are read by rows: where the layer runs on the CPU they may be on-demand tensors
+        // (--lazy-mode on, or a model larger than memory above: mapped even without mmap, never
+        // read whole at load, no readahead; --lazy-mode auto alone takes only tensors over 4 GiB)
+        const int lazy = ggml_backend_dev_type(dev_layer(i)) == GGML_BACKEND_DEVICE_TYPE_CPU ? TENSOR_READ_LAZY : 0;
         spark_create_ffn_rows(*this, layer, i, [&](llm_tensor kind, std::initializer_list<int64_t> ne, int flags) {
-            return create_tensor(tn(kind, "weight", i), ne, flags);
+            return create_tensor(tn(kind, "weight", i), ne, flags | lazy);
         });
         layer.ffn_post_norm = create_tensor(tn(LLM_TENSOR_FFN_POST_NORM, "weight", i), {n_embd}, 0);
     }
@@ -740,6 +769,34 @@ static void spark_read_rows_now(const llama_model_spark_gemma2 & model) {
     loaded(ranges.data(), ranges.size());
 }
 
+// The loaded weights every token reads whole (every tensor in host memory but the FFN rows and an
+// embedding read by rows) go to the Spark backend, which reads those not in memory now when the
+// load's plan found that the rows stream (spark_memory_resident): with the rows read on demand the
+// loader only asked for them ahead
+static void spark_read_whole_now(const llama_model_spark_gemma2 & model) {
+    const auto resident = (spark_memory_resident_t) spark_proc("spark_memory_resident");
+    if (resident == nullptr) {
+        return;
+    }
+    std::set<const ggml_tensor *> by_rows;
+    for (const auto & layer : model.layers) {
+        by_rows.insert(layer.ffn_up);
+        by_rows.insert(layer.ffn_down);
+    }
+    if (model.output != nullptr && model.output != model.tok_embd) {
+        by_rows.insert(model.tok_embd);  // the output is a copy: the embedding gives a row a token
+    }
+    std::vector<spark_bytes> ranges;
+    std::set<const void *> seen;  // a tied output is the embedding's bytes again
+    for (const auto & [name, t] : model.tensors_by_name) {
+        if (by_rows.count(t) == 0 && t->data != nullptr && t->buffer != nullptr &&
+            ggml_backend_buffer_is_host(t->buffer) && seen.insert(t->data).second) {
+            ranges.push_back({ t->data, (uint64_t) ggml_nbytes(t) });
+        }
+    }
+    resident(ranges.data(), ranges.size());
+}
+
 bool llama_model_spark_gemma2::load_tensors(llama_model_loader & ml) {
     if (!llama_model_base::load_tensors(ml)) {
         return false;
@@ -747,6 +804,7 @@ bool llama_model_spark_gemma2::load_tensors(llama_model_loader & ml) {
     if (!ml.no_alloc) {  // not in the memory-fit pass, whose placements are trials
         spark_say_layers_off_the_spark_devices(*this);
         spark_read_rows_now(*this);
+        spark_read_whole_now(*this);
     }
     return true;
 }
@@ -762,12 +820,16 @@ void llama_model_spark_gemma2::check_weights_before_loading() {
         return;  // no Spark backend: the dense graph reads every weight, as stock's does
     }
     const bool mlock = spark_weights_locked(params);
-    // K2 and V are read by rows where the Spark FFN ops run and the pages are not locked
+    // K2 and V are read by rows where the Spark FFN ops run and the pages are not locked (the
+    // loader never locks on-demand tensors, --lazy-mode on)
     std::set<const ggml_tensor *> row_tensors;
-    if (!mlock && spark_proc("spark_ffn_fused") != nullptr) {
+    if (spark_proc("spark_ffn_fused") != nullptr) {
         for (const auto & layer : layers) {
-            row_tensors.insert(layer.ffn_up);
-            row_tensors.insert(layer.ffn_down);
+            for (const ggml_tensor * t : { layer.ffn_up, layer.ffn_down }) {
+                if (!mlock || (ml != nullptr && ml->lazy.has(t))) {
+                    row_tensors.insert(t);
+                }
+            }
         }
     }
     const uint64_t n_ff = hparams.n_ff();
