@@ -107,12 +107,6 @@ _Static_assert(__builtin_types_compatible_p(spark_memory_loaded_t, spark_rust_me
 _Static_assert(__builtin_types_compatible_p(spark_memory_resident_t, spark_rust_memory_loaded_t),
                "src/rows/paging.rs spark_memory_resident differs from spark_memory_resident_t");
 
-/* extern "C" fn(u64) -> c_int (src/rows/budget.rs) */
-typedef int (*spark_rust_rows_on_demand_t)(uint64_t model_bytes);
-
-_Static_assert(__builtin_types_compatible_p(spark_rows_on_demand_t, spark_rust_rows_on_demand_t),
-               "src/rows/budget.rs spark_rows_on_demand differs from spark_rows_on_demand_t");
-
 const size_t spark_probe_bytes_layout[] = {
     sizeof(struct spark_bytes),
     _Alignof(struct spark_bytes),

@@ -4,8 +4,7 @@
 //! `ggml_backend_reg_by_name("Spark")` and `ggml_backend_reg_get_proc_address(reg, NAME)` for
 //! each kernel, for the FFN tiling of a ubatch (`spark_ffn_tiling`), its attention's path
 //! (`spark_attn_path`), the memory plan at load and at context creation (`spark_memory_plan`,
-//! `spark_memory_context`, `spark_memory_loaded`, `spark_memory_resident`,
-//! `spark_rows_on_demand`) and for the statistics
+//! `spark_memory_context`, `spark_memory_loaded`, `spark_memory_resident`) and for the statistics
 //! (docs/INTERFACES.md; [`proc_address`]). Its ops are one table, [`OPS`] (name, CPU entry
 //! point, CUDA launcher), from which the procs, the RPC registration ([`register_rpc_ops`]) and
 //! the CUDA registration ([`LAUNCHERS`]) derive; [`KERNEL_SOURCES`] lists the CUDA C sources.
@@ -104,11 +103,11 @@ pub const OPS: [OpEntry; 6] = {
 
 /// The entry's other C functions, by name: the FFN tiling, the attention's path, parameter
 /// storage, the memory plan (load, context) and statistics.
-const OTHER_PROCS: [(&str, *mut c_void); 10] = {
+const OTHER_PROCS: [(&str, *mut c_void); 9] = {
     use crate::attention::path::spark_attn_path;
     use crate::ffn::tiling::spark_ffn_tiling;
     use crate::params::spark_op_set_params;
-    use crate::rows::budget::{spark_memory_context, spark_memory_plan, spark_rows_on_demand};
+    use crate::rows::budget::{spark_memory_context, spark_memory_plan};
     use crate::rows::paging::{spark_memory_loaded, spark_memory_resident};
     [
         ("spark_ffn_tiling", spark_ffn_tiling as *mut c_void),
@@ -117,8 +116,10 @@ const OTHER_PROCS: [(&str, *mut c_void); 10] = {
         ("spark_memory_plan", spark_memory_plan as *mut c_void),
         ("spark_memory_context", spark_memory_context as *mut c_void),
         ("spark_memory_loaded", spark_memory_loaded as *mut c_void),
-        ("spark_memory_resident", spark_memory_resident as *mut c_void),
-        ("spark_rows_on_demand", spark_rows_on_demand as *mut c_void),
+        (
+            "spark_memory_resident",
+            spark_memory_resident as *mut c_void,
+        ),
         ("spark_stats_reset", spark_stats_reset as *mut c_void),
         ("spark_stats_get", spark_stats_get as *mut c_void),
     ]

@@ -526,32 +526,6 @@ pub unsafe extern "C" fn spark_memory_plan(
     })
 }
 
-/// Whether a model of `model_bytes` should have its FFN rows read on demand from the start of
-/// its load (llama.cpp's on-demand tensors, as `--lazy-mode on`): under `SPARK_PAGING=always`,
-/// or under `auto` when the model with [`whole_margin`] to spare does not fit in the memory
-/// left (`left`; not when it is unknown). Then the loader neither reads the rows whole at load
-/// (it would read the whole file and evict its own first pages) nor reads ahead around them:
-/// measured on the 9B q8_0 at 7.7 GB left, decode 17 % (paired) and 11 % (separate) faster and
-/// the load 10-25 s shorter (docs/PERF.md, "Models larger than memory").
-pub fn rows_on_demand(model_bytes: u64, mode: Mode, left: Option<Available>) -> bool {
-    match mode {
-        Mode::Never => false,
-        Mode::Always => true,
-        Mode::Auto => left.is_some_and(|l| {
-            l.bytes < model_bytes.saturating_add(whole_margin(model_bytes))
-        }),
-    }
-}
-
-/// `spark_rows_on_demand_t` (spark-backend.h): 1 when [`rows_on_demand`] says so for a model of
-/// `model_bytes` under `SPARK_PAGING` and the memory left now, else 0.
-#[no_mangle]
-pub extern "C" fn spark_rows_on_demand(model_bytes: u64) -> c_int {
-    crate::ffi::guard("spark_rows_on_demand", 0, || {
-        c_int::from(rows_on_demand(model_bytes, Mode::from_env(), available()))
-    })
-}
-
 /// Prints the refusal's line and copies its error into `why`.
 ///
 /// # Safety
@@ -736,25 +710,6 @@ mod tests {
             let e = parse_size(bad).unwrap_err();
             assert!(e.contains(&format!("'{bad}'")), "{e}");
         }
-    }
-
-    #[test]
-    fn rows_are_read_on_demand_when_the_model_does_not_fit_or_always() {
-        let gib = 1u64 << 30;
-        let left = |bytes| {
-            Some(Available {
-                bytes,
-                source: Source::Env,
-            })
-        };
-        let model = 8 * gib;
-        // a sixteenth of the model to spare: 8.5 GiB fit, a byte less does not
-        let fits = model + whole_margin(model);
-        assert!(!rows_on_demand(model, Mode::Auto, left(fits)));
-        assert!(rows_on_demand(model, Mode::Auto, left(fits - 1)));
-        assert!(!rows_on_demand(model, Mode::Auto, None), "no figure: as today");
-        assert!(rows_on_demand(model, Mode::Always, left(100 * gib)));
-        assert!(!rows_on_demand(model, Mode::Never, left(gib)));
     }
 
     #[test]

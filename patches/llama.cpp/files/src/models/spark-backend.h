@@ -133,13 +133,6 @@ typedef int (*spark_memory_loaded_t)(const struct spark_bytes * ranges, size_t n
 // is NULL and n is not 0
 typedef int (*spark_memory_resident_t)(const struct spark_bytes * ranges, size_t n);
 
-// "spark_rows_on_demand": whether the FFN row tensors (K2, V) of a model of model_bytes should be
-// read on demand from the start of its load (llama.cpp's on-demand tensors, --lazy-mode on: not
-// read at load, no readahead): 1 under SPARK_PAGING=always, or under auto when the model does not
-// fit in the memory left (MemAvailable, the cgroup's limit, SPARK_MEMORY; a sixteenth or 64 MiB
-// to spare), else 0
-typedef int (*spark_rows_on_demand_t)(uint64_t model_bytes);
-
 #ifdef __cplusplus
 }
 #endif

@@ -205,33 +205,8 @@ static void spark_create_ffn_rows(llama_model_spark_gemma2 & model, llama_layer 
     layer.ffn_down = paired;
 }
 
-// A model larger than the memory left to it gets its FFN rows read on demand from the start, as
-// with --lazy-mode on (spark_rows_on_demand in spark-backend.h): the loader neither reads them at
-// load (MAP_POPULATE would read the whole file, evicting its own first pages) nor reads ahead
-// around them. Only under the default --lazy-mode auto and a load mode that maps the file unlocked
-// (--load-mode none, dio and mlock keep their meaning); the same answer in the memory-fit pass.
-static void spark_choose_rows_on_demand(llama_model_loader & ml, const llama_model_params & params) {
-    const bool maps_unlocked = params.load_mode == LLAMA_LOAD_MODE_AUTO || params.load_mode == LLAMA_LOAD_MODE_MMAP;
-    if (ml.lazy.mode != LLAMA_LAZY_MODE_AUTO || !maps_unlocked) {
-        return;
-    }
-    const auto on_demand = (spark_rows_on_demand_t) spark_proc("spark_rows_on_demand");
-    if (on_demand == nullptr) {
-        return;  // no Spark backend: the dense graph reads every weight whole
-    }
-    uint64_t bytes = 0;
-    for (const auto & file : ml.files) {
-        bytes += file->size();
-    }
-    if (on_demand(bytes) == 1) {
-        ml.lazy.mode = LLAMA_LAZY_MODE_ON;
-    }
-}
-
-void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader & ml) {
+void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader &) {
     LLAMA_LOAD_LOCALS;
-
-    spark_choose_rows_on_demand(ml, params);
 
     const int64_t n_ffn_r = spark_ffn_r;
 
@@ -252,9 +227,9 @@ void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader & ml) {
         layer.ffn_norm = create_tensor(tn(LLM_TENSOR_FFN_NORM, "weight", i), {n_embd}, 0);
         // K1 (predictor rows), K2 (value rows) and V (neuron-major): row j belongs to neuron j
         layer.ffn_gate = create_tensor(tn(LLM_TENSOR_FFN_GATE, "weight", i), {n_ffn_r, n_ff}, 0);
-        // K2 and V are read by rows: where the layer runs on the CPU they may be on-demand tensors
-        // (--lazy-mode on, or a model larger than memory above: mapped even without mmap, never
-        // read whole at load, no readahead; --lazy-mode auto alone takes only tensors over 4 GiB)
+        // K2 and V are read by rows: where the layer runs on the CPU they are on-demand tensors
+        // (llama.cpp's --lazy-mode on: mapped even without mmap, never read at load, no
+        // readahead; auto takes only tensors over 4 GiB, so no Spark layer's)
         const int lazy = ggml_backend_dev_type(dev_layer(i)) == GGML_BACKEND_DEVICE_TYPE_CPU ? TENSOR_READ_LAZY : 0;
         spark_create_ffn_rows(*this, layer, i, [&](llm_tensor kind, std::initializer_list<int64_t> ne, int flags) {
             return create_tensor(tn(kind, "weight", i), ne, flags | lazy);
