@@ -18,8 +18,8 @@
 
 use std::ffi::c_char;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// Whether rows stream: `SPARK_PAGING` (the module docs of `rows::paging`; here because the plan
 /// at load skips under `never`).
@@ -364,11 +364,7 @@ pub fn decide(
         return Ok(None);
     }
     let planned = left.map(|l| (plan(need, l.bytes), l));
-    FITS_AT_LOAD.store(matches!(planned, Some((Plan::Fits, _))), Ordering::Relaxed);
-    STREAMS_AT_LOAD.store(
-        matches!(planned, Some((Plan::RowsStream, _))),
-        Ordering::Relaxed,
-    );
+    *LAST_PLAN.lock().unwrap_or_else(PoisonError::into_inner) = planned.map(|(p, _)| p);
     let outcome = match planned {
         None | Some((Plan::Fits, _)) => Ok(None),
         Some((Plan::RowsStream, l)) => Ok(Some(streaming_line(need, l))),
@@ -387,22 +383,15 @@ pub fn decide(
     outcome
 }
 
-/// Whether the last plan found that all of its model fits: its rows are then read into memory
-/// at the end of the load ([`super::paging::spark_memory_loaded`]).
-static FITS_AT_LOAD: AtomicBool = AtomicBool::new(false);
+/// The plan of the last model planned ([`decide`]; `None` before any, or when no memory figure
+/// was read): what the end of its load reads ([`super::paging::spark_memory_loaded`] the rows of
+/// a model that fits, [`super::paging::spark_memory_resident`] the weights read whole of one
+/// whose rows stream).
+static LAST_PLAN: Mutex<Option<Plan>> = Mutex::new(None);
 
-/// [`FITS_AT_LOAD`].
-pub fn fits_at_load() -> bool {
-    FITS_AT_LOAD.load(Ordering::Relaxed)
-}
-
-/// Whether the last plan found that its model's rows stream: the weights every token reads whole
-/// are then read into memory at the end of the load ([`super::paging::spark_memory_resident`]).
-static STREAMS_AT_LOAD: AtomicBool = AtomicBool::new(false);
-
-/// [`STREAMS_AT_LOAD`].
-pub fn streams_at_load() -> bool {
-    STREAMS_AT_LOAD.load(Ordering::Relaxed)
+/// [`LAST_PLAN`].
+pub fn last_plan() -> Option<Plan> {
+    *LAST_PLAN.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The mapped bytes read whole by every token of the models planned in this process: what a

@@ -12,8 +12,8 @@
 //! - while less than [`STREAM_BELOW`] of its pages are, how to read it ([`Reading`]): when the
 //!   whole mapped file fits in the memory left ([`budget::available`] at least the file's mapped
 //!   bytes, or those the load-time plans need, and [`FILL_MARGIN`]: a model that fits, evicted
-//!   or still loading), the whole range is requested at once (one `MADV_WILLNEED`: a
-//!   sequential read); when it does not, the range is advised `MADV_RANDOM` (no readahead
+//!   or still loading), the whole range is requested at once (`MADV_WILLNEED` in pieces the
+//!   kernel reads whole, [`REQUEST_PIECE`]: a sequential read); when it does not, the range is advised `MADV_RANDOM` (no readahead
 //!   around faults) and, before the kernels touch a call's rows, their pages are requested
 //!   with `MADV_WILLNEED` ([`Paging::request_rows`]): the kernel starts all those reads at
 //!   once, many in flight, and the kernels' faults then wait
@@ -21,10 +21,10 @@
 //!   that the memory did not keep (its resident fraction fell by [`WHOLE_FELL_BY`]) is read by
 //!   rows from then on.
 //!
-//! At the end of a load whose plan found that the whole model fits ([`budget::fits_at_load`]),
+//! At the end of a load whose plan found that the whole model fits ([`budget::last_plan`] is [`Plan::Fits`]),
 //! the row tensors not yet in memory are read at once, sequentially ([`spark_memory_loaded`]):
 //! the first tokens then find them there, as stock's repacked weights are read before its
-//! first token. At the end of a load whose rows stream ([`budget::streams_at_load`]), the weights
+//! first token. At the end of a load whose rows stream ([`budget::last_plan`] is [`Plan::RowsStream`]), the weights
 //! every token reads whole are read the same way ([`spark_memory_resident`]).
 //!
 //! `SPARK_PAGING` overrides the measurement: `auto` (the default, as above), `always` (every
@@ -36,7 +36,8 @@
 //! repacked or anonymous copies) is always resident, so nothing is ever requested for it. A failed
 //! `madvise` or `mincore` (an address no mapping covers) counts as resident.
 
-use super::{budget, RowMatrix};
+use super::budget::{self, Plan};
+use super::RowMatrix;
 pub use budget::{Mode, FILL_MARGIN};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -152,6 +153,25 @@ fn advise(bytes: Range<usize>, advice: libc::c_int) {
             pages.end - pages.start,
             advice,
         );
+    }
+}
+
+/// The most one `MADV_WILLNEED` is given. Linux reads ahead at most the file's readahead window
+/// of the range one call names (`read_ahead_kb`, 128 KiB by default, or the device's optimal
+/// I/O size if larger: `force_page_cache_ra`) and drops the rest, so a longer range is asked for
+/// in pieces of this size (measured on this VM, `read_ahead_kb` 8192: one call over 64 MiB of an
+/// evicted file read 12 % of it, 128 KiB pieces all of it).
+const REQUEST_PIECE: usize = 128 << 10;
+
+/// Requests the pages covering `bytes` with `MADV_WILLNEED`, in pieces of [`REQUEST_PIECE`]:
+/// their reads start now, all of them in flight together (a hint: a failure changes nothing).
+fn request(bytes: Range<usize>) {
+    let pages = pages_of(bytes);
+    let mut at = pages.start;
+    while at < pages.end {
+        let end = pages.end.min(at + REQUEST_PIECE);
+        advise(at..end, libc::MADV_WILLNEED);
+        at = end;
     }
 }
 
@@ -299,7 +319,7 @@ impl Paging {
                     advise(range.clone(), libc::MADV_NORMAL);
                 }
                 if reading == Reading::Whole {
-                    advise(range, libc::MADV_WILLNEED);
+                    request(range);
                 }
             }
         }
@@ -350,14 +370,14 @@ impl Paging {
             run = match run {
                 Some(r) if pages.start <= r.end + page => Some(r.start..pages.end.max(r.end)),
                 Some(r) => {
-                    advise(r, libc::MADV_WILLNEED);
+                    request(r);
                     Some(pages)
                 }
                 None => Some(pages),
             };
         }
         if let Some(r) = run {
-            advise(r, libc::MADV_WILLNEED);
+            request(r);
         }
     }
 
@@ -391,7 +411,7 @@ impl Paging {
         let parts = parts.max(1);
         let len = range.end - range.start;
         let (lo, hi) = (part * len / parts, (part + 1).min(parts) * len / parts);
-        advise(range.start + lo..range.start + hi, libc::MADV_WILLNEED);
+        request(range.start + lo..range.start + hi);
     }
 }
 
@@ -439,7 +459,7 @@ unsafe fn populate(bytes: &[u8]) {
     // a kernel without it fails the call; an emulator (qemu-user) may take the advice and
     // ignore it: either way the pages still out are read one load each
     if rc != 0 || resident_fraction(bytes) < 1.0 {
-        advise(pages.clone(), libc::MADV_WILLNEED);
+        request(pages.clone());
         for page in (0..bytes.len()).step_by(page_size()) {
             // SAFETY: `page` < bytes.len(): a byte of the live slice, read through a
             // volatile load so that the read (which faults the page in) is kept.
@@ -463,7 +483,7 @@ const QUIET_BELOW: u64 = 256 << 20;
 
 /// `spark_memory_loaded_t` (spark-backend.h): called at the end of a model's load with its
 /// mapped FFN row tensors (K2, V). When the load's plan found that everything fits
-/// ([`budget::fits_at_load`]) under `SPARK_PAGING=auto`, the rows not yet in memory are read now,
+/// ([`budget::last_plan`] is [`Plan::Fits`]) under `SPARK_PAGING=auto`, the rows not yet in memory are read now,
 /// sequentially ([`read_now`]), rather than by the first tokens a fault or a request at a time
 /// (one line when that is 256 MiB or more). 0 when done or nothing was to do, -1 when `ranges`
 /// is null with `n` > 0.
@@ -474,7 +494,7 @@ const QUIET_BELOW: u64 = 256 << 20;
 #[no_mangle]
 pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> c_int {
     crate::ffi::guard("spark_memory_loaded", -1, || {
-        let read = Mode::from_env() == Mode::Auto && budget::fits_at_load();
+        let read = Mode::from_env() == Mode::Auto && budget::last_plan() == Some(Plan::Fits);
         // SAFETY: the caller's ranges (contract).
         unsafe { read_ranges_now(ranges, n, read, "FFN rows", "they fit in the memory left") }
     })
@@ -482,7 +502,7 @@ pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> 
 
 /// `spark_memory_resident_t` (spark-backend.h): called at the end of a model's load with its
 /// weights in host memory that every token reads whole (attention, FFN predictor, norms, the
-/// output). When the load's plan found that its FFN rows stream ([`budget::streams_at_load`];
+/// output). When the load's plan found that its FFN rows stream ([`budget::last_plan`] is [`Plan::RowsStream`];
 /// not under `SPARK_PAGING=never`), those not yet in memory are read now, sequentially: a loader
 /// that reads the rows on demand only asks for the rest ahead, and a first token or a context's
 /// memory check would otherwise find them still on their way (one line when that is 256 MiB or
@@ -493,7 +513,7 @@ pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> 
 #[no_mangle]
 pub unsafe extern "C" fn spark_memory_resident(ranges: *const Bytes, n: usize) -> c_int {
     crate::ffi::guard("spark_memory_resident", -1, || {
-        let read = Mode::from_env() != Mode::Never && budget::streams_at_load();
+        let read = Mode::from_env() != Mode::Never && budget::last_plan() == Some(Plan::RowsStream);
         // SAFETY: the caller's ranges (contract).
         unsafe {
             read_ranges_now(
