@@ -1,9 +1,12 @@
 //! `spark quantize`: llama.cpp's own quantizer (`llama_model_quantize`) on any GGUF it can load.
 //!
 //! The quantizer keeps every tensor's name and shape, so a file's layout (SPEC section 3:
-//! `attn_qkv` stacked, `ffn_k2v` paired) carries over; it types a paired `ffn_k2v` as one
-//! matrix, and an output whose type does not make both parts of its rows (K2's D - r_f values,
-//! V's D) whole blocks is refused and removed.
+//! `attn_qkv` stacked, `ffn_k2v` paired) carries over. It types a paired `ffn_k2v` as one
+//! matrix; where the asked type's blocks would not make both parts of its rows (K2's D - r_f
+//! values, V's D) whole, it falls back to a type whose blocks do (patch 0024, as for a row the
+//! type does not divide: q4_K -> q5_0). The output is checked against that rule all the same
+//! (a quantizer without the patch writes a file the loader refuses): one that breaks it is
+//! refused and removed.
 
 use crate::error::{CliError, Result};
 use crate::gguf_info::{self, path_cstring};

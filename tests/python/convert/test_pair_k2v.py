@@ -2,8 +2,8 @@
 with and without the option and read back with gguf-py. Each paired row holds exactly the bytes
 of the neuron's `ffn_up` (K2) row followed by its `ffn_down_t` (V) row, which are also gguf-py's
 encoding of SPEC's arrays; the type rule and its fallback; `spark-gguf validate` accepts the file
-and names its layout; dense models are refused; `spark quantize` keeps the layout or refuses a
-type that splits a row's parts."""
+and names its layout; dense models are refused; `spark quantize` keeps the layout, and where the
+asked type's blocks would split a row's parts gives ffn_k2v llama.cpp's fallback type."""
 
 from __future__ import annotations
 
@@ -207,20 +207,25 @@ def test_spark_quantize_keeps_the_paired_layout(tmp_path):
             np.testing.assert_array_equal(row_bytes(k2v), np.concatenate([row_bytes(up), row_bytes(down)], axis=1))
 
 
-def test_spark_quantize_refuses_a_type_that_splits_a_row_s_parts(tmp_path, sp_model):
+def test_spark_quantize_falls_back_to_a_type_that_keeps_a_row_s_parts_whole(tmp_path, sp_model):
     # D 384, r_f 256: a row of 128 + 384 = 512 values is two whole q4_K blocks, but K2's part
-    # ends in the middle of the first; llama.cpp's quantizer would store ffn_k2v as q4_K
+    # would end in the middle of the first. llama.cpp's quantizer (patch 0024) falls back as for
+    # a row that q4_K does not divide: q5_0, whose 32-value blocks divide both parts
     ck = make(tmp_path, sp_model, d_model=384, ffn_r=256, d_ff=64, n_layers=1)
     par = tmp_path / "paired.gguf"
     run_convert(ck, par, "--outtype", "f32", "--pair-k2v", "--quiet")
     out = tmp_path / "q4.gguf"
     p = spark_quantize(par, out, "Q4_K_M")
-    assert p.returncode != 0
-    assert p.stderr.strip() == (
-        f"spark: error: cannot quantize {par} to Q4_K_M: blk.0.ffn_k2v.weight: type q4_K (blocks of 256 "
-        "elements) does not make each part of a row whole blocks: ffn_up part 128, ffn_down_t part 384 "
-        "elements (a file converted with --pair-k2v needs a type whose blocks divide both D - r_f and D; "
-        "convert without --pair-k2v to quantize it to this type)"), p.stderr
-    assert not out.exists()
-    assert spark_quantize(par, out, "Q8_0").returncode == 0  # 32-value blocks divide both
-    validate(out)
+    assert p.returncode == 0, p.stderr
+    assert ", ffn_k2v paired)" in spark_gguf_validate(out)
+    k2v = tensors(out)["blk.0.ffn_k2v.weight"]
+    assert k2v.tensor_type == QT.Q5_0
+    # the bytes are gguf-py's q5_0 of the f32 rows (each part whole blocks, so the row's
+    # encoding is the parts' encodings side by side)
+    f32 = tensors(par)["blk.0.ffn_k2v.weight"]
+    rows = np.asarray(f32.data, dtype=np.float32).reshape(int(f32.shape[1]), -1)
+    np.testing.assert_array_equal(row_bytes(k2v), encode(rows, QT.Q5_0))
+    # and llama.cpp's loader, which refuses a K2 part that ends inside a block, runs it
+    r = subprocess.run([str(binary("spark")), "run", "-m", str(out), "-p", "a b", "-n", "2", "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

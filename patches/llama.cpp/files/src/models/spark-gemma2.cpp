@@ -34,6 +34,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -203,6 +204,17 @@ static void spark_create_ffn_rows(llama_model_spark_gemma2 & model, llama_layer 
     }
     layer.ffn_up   = paired;
     layer.ffn_down = paired;
+}
+
+int64_t llama_model_spark_gemma2::quant_block_span(const ggml_tensor * t) const {
+    const int64_t n_embd = hparams.n_embd;
+    const int64_t n_k2   = n_embd - (int64_t) spark_ffn_r;
+    for (uint32_t il = 0; il < hparams.n_layer(); ++il) {
+        if (std::string(t->name) == tn(LLM_TENSOR_SPARK_FFN_K2V, "weight", il)) {
+            return std::gcd(n_k2, n_embd);
+        }
+    }
+    return t->ne[0];
 }
 
 void llama_model_spark_gemma2::load_arch_tensors(llama_model_loader &) {
@@ -724,6 +736,26 @@ static void spark_say_layers_off_the_spark_devices(const llama_model_spark_gemma
     });
 }
 
+// The FFN row tensors, of which a Spark step reads the rows its neurons choose: every layer's K2
+// and V (ffn_up, ffn_down; in a paired file both are ffn_k2v, one tensor)
+static std::set<const ggml_tensor *> spark_ffn_row_tensors(const llama_model_spark_gemma2 & model) {
+    std::set<const ggml_tensor *> rows;
+    for (const auto & layer : model.layers) {
+        for (const ggml_tensor * t : { layer.ffn_up, layer.ffn_down }) {
+            if (t != nullptr) {
+                rows.insert(t);
+            }
+        }
+    }
+    return rows;
+}
+
+// Whether the embedding is read by rows, one a token (get_rows): the tied output is a copy of
+// its own (made at load, repacked, or on a device), so no step reads the embedding's bytes whole
+static bool spark_embd_by_rows(const llama_model_spark_gemma2 & model) {
+    return model.output != nullptr && model.output != model.tok_embd && model.output->buffer != nullptr;
+}
+
 // The loaded FFN row tensors (K2, V) in host memory go to the Spark backend, which reads them
 // into memory now when the load's plan found that the whole model fits (spark_memory_loaded)
 static void spark_read_rows_now(const llama_model_spark_gemma2 & model) {
@@ -732,13 +764,9 @@ static void spark_read_rows_now(const llama_model_spark_gemma2 & model) {
         return;
     }
     std::vector<spark_bytes> ranges;
-    std::set<const ggml_tensor *> seen;  // a paired file's ffn_up and ffn_down are one tensor
-    for (const auto & layer : model.layers) {
-        for (const ggml_tensor * t : { layer.ffn_up, layer.ffn_down }) {
-            if (t != nullptr && t->data != nullptr && t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer) &&
-                seen.insert(t).second) {
-                ranges.push_back({ t->data, (uint64_t) ggml_nbytes(t) });
-            }
+    for (const ggml_tensor * t : spark_ffn_row_tensors(model)) {
+        if (t->data != nullptr && t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer)) {
+            ranges.push_back({ t->data, (uint64_t) ggml_nbytes(t) });
         }
     }
     loaded(ranges.data(), ranges.size());
@@ -753,13 +781,9 @@ static void spark_read_whole_now(const llama_model_spark_gemma2 & model) {
     if (resident == nullptr) {
         return;
     }
-    std::set<const ggml_tensor *> by_rows;
-    for (const auto & layer : model.layers) {
-        by_rows.insert(layer.ffn_up);
-        by_rows.insert(layer.ffn_down);
-    }
-    if (model.output != nullptr && model.output != model.tok_embd) {
-        by_rows.insert(model.tok_embd);  // the output is a copy: the embedding gives a row a token
+    std::set<const ggml_tensor *> by_rows = spark_ffn_row_tensors(model);
+    if (spark_embd_by_rows(model)) {
+        by_rows.insert(model.tok_embd);
     }
     std::vector<spark_bytes> ranges;
     std::set<const void *> seen;  // a tied output is the embedding's bytes again
@@ -799,18 +823,14 @@ void llama_model_spark_gemma2::check_weights_before_loading() {
     // loader never locks on-demand tensors, --lazy-mode on)
     std::set<const ggml_tensor *> row_tensors;
     if (spark_proc("spark_ffn_fused") != nullptr) {
-        for (const auto & layer : layers) {
-            for (const ggml_tensor * t : { layer.ffn_up, layer.ffn_down }) {
-                if (!mlock || (ml != nullptr && ml->lazy.has(t))) {
-                    row_tensors.insert(t);
-                }
+        for (const ggml_tensor * t : spark_ffn_row_tensors(*this)) {
+            if (!mlock || (ml != nullptr && ml->lazy.has(t))) {
+                row_tensors.insert(t);
             }
         }
     }
     const uint64_t n_ff = hparams.n_ff();
-    // the tied output, where it is a copy made at load (repacked) or on a device, leaves the
-    // mapped embedding to get_rows: one row per token
-    const bool embd_by_rows = output != nullptr && output != tok_embd && output->buffer != nullptr;
+    const bool embd_by_rows = spark_embd_by_rows(*this);
     spark_memory_need need = {};
     std::set<std::string> mapped;  // a tied output is the embedding's bytes of the file again
     for (const auto & [name, t] : tensors_by_name) {
