@@ -127,7 +127,8 @@ def test_lazy_mode_on_maps_the_rows_alone_and_the_logits_are_the_same(request, l
     model = request.getfixturevalue("shipped_f32" if layout == "separate" else "shipped_f32_paired")
     base = tmp_path / "default.kld"
     llama_perplexity(model, *PPL_ARGS, "-f", HELDOUT, "--kl-divergence-base", base)
-    rows = set(weight_bytes(model)["row_names"])
+    w = weight_bytes(model)
+    rows = set(w["row_names"])
     for load in ["mmap", "none"]:
         # -lv 4: the loader's lines (each tensor taken on demand) are at its info level
         res = llama_perplexity(model, *PPL_ARGS, "--lazy-mode", "on", "--load-mode", load, "-lv", "4",
@@ -137,7 +138,6 @@ def test_lazy_mode_on_maps_the_rows_alone_and_the_logits_are_the_same(request, l
                                          "(the row tensors and only they)")
         assert stat(res, "Mean    KLD") == 0.0, res.stdout
         assert stat(res, "Same top p") == 100.0, res.stdout
-    w = weight_bytes(model)
     budget = MARGIN + w["whole"] + w["rows"] - 1
     _, res = llama_completion(model, "ROMEO:", 4, True, "-b", "16", "-ub", "16", "--lazy-mode", "on",
                               "--load-mode", "none", env={"SPARK_MEMORY": str(budget)})
