@@ -56,6 +56,7 @@ while [ $# -gt 0 ]; do
 done
 case "$size" in 2b|9b) ;; *) echo "bench-memory: --size is 2b or 9b, not '$size'" >&2; exit 2 ;; esac
 
+upstream=$(realpath "$upstream")  # absolute: the plugin's path goes to llama-bench's environment
 bench=$upstream/bin/llama-bench
 plugin=$upstream/lib/libggml-spark.so
 # shellcheck source=tools/bench-common.sh
@@ -108,7 +109,7 @@ done
 echo "$head stock t/s | Spark / stock | Spark vs its in-RAM speed |"
 echo "$rule---|---|---|"
 
-# llama-bench's tg (or pp) t/s of one model under one budget; "killed" or "failed" otherwise
+# llama-bench's tg (or pp) t/s of one model under one budget; "killed", "failed" or "no-plugin" otherwise
 run_one() {
     local model=$1 leave=$2 repack=$3 with_plugin=$4 paging=${5:-auto} out rc=0 hold=()
     # every model of the run is evicted, not only this one: pages another run left in the page
@@ -118,14 +119,21 @@ run_one() {
     [ "$leave" = all ] || hold=($budget --leave "$leave" "${evict[@]}" --)
     [ "$leave" = all ] && cat "$model" >/dev/null  # in memory: the file read into the page cache
     local env=()
-    [ "$with_plugin" = 1 ] && env=(GGML_BACKEND_PATH="$PWD/$plugin" SPARK_PAGING="$paging")
+    [ "$with_plugin" = 1 ] && env=(GGML_BACKEND_PATH="$plugin" SPARK_PAGING="$paging")
     out=$(env "${env[@]}" "${hold[@]}" "$bench" -m "$model" -n "$gen" -p "$prompt" -r "$reps" \
         -t 2 --repack "$repack" -o jsonl 2>/dev/null) || rc=$?
     if [ "$rc" -ge 128 ]; then echo killed; return; fi
     [ "$rc" = 0 ] || { echo failed; return; }
+    # a Spark run whose plugin did not load ran the dense stock-op graph: not Spark's figure
     echo "$out" | "$python" -c 'import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
-print("%.2f" % rows[-1]["avg_ts"] if rows else "failed")'
+spark = sys.argv[1] == "1"
+if not rows:
+    print("failed")
+elif spark and "Spark" not in rows[-1].get("backends", ""):
+    print("no-plugin")
+else:
+    print("%.2f" % rows[-1]["avg_ts"])' "$with_plugin"
 }
 
 declare -A in_ram
