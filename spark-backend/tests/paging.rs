@@ -55,16 +55,6 @@ impl Mapped {
         }
     }
 
-    /// Drops the file's pages from the page cache again (those this process has not touched
-    /// through the mapping: requests and `mincore` do not map them).
-    fn evict(&self) {
-        // SAFETY: a valid descriptor; the file's pages are clean.
-        let rc = unsafe {
-            libc::posix_fadvise(self._file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
-        };
-        assert_eq!(rc, 0);
-    }
-
     fn bytes(&self) -> &[u8] {
         // SAFETY: the mapping is live for self's lifetime and covers len bytes.
         unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
@@ -265,49 +255,12 @@ fn rows_side_by_side_are_requested_together_and_alone() {
     }
     // A ubatch that reads most rows asks for its share of both at once: the second half of
     // the neurons is the second half of the pages, K2's and V's.
-    Paging::default().request_layer_whole(0, &[&k2, &v], 1, 2);
+    Paging::request_share_side_by_side(&k2, &v, 1, 2);
     wait_resident(&map, &(128..256).collect::<Vec<_>>());
     assert!(
         !page_resident(map.bytes(), 60 * page),
         "the first half was read"
     );
-    assert_eq!(map.bytes(), &bytes[..]);
-}
-
-#[test]
-fn a_layer_read_whole_requests_the_next_layer_it_was_followed_by() {
-    if !system_reads_willneed_pages() {
-        return;
-    }
-    let (bytes, map) = evicted_matrix_file();
-    let page = page_size();
-    // four "layers" of 64 one-page rows: quarters of the file
-    let layer = |l: usize| {
-        let q = &map.bytes()[l * 64 * page..(l + 1) * 64 * page];
-        RowMatrix::packed(RowType::F32, page / 4, 64, q).unwrap()
-    };
-    let layers: Vec<RowMatrix<'_>> = (0..4).map(layer).collect();
-    let quarter = |l: usize| (l * 64..(l + 1) * 64).collect::<Vec<_>>();
-    let paging = Paging::default();
-    // a first prompt: layers 0, 1 and 3 (2 on another device, say) in order, read whole
-    for l in [0, 1, 3] {
-        paging.request_layer_whole(l as i32, &[&layers[l]], 0, 1);
-    }
-    wait_resident(&map, &[quarter(0), quarter(1), quarter(3)].concat());
-    map.evict();
-    assert!(resident_fraction(map.bytes()) < 0.5, "not evicted again");
-    // the next prompt's layer 0 asks for layer 1 too; layer 1 for nothing more (3 did not follow
-    // it as its next layer number)
-    paging.request_layer_whole(0, &[&layers[0]], 0, 1);
-    wait_resident(&map, &[quarter(0), quarter(1)].concat());
-    map.evict();
-    paging.request_layer_whole(1, &[&layers[1]], 0, 1);
-    wait_resident(&map, &quarter(1));
-    std::thread::sleep(Duration::from_millis(50));
-    for l in [0, 2, 3] {
-        let q = &map.bytes()[l * 64 * page..(l + 1) * 64 * page];
-        assert!(resident_fraction(q) < 0.5, "layer {l} was requested");
-    }
     assert_eq!(map.bytes(), &bytes[..]);
 }
 

@@ -126,9 +126,8 @@ const REQUEST_WHOLE_FROM: usize = 8;
 
 /// When K2's or V's rows stream from storage ([`rows::paging`]), requests now the pages of the
 /// rows this call will read among neurons part `part` of `parts` (each thread of the call asks
-/// for its share), so that the reads are in flight before the kernels fault on them; for a call
-/// of [`REQUEST_WHOLE_FROM`] tokens or more the whole share, and the next layer's
-/// ([`Paging::request_layer_whole`]). Does nothing for rows in memory
+/// for its share), so that the reads are in flight before the kernels fault on them; the whole
+/// share for a call of [`REQUEST_WHOLE_FROM`] tokens or more. Does nothing for rows in memory
 /// (the usual case: one table lookup per matrix). `layer` names the layer in the one line
 /// printed when rows first stream.
 pub(crate) fn request_from_storage(
@@ -150,7 +149,13 @@ pub(crate) fn request_from_storage(
     // a neuron's K2 and V rows are one range (a paired file)
     let paired = streaming.len() == 2 && Paging::side_by_side(k2, v);
     if n_tokens >= REQUEST_WHOLE_FROM {
-        paging.request_layer_whole(layer, &streaming, part, parts);
+        if paired {
+            Paging::request_share_side_by_side(k2, v, part, parts);
+            return;
+        }
+        for m in streaming {
+            Paging::request_share(m, part, parts);
+        }
         return;
     }
     let scores = inputs.up.scores;

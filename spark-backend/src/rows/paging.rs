@@ -92,18 +92,6 @@ struct State {
 #[derive(Default)]
 pub struct Paging {
     states: Mutex<HashMap<(usize, usize), State>>,
-    ahead: Mutex<Ahead>,
-}
-
-/// What calls that read whole layers found ([`Paging::request_layer_whole`]): the layer each
-/// such layer was followed by, so that the next call of one can request the next one's rows.
-#[derive(Default)]
-struct Ahead {
-    /// The layer of the last such call and the start of its first range (its key).
-    last: Option<(i32, usize)>,
-    /// By a layer's key: the ranges of the layer after it (the layer numbered one more that the
-    /// next call read whole; keys are addresses, so two models in a process do not mix).
-    next_of: HashMap<usize, Vec<Range<usize>>>,
 }
 
 /// The page size (`sysconf(_SC_PAGESIZE)`, 4096 where that fails).
@@ -241,21 +229,6 @@ fn row_bytes(m: &RowMatrix<'_>, j: usize) -> Range<usize> {
 fn span(m: &RowMatrix<'_>) -> Range<usize> {
     let start = m.row_ptr(0) as usize;
     start..start + m.data.len()
-}
-
-/// The byte ranges `matrices` span, in address order, overlapping or touching ones merged (K2
-/// and V side by side span one range).
-fn merged_spans(matrices: &[&RowMatrix<'_>]) -> Vec<Range<usize>> {
-    let mut spans: Vec<Range<usize>> = matrices.iter().map(|m| span(m)).collect();
-    spans.sort_by_key(|r| r.start);
-    let mut merged: Vec<Range<usize>> = Vec::with_capacity(spans.len());
-    for r in spans {
-        match merged.last_mut() {
-            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-            _ => merged.push(r),
-        }
-    }
-    merged
 }
 
 impl Paging {
@@ -422,42 +395,16 @@ impl Paging {
         Self::request_share_of(span(m), part, parts);
     }
 
-    /// For a call of layer `layer` that reads most rows of `matrices` (its row matrices that
-    /// stream): requests part `part` of `parts` of their ranges (matrices whose rows interleave,
-    /// [`Paging::side_by_side`], as one range: requesting each would walk the same pages twice),
-    /// then the same part of the next layer's as the last such call of it found them. A prompt
-    /// of many tokens reads nearly every row of every layer, so the next layer's reads are then
-    /// in flight while this one computes instead of starting after its predictor has run.
-    /// Part 0 notes what this layer read.
-    pub fn request_layer_whole(
-        &self,
-        layer: i32,
-        matrices: &[&RowMatrix<'_>],
+    /// [`Paging::request_share`] for two matrices [`Paging::side_by_side`]: their rows
+    /// interleave, so one range spans both (requesting each would walk the same pages twice).
+    pub fn request_share_side_by_side(
+        first: &RowMatrix<'_>,
+        second: &RowMatrix<'_>,
         part: usize,
         parts: usize,
     ) {
-        let ranges = merged_spans(matrices);
-        for r in &ranges {
-            Self::request_share_of(r.clone(), part, parts);
-        }
-        let Some(key) = ranges.first().map(|r| r.start) else {
-            return;
-        };
-        let next = {
-            let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-            if part == 0 {
-                if let Some((before, before_key)) = ahead.last {
-                    if before.checked_add(1) == Some(layer) {
-                        ahead.next_of.insert(before_key, ranges.clone());
-                    }
-                }
-                ahead.last = Some((layer, key));
-            }
-            ahead.next_of.get(&key).cloned()
-        };
-        for r in next.into_iter().flatten() {
-            Self::request_share_of(r, part, parts);
-        }
+        debug_assert!(Self::side_by_side(first, second));
+        Self::request_share_of(span(first).start..span(second).end, part, parts);
     }
 
     fn request_share_of(range: Range<usize>, part: usize, parts: usize) {
