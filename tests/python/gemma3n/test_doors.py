@@ -354,11 +354,10 @@ def damaged_copy(src: Path, dst: Path, case: str) -> str:
 
 def failed_load(path: Path, pattern: str, with_plugin: bool) -> uh.Result:
     """llama-completion on a file it cannot load. An early exit can outrun the tools' log thread
-    (test_file_fuzz.py: the same file, 1 run in 5 with an empty stderr): a failing run without
-    `pattern` in stderr is made again for it."""
+    (uh.FAILED_LOAD_RUNS): a failing run without `pattern` in stderr is made again for it."""
     args = [uh.tool("llama-completion"), "-m", path, "-p", PROMPT, "-n", "4", "--temp", "0",
             "-t", uh.THREADS, "-no-cnv", "--no-warmup"]
-    for _ in range(uh.LOST_CAPTURE_RUNS):
+    for _ in range(uh.FAILED_LOAD_RUNS):
         res = uh.run(args, env=uh.tool_env(with_plugin), timeout=60, check=False)
         if res.returncode <= 0 or re.search(pattern, res.stderr):
             break
