@@ -6,7 +6,8 @@
 #
 # Usage: bash tools/bench-memory.sh [--size 2b|9b] [--leave GB,GB,...] [--repack 0,1] [-n 16]
 #                                   [-p 0] [-r 1] [--overhead GB] [--paging auto,never]
-#                                   [--layout separate,paired] [--models DIR] [--upstream DIR]
+#                                   [--layout separate,paired] [--ubatch N] [--models DIR]
+#                                   [--upstream DIR]
 #   --size      the synthetic model pair (spark-convert --synthetic spark-gemma2-SIZE and
 #               gemma2-SIZE, Q8_0, made once in --models)                        default: 9b
 #   --leave     the budgets (GB left to llama-bench, as MemAvailable counts it); "all" runs
@@ -24,6 +25,8 @@
 #               neuron's K2 and V rows side by side, one read each); ratios use the first
 #                                                                           default: separate
 #   -n -p -r    as llama-bench                                     default: 16 / 0 / 1
+#   --ubatch N  llama-bench -b N -ub N (a prompt over 512 tokens in one ubatch: the sparse
+#               FFN's two-stage path)                         default: llama-bench's 2048 / 512
 #   --models DIR    where the models are made                      default: target/bench-models
 #   --upstream DIR  what tools/upstream.sh installed               default: target/upstream
 # Before each run under a budget the model files' pages are dropped from the page cache
@@ -36,6 +39,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 size=9b leaves="" repacks=0,1 gen=16 prompt=0 reps=1 overhead=0.6 pagings=auto layouts=separate
+batch=()
 models=target/bench-models upstream=target/upstream
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -48,9 +52,10 @@ while [ $# -gt 0 ]; do
         -n) gen=$2; shift 2 ;;
         -p) prompt=$2; shift 2 ;;
         -r) reps=$2; shift 2 ;;
+        --ubatch) batch=(-b "$2" -ub "$2"); shift 2 ;;
         --models) models=$2; shift 2 ;;
         --upstream) upstream=$2; shift 2 ;;
-        -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "bench-memory: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -96,7 +101,7 @@ echo "CPU: $(bench_cpu); MemAvailable $(awk '/MemAvailable/ { printf "%.1f", $2 
 echo "storage: cold sequential read of $(basename "$spark") at $seq_gbs GB/s"
 echo "Spark $size q8_0: $(size_of "$spark" total) GB = always-read $always GB + FFN rows $rows GB" \
      "(a token reads ~8 % of the rows); stock: $(size_of "$stock" total) GB, all read per token"
-echo "llama-bench -n $gen -p $prompt -r $reps -t 2; the file evicted before each run under a budget, read into memory before \"all\""
+echo "llama-bench -n $gen -p $prompt ${batch[*]} -r $reps -t 2; the file evicted before each run under a budget, read into memory before \"all\""
 echo
 IFS=, read -r -a paging_list <<<"$pagings"
 for p in "${paging_list[@]}"; do
@@ -120,7 +125,7 @@ run_one() {
     [ "$leave" = all ] && cat "$model" >/dev/null  # in memory: the file read into the page cache
     local env=()
     [ "$with_plugin" = 1 ] && env=(GGML_BACKEND_PATH="$plugin" SPARK_PAGING="$paging")
-    out=$(env "${env[@]}" "${hold[@]}" "$bench" -m "$model" -n "$gen" -p "$prompt" -r "$reps" \
+    out=$(env "${env[@]}" "${hold[@]}" "$bench" -m "$model" -n "$gen" -p "$prompt" "${batch[@]}" -r "$reps" \
         -t 2 --repack "$repack" -o jsonl 2>/dev/null) || rc=$?
     if [ "$rc" -ge 128 ]; then echo killed; return; fi
     [ "$rc" = 0 ] || { echo failed; return; }
