@@ -130,7 +130,18 @@ fn u32s(mem: &[u8], off: u64, n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// A random case: scores [F, T], h [D, T], K2 [D - r_f, F] and V^T [D, F] of type `ty`.
+/// How a case stores K2 and V (docs/SPEC.md section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Two tensors, K2 [D - r_f, F] and V^T [D, F].
+    Separate,
+    /// One `ffn_k2v` [D - r_f + D, F] whose row j is K2's row j then V's row j
+    /// (`spark-convert --pair-k2v`); K2 and V are row views of it, at its row stride.
+    Paired,
+}
+
+/// A random case: scores [F, T], h [D, T], K2 [D - r_f, F] and V^T [D, F] of type `ty`, stored
+/// as `layout` says.
 struct Case {
     ggml: Ggml,
     params: Box<OpParams>,
@@ -138,6 +149,8 @@ struct Case {
     h: *mut sys::ggml_tensor,
     k2: *mut sys::ggml_tensor,
     v: *mut sys::ggml_tensor,
+    /// The tensors holding K2's and V's bytes: [k2, v], or the one `ffn_k2v` they view.
+    stored: Vec<*mut sys::ggml_tensor>,
     k2w: Weights,
     vw: Weights,
     sv: Vec<f32>,
@@ -150,7 +163,15 @@ struct Case {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, cutoff: Cutoff) -> Case {
+fn case(
+    seed: u64,
+    (ty, layout): (RowType, Layout),
+    d: usize,
+    r: usize,
+    f: usize,
+    t: usize,
+    cutoff: Cutoff,
+) -> Case {
     let mut rng = Rng::new(seed);
     let mut sv = rng.normals(f * t, 1.0);
     if t >= 3 {
@@ -163,8 +184,24 @@ fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, cutoff: 
     let ggml = Ggml::new(16 << 20);
     let s = ggml.f32_tensor(f, t, &sv);
     let h = ggml.f32_tensor(d, t, &hv);
-    let k2 = ggml.tensor(ty, d - r, f, &k2w.bytes);
-    let v = ggml.tensor(ty, d, f, &vw.bytes);
+    let (k2, v, stored) = match layout {
+        Layout::Separate => {
+            let k2 = ggml.tensor(ty, d - r, f, &k2w.bytes);
+            let v = ggml.tensor(ty, d, f, &vw.bytes);
+            (k2, v, vec![k2, v])
+        }
+        Layout::Paired => {
+            let (k2_row, v_row) = (k2w.bytes.len() / f, vw.bytes.len() / f);
+            let rows = k2w
+                .bytes
+                .chunks_exact(k2_row)
+                .zip(vw.bytes.chunks_exact(v_row));
+            let bytes: Vec<u8> = rows.flat_map(|(a, b)| a.iter().chain(b)).copied().collect();
+            let k2v = ggml.tensor(ty, d - r + d, f, &bytes);
+            let [k2, v] = ggml.row_views(k2v, [d - r, d]);
+            (k2, v, vec![k2v])
+        }
+    };
     Case {
         ggml,
         params: Box::new(op_params(0, cutoff)),
@@ -172,6 +209,7 @@ fn case(seed: u64, ty: RowType, d: usize, r: usize, f: usize, t: usize, cutoff: 
         h,
         k2,
         v,
+        stored,
         k2w,
         vw,
         sv,
@@ -383,7 +421,7 @@ fn check_fused(name: &str, c: &Case, p: usize) {
         )
     };
     let mut img = Image::new();
-    for x in [c.s, c.h, c.k2, c.v] {
+    for &x in [c.s, c.h].iter().chain(&c.stored) {
         img.tensor(x, None);
     }
     img.tensor(partials, Some(0xff)); // NaN until written
@@ -519,7 +557,7 @@ fn check_up_down(name: &str, c: &Case) {
         )
     };
     let mut img = Image::new();
-    for x in [c.s, c.h, c.k2, c.v] {
+    for &x in [c.s, c.h].iter().chain(&c.stored) {
         img.tensor(x, None);
     }
     img.tensor(u, Some(0xff));
@@ -593,65 +631,76 @@ fn shape(ty: RowType) -> (usize, usize) {
     }
 }
 
-/// All runs of one weight type: fused T = 1 (P = 16), 3 (P = 7), 9 (P = 7, tiled), T = 2 and
-/// 9 with P = 1 (the op adds its own 16 chunks: CUDA's tiling) and up + down T = 5, at k = 16
-/// of F = 200 (8 %); fused T = 3 and up + down T = 5 dense (k >= F);
+/// All runs of one weight type and layout: fused T = 1 (P = 16), 3 (P = 7), 9 (P = 7, tiled),
+/// T = 2 and 9 with P = 1 (the op adds its own 16 chunks: CUDA's tiling) and up + down T = 5,
+/// at k = 16 of F = 200 (8 %); fused T = 3 and up + down T = 5 dense (k >= F);
 /// Gemma 3n's cutoff (std multiplier Q(0.95), ~5 % kept) with r_f = 0 (K2 spans all of h):
 /// fused T = 1 and 9, up + down T = 5.
-fn all_paths(ty: RowType) {
+fn all_paths(ty: RowType, layout: Layout) {
     let (d, r) = shape(ty);
     let f = 200;
-    let tag = format!("{ty:?}");
+    let tag = format!("{ty:?} {layout:?}");
+    let case = |seed, r, t, cutoff| case(seed, (ty, layout), d, r, f, t, cutoff);
     let top = Cutoff::TopK(16);
     for (t, p, seed) in [(1, 16, 1), (3, 7, 2), (9, 7, 3), (2, 1, 10), (9, 1, 11)] {
-        let c = case(seed, ty, d, r, f, t, top);
-        check_fused(&format!("{tag} k=16"), &c, p);
+        check_fused(&format!("{tag} k=16"), &case(seed, r, t, top), p);
     }
-    check_up_down(&format!("{tag} k=16"), &case(4, ty, d, r, f, 5, top));
+    check_up_down(&format!("{tag} k=16"), &case(4, r, 5, top));
     let dense = |k| Cutoff::TopK(k);
-    check_fused(
-        &format!("{tag} dense"),
-        &case(5, ty, d, r, f, 3, dense(500)),
-        7,
-    );
-    check_up_down(
-        &format!("{tag} dense"),
-        &case(6, ty, d, r, f, 5, dense(200)),
-    );
+    check_fused(&format!("{tag} dense"), &case(5, r, 3, dense(500)), 7);
+    check_up_down(&format!("{tag} dense"), &case(6, r, 5, dense(200)));
     let std_mul = Cutoff::StdMul(f64::from(GEMMA3N_STD_MUL));
     let name = format!("{tag} std-mul r_f=0");
     for (t, p, seed) in [(1, 16, 7), (9, 7, 8)] {
-        check_fused(&name, &case(seed, ty, d, 0, f, t, std_mul), p);
+        check_fused(&name, &case(seed, 0, t, std_mul), p);
     }
-    check_up_down(&name, &case(9, ty, d, 0, f, 5, std_mul));
+    check_up_down(&name, &case(9, 0, 5, std_mul));
 }
 
 #[test]
 fn ffn_f32() {
-    all_paths(RowType::F32);
+    all_paths(RowType::F32, Layout::Separate);
 }
 
 #[test]
 fn ffn_f16() {
-    all_paths(RowType::F16);
+    all_paths(RowType::F16, Layout::Separate);
 }
 
 #[test]
 fn ffn_q8_0() {
-    all_paths(RowType::Q8_0);
+    all_paths(RowType::Q8_0, Layout::Separate);
 }
 
 #[test]
 fn ffn_q4_0() {
-    all_paths(RowType::Q4_0);
+    all_paths(RowType::Q4_0, Layout::Separate);
 }
 
 #[test]
 fn ffn_q4_k() {
-    all_paths(RowType::Q4K);
+    all_paths(RowType::Q4K, Layout::Separate);
 }
 
 #[test]
 fn ffn_q6_k() {
-    all_paths(RowType::Q6K);
+    all_paths(RowType::Q6K, Layout::Separate);
+}
+
+// K2 and V side by side (a `--pair-k2v` file): the kernels read both through the row stride of
+// `ffn_k2v`, V's rows starting after K2's part of each row.
+
+#[test]
+fn ffn_paired_f16() {
+    all_paths(RowType::F16, Layout::Paired);
+}
+
+#[test]
+fn ffn_paired_q8_0() {
+    all_paths(RowType::Q8_0, Layout::Paired);
+}
+
+#[test]
+fn ffn_paired_q4_k() {
+    all_paths(RowType::Q4K, Layout::Paired);
 }
