@@ -98,13 +98,8 @@ impl Setup {
         // contiguous read per active neuron), as strided views of one tensor: what a loader
         // that packs the two tensors together would buy.
         let (k2_row, v_row) = (row(D - R), row(D));
-        let packed: Vec<u8> = k2_bytes
-            .chunks_exact(k2_row)
-            .zip(v_bytes.chunks_exact(v_row))
-            .flat_map(|(a, b)| a.iter().chain(b).copied())
-            .collect();
-        let kv = ggml.tensor(ty, 2 * D - R, F, &packed);
-        let [k2_packed, v_packed] = ggml.row_views(kv, [D - R, D]);
+        let (_, [k2_packed, v_packed]) =
+            ggml.side_by_side(ty, (&k2_bytes, D - R), (&v_bytes, D), F);
         let params = Box::new(OpParams {
             layer: 0,
             k: K,

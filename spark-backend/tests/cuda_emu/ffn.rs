@@ -191,14 +191,7 @@ fn case(
             (k2, v, vec![k2, v])
         }
         Layout::Paired => {
-            let (k2_row, v_row) = (k2w.bytes.len() / f, vw.bytes.len() / f);
-            let rows = k2w
-                .bytes
-                .chunks_exact(k2_row)
-                .zip(vw.bytes.chunks_exact(v_row));
-            let bytes: Vec<u8> = rows.flat_map(|(a, b)| a.iter().chain(b)).copied().collect();
-            let k2v = ggml.tensor(ty, d - r + d, f, &bytes);
-            let [k2, v] = ggml.row_views(k2v, [d - r, d]);
+            let (k2v, [k2, v]) = ggml.side_by_side(ty, (&k2w.bytes, d - r), (&vw.bytes, d), f);
             (k2, v, vec![k2v])
         }
     };

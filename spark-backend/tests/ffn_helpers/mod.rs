@@ -281,6 +281,23 @@ impl Ggml {
         self.tensor(RowType::F32, ne0, ne1, spark_backend::rows::f32_bytes(x))
     }
 
+    /// K2 [k2_cols, n_rows] and V [v_cols, n_rows] of type `ty` (`k2`, `v`: their packed rows)
+    /// stored side by side as in a `--pair-k2v` file: one tensor whose row j is K2's row j then
+    /// V's row j. Returns that tensor and its two row views ([`Ggml::row_views`]), K2's and V's.
+    pub fn side_by_side(
+        &self,
+        ty: RowType,
+        (k2, k2_cols): (&[u8], usize),
+        (v, v_cols): (&[u8], usize),
+        n_rows: usize,
+    ) -> (*mut sys::ggml_tensor, [*mut sys::ggml_tensor; 2]) {
+        let (k2_row, v_row) = (k2.len() / n_rows, v.len() / n_rows);
+        let rows = k2.chunks_exact(k2_row).zip(v.chunks_exact(v_row));
+        let bytes: Vec<u8> = rows.flat_map(|(a, b)| a.iter().chain(b)).copied().collect();
+        let both = self.tensor(ty, k2_cols + v_cols, n_rows, &bytes);
+        (both, self.row_views(both, [k2_cols, v_cols]))
+    }
+
     /// Side-by-side row views of a 2-D tensor: view i has `widths[i]` elements per row,
     /// starting after the previous views' elements, at the tensor's row stride.
     pub fn row_views<const N: usize>(
