@@ -333,8 +333,40 @@ fn weights_read_whole_are_read_at_load_when_the_rows_stream() {
         data: map.bytes().as_ptr().cast(),
         size: map.bytes().len() as u64,
     }];
+    let locked_before = budget::locked_now().expect("VmLck");
     // SAFETY: one entry, the live mapping.
     assert_eq!(unsafe { spark_memory_resident(ranges.as_ptr(), 1) }, 0);
     assert_eq!(resident_fraction(map.bytes()), 1.0, "not all read");
     assert!(map.bytes() == &bytes[..], "reading changed the weights");
+    // pinned (this test runs as a user who may lock them: root, or RLIMIT_MEMLOCK big enough)
+    let len = map.bytes().len() as u64;
+    let locked = budget::locked_now().unwrap() - locked_before;
+    assert!(locked >= len, "{locked} bytes locked of {len}");
+    assert!(
+        budget::pinned() >= len,
+        "{} counted pinned",
+        budget::pinned()
+    );
+    // a pinned range counts as in place for the weights weighed against MemAvailable
+    let left = Available {
+        bytes: 5 << 20,
+        source: Source::MemAvailable,
+    };
+    assert_eq!(budget::left_for_mapped(left), left.bytes + budget::pinned());
+    assert_eq!(
+        budget::left_for_mapped(Available {
+            source: Source::Env,
+            ..left
+        }),
+        left.bytes
+    );
+    // pinning again locks nothing new; unmapping unlocks, and no longer counts
+    let again = spark_backend::rows::paging::pin(&[map.bytes()]);
+    assert_eq!((again.bytes, again.failed), (0, None));
+    drop(map);
+    assert!(
+        budget::pinned() < len,
+        "{} still counted pinned",
+        budget::pinned()
+    );
 }

@@ -157,7 +157,7 @@ pub fn plan(need: &MemoryNeed, available: u64) -> Plan {
 }
 
 /// `bytes` for people: GiB with two decimals from 1 GiB, MiB with one below.
-fn size(bytes: u64) -> String {
+pub(crate) fn size(bytes: u64) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     const MIB: f64 = (1u64 << 20) as f64;
     let b = bytes as f64;
@@ -406,6 +406,42 @@ static PLANNED_MODELS: AtomicU64 = AtomicU64::new(0);
 /// load was written): what `SPARK_MEMORY`, which plans the weights and the contexts, leaves out.
 static RSS_AT_PLAN: AtomicU64 = AtomicU64::new(0);
 
+/// The bytes of mapped weights read whole that [`super::paging::spark_memory_resident`] pinned
+/// in memory (`mlock`) in this process: the growth of the process's locked memory each pin
+/// brought (pages llama.cpp's `--mlock` had locked already add nothing).
+static PINNED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts `bytes` more pinned ([`PINNED`]).
+pub fn record_pinned(bytes: u64) {
+    PINNED.fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// The process's locked memory (`VmLck` of `/proc/self/status`), in bytes.
+pub fn locked_now() -> Option<u64> {
+    proc_kib("/proc/self/status", "VmLck:")
+}
+
+/// The weights Spark pinned that are still locked: [`PINNED`], or the process's locked memory
+/// now when that is less (a model freed since was unmapped, and its pages unlocked with it).
+/// They are part of the memory a model's mapped weights take, but `MemAvailable` no longer
+/// counts them (locked pages cannot be reclaimed): what weighs those weights against
+/// `MemAvailable` or the cgroup's figure counts them as in place.
+pub fn pinned() -> u64 {
+    PINNED
+        .load(Ordering::Relaxed)
+        .min(locked_now().unwrap_or(0))
+}
+
+/// What the mapped weights the load-time plans need (`mapped` bytes) have of `left`: `left`
+/// itself, and by `MemAvailable` or the cgroup also the weights pinned ([`pinned`]), which
+/// those figures no longer count but which are already in memory.
+pub fn left_for_mapped(left: Available) -> u64 {
+    match left.source {
+        Source::Env => left.bytes,
+        Source::MemAvailable | Source::Cgroup => left.bytes.saturating_add(pinned()),
+    }
+}
+
 /// The process's anonymous resident memory (`RssAnon` of `/proc/self/status`), in bytes: the
 /// weights made at load, the KV caches and whatever else it wrote.
 fn rss_anon() -> Option<u64> {
@@ -424,22 +460,23 @@ pub fn available_now() -> Option<Available> {
 }
 
 /// What a context's host buffers about to be made mean with `left` now: `None` when `bytes`, the
-/// planned models' weights read whole and [`FILL_MARGIN`] fit, else the refusal. `whole` is
-/// what those weights still take out of `left`: all of them by `SPARK_MEMORY`, which counts
-/// the process's anonymous memory only; by `MemAvailable` or the cgroup, nothing when they are
-/// locked (`--load-mode mlock`: already resident and no longer reclaimable) and all of them
-/// otherwise (mapped pages, in the page cache or not yet read, count as available there).
+/// planned models' weights read whole (`whole` bytes, `locked` of them locked in memory) and
+/// [`FILL_MARGIN`] fit, else the refusal. Those weights take out of `left`: all of them by
+/// `SPARK_MEMORY`, which counts the process's anonymous memory only; by `MemAvailable` or the
+/// cgroup, only those not locked (locked pages, by `--load-mode mlock` or pinned by Spark
+/// ([`pinned`]), are resident and no longer reclaimable, so already out of those figures;
+/// mapped pages in the page cache or not yet read count as available there).
 pub fn context_refusal(
     bytes: u64,
     what: &str,
     whole: u64,
-    weights_locked: bool,
+    locked: u64,
     left: Available,
 ) -> Option<Refusal> {
-    let whole = if weights_locked && left.source != Source::Env {
-        0
-    } else {
+    let whole = if left.source == Source::Env {
         whole
+    } else {
+        whole.saturating_sub(locked)
     };
     let must_stay = bytes.saturating_add(whole).saturating_add(FILL_MARGIN);
     if must_stay <= left.bytes {
@@ -551,9 +588,12 @@ pub unsafe extern "C" fn spark_memory_context(
             return 0;
         }
         let whole = PLANNED_WHOLE.load(Ordering::Relaxed);
-        match available_now()
-            .and_then(|left| context_refusal(bytes, &what, whole, weights_locked != 0, left))
-        {
+        let locked = if weights_locked != 0 {
+            whole
+        } else {
+            pinned().min(whole)
+        };
+        match available_now().and_then(|left| context_refusal(bytes, &what, whole, locked, left)) {
             None => 0,
             Some(refused) => {
                 // SAFETY: null or writable for why_len bytes (contract).
@@ -749,10 +789,10 @@ mod tests {
         let fits = 5 * GIB - 3 * GIB - FILL_MARGIN;
         for source in [Source::MemAvailable, Source::Cgroup, Source::Env] {
             assert_eq!(
-                context_refusal(fits, what, 3 * GIB, false, left(5 * GIB, source)),
+                context_refusal(fits, what, 3 * GIB, 0, left(5 * GIB, source)),
                 None
             );
-            let refused = context_refusal(fits + 1, what, 3 * GIB, false, left(5 * GIB, source))
+            let refused = context_refusal(fits + 1, what, 3 * GIB, 0, left(5 * GIB, source))
                 .expect("one byte more is refused");
             for part in [
                 "spark: spark-gemma2: the KV cache (",
@@ -770,24 +810,23 @@ mod tests {
                 .error
                 .contains("5.00 GiB must stay in memory, 5.00 GiB is left"));
         }
-        // locked weights are already out of MemAvailable and the cgroup's figure, not of
-        // SPARK_MEMORY's (which counts anonymous memory only)
-        let locked = fits + 3 * GIB;
-        assert_eq!(
-            context_refusal(
-                locked,
-                what,
-                3 * GIB,
-                true,
-                left(5 * GIB, Source::MemAvailable)
-            ),
-            None
-        );
-        assert_eq!(
-            context_refusal(locked, what, 3 * GIB, true, left(5 * GIB, Source::Cgroup)),
-            None
-        );
-        assert!(context_refusal(locked, what, 3 * GIB, true, left(5 * GIB, Source::Env)).is_some());
+        // locked weights (all, or 1 GiB of them) are already out of MemAvailable and the
+        // cgroup's figure, not of SPARK_MEMORY's (which counts anonymous memory only)
+        for locked in [3 * GIB, GIB] {
+            let kv = fits + locked;
+            for source in [Source::MemAvailable, Source::Cgroup] {
+                assert_eq!(
+                    context_refusal(kv, what, 3 * GIB, locked, left(5 * GIB, source)),
+                    None
+                );
+                assert!(
+                    context_refusal(kv + 1, what, 3 * GIB, locked, left(5 * GIB, source)).is_some()
+                );
+            }
+            assert!(
+                context_refusal(kv, what, 3 * GIB, locked, left(5 * GIB, Source::Env)).is_some()
+            );
+        }
     }
 
     #[test]

@@ -25,7 +25,8 @@
 //! the row tensors not yet in memory are read at once, sequentially ([`spark_memory_loaded`]):
 //! the first tokens then find them there, as stock's repacked weights are read before its
 //! first token. At the end of a load whose rows stream ([`budget::last_plan`] is [`Plan::RowsStream`]), the weights
-//! every token reads whole are read the same way ([`spark_memory_resident`]).
+//! every token reads whole are read the same way and pinned there (`mlock`, [`pin`]: the rows
+//! streaming past them never evict them; [`spark_memory_resident`]).
 //!
 //! `SPARK_PAGING` overrides the measurement: `auto` (the default, as above), `always` (every
 //! matrix streams: for tests, and for storage a user knows to be slow) or `never` (the kernel's
@@ -211,12 +212,14 @@ fn mapped_file_bytes(addr: usize) -> Option<u64> {
 
 /// Whether a model whose file this process maps `file` bytes of fits in the memory left
 /// ([`budget::available`]), [`budget::whole_margin`] of it to spare (`MemAvailable` counts the
-/// file's pages already in memory as available too). The mapped bytes the load-time plans need stand in for
+/// file's pages already in memory as available too, and the weights pinned are added back:
+/// [`budget::left_for_mapped`]). The mapped bytes the load-time plans need stand in for
 /// `file` when there are plans: the file pages of weights repacked at load are not read again.
 fn fits_in_memory(file: u64) -> bool {
     let need = budget::planned_mapped().unwrap_or(file);
-    budget::available()
-        .is_some_and(|left| left.bytes >= need.saturating_add(budget::whole_margin(need)))
+    budget::available().is_some_and(|left| {
+        budget::left_for_mapped(left) >= need.saturating_add(budget::whole_margin(need))
+    })
 }
 
 /// The bytes of row `j` of `m`.
@@ -506,7 +509,9 @@ pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> 
 /// not under `SPARK_PAGING=never`), those not yet in memory are read now, sequentially: a loader
 /// that reads the rows on demand only asks for the rest ahead, and a first token or a context's
 /// memory check would otherwise find them still on their way (one line when that is 256 MiB or
-/// more). 0 when done or nothing was to do, -1 when `ranges` is null with `n` > 0.
+/// more). Then they are pinned in memory ([`pin`]; one line says so, or why not), so that the
+/// rows streaming past them never evict them. 0 when done or nothing was to do, -1 when
+/// `ranges` is null with `n` > 0.
 ///
 /// # Safety
 /// As [`spark_memory_loaded`].
@@ -515,7 +520,7 @@ pub unsafe extern "C" fn spark_memory_resident(ranges: *const Bytes, n: usize) -
     crate::ffi::guard("spark_memory_resident", -1, || {
         let read = Mode::from_env() != Mode::Never && budget::last_plan() == Some(Plan::RowsStream);
         // SAFETY: the caller's ranges (contract).
-        unsafe {
+        let rc = unsafe {
             read_ranges_now(
                 ranges,
                 n,
@@ -523,8 +528,102 @@ pub unsafe extern "C" fn spark_memory_resident(ranges: *const Bytes, n: usize) -
                 "weights every token reads whole",
                 "they stay in memory while its FFN rows stream",
             )
+        };
+        if rc == 0 && read && !ranges.is_null() {
+            // SAFETY: the caller's ranges (contract), not null.
+            let slices = unsafe { live_slices(ranges, n) };
+            pin_and_say(&slices);
         }
+        rc
     })
+}
+
+/// Pins `ranges` ([`pin`]) and says so in one line: the bytes pinned, or why none could be.
+fn pin_and_say(ranges: &[&[u8]]) {
+    let total: u64 = ranges.iter().map(|b| b.len() as u64).sum();
+    if total == 0 {
+        return;
+    }
+    let pinned = pin(ranges);
+    budget::record_pinned(pinned.bytes);
+    match pinned.failed {
+        None => crate::log::say!(
+            "spark: the {} of weights every token reads whole are pinned in memory (mlock) \
+             while its FFN rows stream, so the rows read past them never evict them",
+            budget::size(total)
+        ),
+        Some(why) => crate::log::say!(
+            "spark: the {} of weights every token reads whole could not be pinned in memory \
+             ({why}): the page cache may evict some while the FFN rows stream, and tokens then \
+             read them again (docs/USAGE.md, \"Memory budgets\": `ulimit -l` or CAP_IPC_LOCK)",
+            budget::size(total)
+        ),
+    }
+}
+
+/// What [`pin`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pinned {
+    /// The bytes locked anew: the growth of the process's `VmLck` (pages locked already, by
+    /// llama.cpp's `--mlock`, add nothing; ranges locked before a failure stay locked, and count).
+    pub bytes: u64,
+    /// Why a range could not be locked (the error and `RLIMIT_MEMLOCK`), if one could not.
+    pub failed: Option<String>,
+}
+
+/// Locks the pages of `ranges` in memory (`mlock`: resident until unlocked or unmapped, never
+/// reclaimed), stopping at the first range that cannot be.
+pub fn pin(ranges: &[&[u8]]) -> Pinned {
+    let before = budget::locked_now().unwrap_or(0);
+    let mut failed = None;
+    for bytes in ranges.iter().filter(|b| !b.is_empty()) {
+        let start = bytes.as_ptr() as usize;
+        let pages = pages_of(start..start + bytes.len());
+        // SAFETY: the pages cover part of a live mapping (the caller's slice); mlock changes
+        // no byte of them, only keeps them resident.
+        let rc =
+            unsafe { libc::mlock(pages.start as *const libc::c_void, pages.end - pages.start) };
+        if rc != 0 {
+            failed = Some(std::io::Error::last_os_error());
+            break;
+        }
+    }
+    Pinned {
+        bytes: budget::locked_now().unwrap_or(0).saturating_sub(before),
+        failed: failed.map(|err| format!("mlock: {err}; RLIMIT_MEMLOCK {}", memlock_limit())),
+    }
+}
+
+/// The process's `RLIMIT_MEMLOCK` soft limit, in words.
+fn memlock_limit() -> String {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
+        return "unknown".into();
+    }
+    if limit.rlim_cur == libc::RLIM_INFINITY {
+        return "unlimited".into();
+    }
+    format!("{:.1} MiB", limit.rlim_cur as f64 / (1u64 << 20) as f64)
+}
+
+/// The non-empty entries of `ranges` as slices.
+///
+/// # Safety
+/// `ranges` points to `n` entries, each a live readable mapping of `size` bytes at `data` (or
+/// null `data` or `size` 0, which are left out).
+unsafe fn live_slices<'a>(ranges: *const Bytes, n: usize) -> Vec<&'a [u8]> {
+    // SAFETY: `n` entries (contract).
+    let entries = unsafe { std::slice::from_raw_parts(ranges, n) };
+    entries
+        .iter()
+        .filter(|b| !b.data.is_null() && b.size > 0)
+        // SAFETY: a live readable mapping of `size` bytes at `data` (contract).
+        .map(|b| unsafe { std::slice::from_raw_parts(b.data.cast::<u8>(), b.size as usize) })
+        .collect()
 }
 
 /// The two entries above: when `read`, the pages of `ranges` not in memory are read now
@@ -545,14 +644,8 @@ unsafe fn read_ranges_now(
     if !read {
         return 0;
     }
-    // SAFETY: `n` entries (contract).
-    let entries = unsafe { std::slice::from_raw_parts(ranges, n) };
-    let slices: Vec<&[u8]> = entries
-        .iter()
-        .filter(|b| !b.data.is_null() && b.size > 0)
-        // SAFETY: a live readable mapping of `size` bytes at `data` (contract).
-        .map(|b| unsafe { std::slice::from_raw_parts(b.data.cast::<u8>(), b.size as usize) })
-        .collect();
+    // SAFETY: the caller's ranges (contract).
+    let slices = unsafe { live_slices(ranges, n) };
     let total: u64 = slices.iter().map(|b| b.len() as u64).sum();
     let out: Vec<(&[u8], u64)> = slices
         .iter()

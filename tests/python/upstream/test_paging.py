@@ -15,7 +15,10 @@ against the file as gguf-py reads it."""
 
 from __future__ import annotations
 
+import os
 import re
+import resource
+import shutil
 import sys
 
 import gguf
@@ -55,6 +58,7 @@ def test_greedy_text_is_the_same_in_every_mode_and_a_bad_value_is_named(shipped_
 
 MARGIN = 64 << 20  # rows::paging::FILL_MARGIN
 LOAD_LINE = "do not all fit in the memory left"
+NOT_PINNED = "of weights every token reads whole could not be pinned in memory"
 ROW_TENSORS = (".ffn_up.weight", ".ffn_down_t.weight", ".ffn_k2v.weight")
 # llama.cpp's loader, for each tensor it reads on demand (--lazy-mode on)
 LAZY_LINE = re.compile(r"tensor (\S+) \(size = \d+ MiB\) lazy read enabled")
@@ -109,12 +113,46 @@ def test_a_model_whose_rows_do_not_fit_says_so_at_load_and_runs_the_same(request
                  f"K2 and V rows ({mib(w['rows'])}) are read", f"up to {mib(w['per_token'])} per token"]:
         assert part in lines[0], res.explain(f"{part!r} not in the load line")
     assert text == want, res.explain(f"{text!r} vs {want!r}")
+    # the weights every token reads whole are pinned, where this user may lock that much
+    pinned = f"the {mib(w['whole'])} of weights every token reads whole are pinned in memory"
+    if may_lock(w["whole"]):
+        assert res.stderr.count(pinned) == 1, res.explain("not pinned, or not said once")
+    else:
+        assert res.stderr.count(NOT_PINNED) == 1, res.explain("no line saying why not pinned")
     # the loader's default (--lazy-mode auto) reads no Spark tensor on demand
     assert not LAZY_LINE.search(res.stderr), res.explain("rows read on demand without --lazy-mode on")
     for env in [{"SPARK_MEMORY": str(MARGIN + w["whole"] + w["rows"])},
                 {"SPARK_MEMORY": str(budget), "SPARK_PAGING": "never"}]:
         text, res = llama_completion(shipped_f32, "ROMEO:", 16, True, *small, env=env)
         assert LOAD_LINE not in res.stderr and text == want, res.explain(f"{env}")
+        assert "pinned in memory" not in res.stderr, res.explain(f"{env}: pinned")
+
+
+def may_lock(nbytes: int) -> bool:
+    """Whether this process's user may lock `nbytes` (root's CAP_IPC_LOCK, or RLIMIT_MEMLOCK)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= nbytes
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or shutil.which("prlimit") is None,
+                    reason="util-linux's setpriv and prlimit")
+def test_weights_that_cannot_be_pinned_say_why_and_run_the_same(shipped_f32):
+    """A user who may lock 64 KiB only (RLIMIT_MEMLOCK, without CAP_IPC_LOCK): rows that stream
+    still run, with one line that says the weights read whole could not be pinned, the limit,
+    and where the docs say what to do; the same greedy text."""
+    w = weight_bytes(shipped_f32)
+    small = ["-b", "16", "-ub", "16"]
+    want, _ = llama_completion(shipped_f32, "ROMEO:", 16, True, *small)
+    wrap = ("setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock",
+            "prlimit", "--memlock=65536")
+    text, res = llama_completion(shipped_f32, "ROMEO:", 16, True, *small, wrap=wrap,
+                                 env={"SPARK_MEMORY": str(MARGIN + w["whole"] + w["rows"] - 1)})
+    assert text == want, res.explain(f"{text!r} vs {want!r}")
+    lines = [line for line in res.stderr.splitlines() if NOT_PINNED in line]
+    assert len(lines) == 1, res.explain("not one line saying why not pinned")
+    for part in [f"the {mib(w['whole'])} of weights", "RLIMIT_MEMLOCK 0.1 MiB", "Memory budgets"]:
+        assert part in lines[0], lines[0]
+    assert "are pinned in memory" not in res.stderr, res.explain("pinned beyond the limit")
 
 
 @pytest.mark.parametrize("layout", ["separate", "paired"])

@@ -322,14 +322,16 @@ def completion_text(stdout: str) -> str:
 
 def llama_completion(model: Path, prompt: str, n: int, with_plugin: bool, *extra,
                      stats: bool = True, timeout: float = 180, check: bool = True,
-                     once: bool = False, env: dict | None = None) -> tuple[str, Result]:
+                     once: bool = False, env: dict | None = None,
+                     wrap: tuple = ()) -> tuple[str, Result]:
     """Greedy completion (temperature 0, fixed seed, 2 threads, no chat mode, no warm-up run;
-    `env`: variables added to the tool's).
+    `env`: variables added to the tool's; `wrap`: a command that runs the tool, such as
+    `prlimit --memlock=N`).
     Every complete run ends its stdout with COMPLETION_END; a capture without it (the last
     token was seen missing with it) is run again (`run_until_complete`), unless `once`: a caller
     that measures the run itself (bytes over a connection) needs exactly one, whatever its
     capture."""
-    cmd = [tool("llama-completion"), "-m", model, "-p", prompt, "-n", n, "--temp", "0",
+    cmd = [*wrap, tool("llama-completion"), "-m", model, "-p", prompt, "-n", n, "--temp", "0",
            "--seed", SEED, "-t", THREADS, "-no-cnv", "--no-display-prompt", "--no-warmup", *extra]
     res = run_until_complete(cmd, lambda r: r.stdout.endswith(COMPLETION_END),
                              env={**tool_env(with_plugin, stats), **(env or {})}, timeout=timeout,
