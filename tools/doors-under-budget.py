@@ -12,7 +12,8 @@ dropped from the page cache, so the run starts cold). A door passes when both ru
 give the same text, and the budgeted run printed the plugin's load-time line (the model's rows
 do not all fit: docs/USAGE.md, "A Spark model larger than the memory left to it"); a refused
 load is reported with its message. Prints one row per door: wall seconds in memory and under
-the budget, the line seen, the same text. Exit status 1 when a door fails.
+the budget, the line seen, whether the weights every token reads whole were pinned (the
+plugin's line: pinned, not pinned, or - for none), the same text. Exit status 1 when a door fails.
 
 Too slow for CI (each budgeted run reads its model from storage); the CI checks of the same
 paths with SPARK_MEMORY standing in for the memory are tests/python/upstream/test_paging.py.
@@ -34,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "The capital of France is"
 LOAD_LINE = "do not all fit in the memory left"
+PIN_LINE = re.compile(r"weights every token reads whole (are pinned|could not be pinned) in memory")
 PROG = "doors-under-budget"
 
 
@@ -147,8 +149,8 @@ def main(argv: list[str]) -> int:
     budget = holder + ["--leave", str(a.leave), "--evict", str(a.model), "--"]
     failed = 0
     print(f"{a.model.name}, {a.leave} GB left, {a.n} tokens, greedy")
-    print("| door | in memory s | budget s | load line | same text | result |")
-    print("|---|---|---|---|---|---|")
+    print("| door | in memory s | budget s | load line | always-read set | same text | result |")
+    print("|---|---|---|---|---|---|---|")
     for door in ["llama-completion", "llama-cli", "llama-server", "spark run", "llama-cpp-python"]:
         say(f"{door}: in memory")
         subprocess.run(["cat", str(a.model)], stdout=subprocess.DEVNULL, check=True)
@@ -157,12 +159,14 @@ def main(argv: list[str]) -> int:
         rc, got, err, s = doors.run(door, budget)
         line = LOAD_LINE in err
         left = re.search(r"fit in the memory left \(([0-9.]+ [GM]iB) by ([A-Za-z_. ']+)\)", err)
+        pin = PIN_LINE.search(err)
+        pinned = "-" if not pin else ("pinned" if pin[1] == "are pinned" else "not pinned")
         refused = next((ln for ln in err.splitlines() if "cannot hold what every token" in ln), "")
         ok = rc0 == 0 and rc == 0 and got == want and bool(want.strip()) and line
         failed += not ok
         result = "ok" if ok else (f"refused: {refused}" if refused else f"FAILED (exit {rc0}/{rc})")
         print(f"| {door} | {s0:.1f} | {s:.1f} | {'yes: ' + left[1] + ' left' if left else 'no'} | "
-              f"{'yes' if got == want else 'no'} | {result} |", flush=True)
+              f"{pinned} | {'yes' if got == want else 'no'} | {result} |", flush=True)
         if not ok and not a.quiet:
             spark_lines = "\n".join(ln for ln in err.splitlines() if "spark" in ln)
             print(f"  in memory: {want!r}\n  budget:    {got!r}\n  spark lines:\n{spark_lines}",
