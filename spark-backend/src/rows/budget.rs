@@ -432,9 +432,9 @@ pub fn pinned() -> u64 {
         .min(locked_now().unwrap_or(0))
 }
 
-/// What the mapped weights the load-time plans need (`mapped` bytes) have of `left`: `left`
-/// itself, and by `MemAvailable` or the cgroup also the weights pinned ([`pinned`]), which
-/// those figures no longer count but which are already in memory.
+/// The memory the mapped weights of the load-time plans have of `left`: `left` itself by
+/// `SPARK_MEMORY`, and by `MemAvailable` or the cgroup also the weights pinned ([`pinned`]),
+/// which those figures no longer count but which are already in memory.
 pub fn left_for_mapped(left: Available) -> u64 {
     match left.source {
         Source::Env => left.bytes,
