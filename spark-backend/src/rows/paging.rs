@@ -497,9 +497,14 @@ const QUIET_BELOW: u64 = 256 << 20;
 #[no_mangle]
 pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> c_int {
     crate::ffi::guard("spark_memory_loaded", -1, || {
-        let read = Mode::from_env() == Mode::Auto && budget::last_plan() == Some(Plan::Fits);
         // SAFETY: the caller's ranges (contract).
-        unsafe { read_ranges_now(ranges, n, read, "FFN rows", "they fit in the memory left") }
+        let Some(slices) = (unsafe { entry_slices(ranges, n) }) else {
+            return -1;
+        };
+        if Mode::from_env() == Mode::Auto && budget::last_plan() == Some(Plan::Fits) {
+            read_missing_now(&slices, "FFN rows", "they fit in the memory left");
+        }
+        0
     })
 }
 
@@ -518,23 +523,19 @@ pub unsafe extern "C" fn spark_memory_loaded(ranges: *const Bytes, n: usize) -> 
 #[no_mangle]
 pub unsafe extern "C" fn spark_memory_resident(ranges: *const Bytes, n: usize) -> c_int {
     crate::ffi::guard("spark_memory_resident", -1, || {
-        let read = Mode::from_env() != Mode::Never && budget::last_plan() == Some(Plan::RowsStream);
         // SAFETY: the caller's ranges (contract).
-        let rc = unsafe {
-            read_ranges_now(
-                ranges,
-                n,
-                read,
+        let Some(slices) = (unsafe { entry_slices(ranges, n) }) else {
+            return -1;
+        };
+        if Mode::from_env() != Mode::Never && budget::last_plan() == Some(Plan::RowsStream) {
+            read_missing_now(
+                &slices,
                 "weights every token reads whole",
                 "they stay in memory while its FFN rows stream",
-            )
-        };
-        if rc == 0 && read && !ranges.is_null() {
-            // SAFETY: the caller's ranges (contract), not null.
-            let slices = unsafe { live_slices(ranges, n) };
+            );
             pin_and_say(&slices);
         }
-        rc
+        0
     })
 }
 
@@ -610,42 +611,30 @@ fn memlock_limit() -> String {
     format!("{:.1} MiB", limit.rlim_cur as f64 / (1u64 << 20) as f64)
 }
 
-/// The non-empty entries of `ranges` as slices.
+/// The non-empty entries of the C array `ranges` as slices; `None` when `ranges` is null with
+/// `n` > 0 (the caller's error), no slices when it is null with `n` 0.
 ///
 /// # Safety
-/// `ranges` points to `n` entries, each a live readable mapping of `size` bytes at `data` (or
-/// null `data` or `size` 0, which are left out).
-unsafe fn live_slices<'a>(ranges: *const Bytes, n: usize) -> Vec<&'a [u8]> {
+/// As [`spark_memory_loaded`]: `ranges` is null or points to `n` entries, each a live readable
+/// mapping of `size` bytes at `data` (or null `data` or `size` 0, which are left out).
+unsafe fn entry_slices<'a>(ranges: *const Bytes, n: usize) -> Option<Vec<&'a [u8]>> {
+    if ranges.is_null() {
+        return (n == 0).then(Vec::new);
+    }
     // SAFETY: `n` entries (contract).
     let entries = unsafe { std::slice::from_raw_parts(ranges, n) };
-    entries
+    let slices = entries
         .iter()
         .filter(|b| !b.data.is_null() && b.size > 0)
         // SAFETY: a live readable mapping of `size` bytes at `data` (contract).
         .map(|b| unsafe { std::slice::from_raw_parts(b.data.cast::<u8>(), b.size as usize) })
-        .collect()
+        .collect();
+    Some(slices)
 }
 
-/// The two entries above: when `read`, the pages of `ranges` not in memory are read now
-/// ([`populate`]), with one line naming `what` and `why` when that is [`QUIET_BELOW`] or more.
-///
-/// # Safety
-/// As [`spark_memory_loaded`].
-unsafe fn read_ranges_now(
-    ranges: *const Bytes,
-    n: usize,
-    read: bool,
-    what: &str,
-    why: &str,
-) -> c_int {
-    if ranges.is_null() {
-        return if n == 0 { 0 } else { -1 };
-    }
-    if !read {
-        return 0;
-    }
-    // SAFETY: the caller's ranges (contract).
-    let slices = unsafe { live_slices(ranges, n) };
+/// The two entries above: the pages of `slices` not in memory are read now ([`populate`]), with
+/// one line naming `what` and `why` when that is [`QUIET_BELOW`] or more.
+fn read_missing_now(slices: &[&[u8]], what: &str, why: &str) {
     let total: u64 = slices.iter().map(|b| b.len() as u64).sum();
     let out: Vec<(&[u8], u64)> = slices
         .iter()
@@ -654,7 +643,7 @@ unsafe fn read_ranges_now(
         .collect();
     let missing: u64 = out.iter().map(|&(_, m)| m).sum();
     if missing == 0 {
-        return 0;
+        return;
     }
     if missing >= QUIET_BELOW {
         crate::log::say!(
@@ -665,10 +654,9 @@ unsafe fn read_ranges_now(
         );
     }
     for (bytes, _) in out {
-        // SAFETY: the caller's live mappings (contract).
+        // SAFETY: a slice lies in a live readable mapping, and so do the whole pages around it.
         unsafe { populate(bytes) };
     }
-    0
 }
 
 /// The one line a process prints the first time a matrix's rows stream from storage.
