@@ -36,7 +36,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     say "installing ${pins[*]} into target/cuda-tools (pip, from PyPI)"
     rm -rf "$root"
     mkdir -p "$root"
-    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$root/py" "${pins[@]}"
+    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-deps --target "$root/py" "${pins[@]}"
     printf '%s\n' "$want" >"$stamp"
 fi
 
