@@ -28,15 +28,27 @@ bench_models() {
     mkdir -p "$1"
     spark=$1/spark-gemma2-$size-q8_0.gguf
     stock=$1/gemma2-$size-q8_0.gguf
-    [ -f "$spark" ] || "$convert" --synthetic "spark-gemma2-$size" "$spark" --outtype q8_0 --quiet
-    [ -f "$stock" ] || "$convert" --synthetic "gemma2-$size" "$stock" --outtype q8_0 --quiet
+    local made=0
+    [ -f "$spark" ] || { "$convert" --synthetic "spark-gemma2-$size" "$spark" --outtype q8_0 --quiet; made=1; }
+    [ -f "$stock" ] || { "$convert" --synthetic "gemma2-$size" "$stock" --outtype q8_0 --quiet; made=1; }
+    [ "$made" = 0 ] || bench_models_disk "$1"
+}
+
+# bench_models_disk DIR: one line on stderr with the disk the models in DIR take (the 9B set is
+# ~30 GB; the disk is shared with CI, whose run once failed on a full one)
+bench_models_disk() {
+    echo "$(basename "$0" .sh): the models in $1 take $(du -sh "$1" | cut -f1) of disk;" \
+         "they are made again on demand, so \`rm -r $1\` frees it when done" >&2
 }
 
 # bench_paired_model DIR SIZE: prints the path of the Spark model of bench_models with its K2 and V
 # rows side by side (spark-convert --pair-k2v), made once in DIR (after bench_models)
 bench_paired_model() {
     local out=$1/spark-gemma2-$2-q8_0-paired.gguf
-    [ -f "$out" ] || "$convert" --synthetic "spark-gemma2-$2" "$out" --outtype q8_0 --pair-k2v --quiet >&2
+    if [ ! -f "$out" ]; then
+        "$convert" --synthetic "spark-gemma2-$2" "$out" --outtype q8_0 --pair-k2v --quiet >&2
+        bench_models_disk "$1"
+    fi
     echo "$out"
 }
 
