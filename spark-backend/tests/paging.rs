@@ -309,10 +309,12 @@ fn rows_read_at_load_are_all_in_memory_and_unchanged() {
 #[test]
 fn weights_read_whole_are_read_at_load_when_the_rows_stream() {
     use spark_backend::rows::budget::{self, Available, MemoryNeed, Source};
-    use spark_backend::rows::paging::{spark_memory_resident, Bytes};
-    // SAFETY: null with n = 0 is allowed; null with n > 0 is refused (contract).
+    use spark_backend::rows::paging::{spark_memory_loaded, spark_memory_resident, Bytes};
+    // SAFETY: null with n = 0 is allowed; null with n > 0 is refused (contract), by both entries.
     assert_eq!(unsafe { spark_memory_resident(std::ptr::null(), 0) }, 0);
     assert_eq!(unsafe { spark_memory_resident(std::ptr::null(), 1) }, -1);
+    assert_eq!(unsafe { spark_memory_loaded(std::ptr::null(), 0) }, 0);
+    assert_eq!(unsafe { spark_memory_loaded(std::ptr::null(), 1) }, -1);
     let (bytes, map) = evicted_matrix_file();
     // A plan whose rows stream: 1 MiB read whole fits with its margin, 1 MiB of rows more does
     // not (the mapped bytes recorded are small, so the other tests' "fits" stays true).
