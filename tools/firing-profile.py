@@ -63,11 +63,13 @@ def tokenize(arrays: dict, text: str) -> tuple[int, list[int]]:
 
 
 def record_active_sets(cfg: dict, weights: dict, windows: list[list[int]],
-                       inputs: list[list] | None = None) -> list[list]:
+                       inputs: list[list] | None = None,
+                       predictors: dict | None = None) -> list[list]:
     """[layer][token] -> sorted active neuron ids over `windows` (each evaluated from position
     0): the reference's spark_ffn_dense, wrapped to keep the neurons it activates (the same
     formula, once more). With `inputs` ([] per layer), each call's FFN input h is appended to
-    its layer's list too."""
+    its layer's list too; with `predictors` ({}), each Spark layer's K1 [r_f, F] is kept under
+    its layer number."""
     n_layers = cfg["n_layers"]
     active: list[list] = [[] for _ in range(n_layers)]
     # the reference calls the FFN layer by layer, each layer token by token: call c of a window
@@ -83,6 +85,8 @@ def record_active_sets(cfg: dict, weights: dict, windows: list[list[int]],
         active[layer].append(np.flatnonzero(a))
         if inputs is not None:
             inputs[layer].append(np.array(h, dtype=np.float64))
+        if predictors is not None:
+            predictors[layer] = k1
         return original(h, k1, k2, v, ffn_k)
 
     spark_ref.spark_ffn_dense = recording
@@ -174,19 +178,17 @@ def ahead_scores(masks: list[np.ndarray], active_next: list, memory: list) -> di
             "hidden": hidden / max(missed, 1), "wasted": wasted / n}
 
 
-def next_layer_table(cfg: dict, weights: dict, inputs: list, active: list,
+def next_layer_table(cfg: dict, predictors: dict, inputs: list, active: list,
                      factors: list[float], hold: float) -> list[str]:
-    """The second table's lines (see the module doc)."""
-    import spark_ref
-
+    """The second table's lines (see the module doc); `predictors`: each Spark layer's K1 (a
+    pair whose next layer has none, a dense FFN, is left out)."""
     n_ff, k = cfg["d_ff"], cfg["ffn_k"]
     lines = [f"| layer L -> L+1 | ahead | recall | chosen | storage reads hidden "
              f"(hold {100 * hold:.0f} %) | rows read for nothing |",
              "|---|---|---|---|---|---|"]
     for layer in range(cfg["n_layers"] - 1):
-        kind, k1_next, _, _ = spark_ref._ffn_weights(weights, f"transformer/layer_{layer + 1}/",
-                                                     cfg)
-        if kind != "spark":
+        k1_next = predictors.get(layer + 1)
+        if k1_next is None:
             continue
         memory = [m for m, _ in lru_states(active[layer + 1], int(round(hold * n_ff)))]
         for c in factors:
@@ -228,7 +230,8 @@ def main(argv=None) -> int:
     windows = [[bos] + ids[i:i + args.ctx - 1] for i in range(0, len(ids), args.ctx - 1)]
     tokens = sum(len(w) for w in windows)
     inputs: list[list] = [[] for _ in range(cfg["n_layers"])]
-    active = record_active_sets(cfg, weights, windows, inputs)
+    predictors: dict = {}
+    active = record_active_sets(cfg, weights, windows, inputs, predictors)
     n_ff, k = cfg["d_ff"], cfg["ffn_k"]
 
     print(f"{Path(args.model).name}: {cfg['n_layers']} layers, F = {n_ff}, k_f = {k} "
@@ -261,7 +264,7 @@ def main(argv=None) -> int:
     print("Next layer's rows chosen ahead: layer L's FFN input through layer L+1's K1, "
           "thresholded for c * k_f neurons")
     print()
-    for line in next_layer_table(cfg, weights, inputs, active, factors, args.ahead_hold):
+    for line in next_layer_table(cfg, predictors, inputs, active, factors, args.ahead_hold):
         print(line)
     return 0
 
