@@ -206,7 +206,12 @@ def host_model_mib(model, with_plugin: bool) -> tuple[list[int], object]:
     env["SPARK_GEMMA3N_V_TYPE"] = "f32"
     cmd = [uh.tool("llama-completion"), "-m", model, "-p", PROMPTS[0], "-n", "4", "--temp", "0",
            "-t", uh.THREADS, "-no-cnv", "--no-warmup", "-v"]
-    res = uh.run_until_complete(cmd, lambda r: r.stdout.endswith(uh.COMPLETION_END), env=env)
+    # the table at exit is the last thing printed, through llama.cpp's log thread, which an exit
+    # can outrun (seen once in CI: the fit pass's table only): a run without both is run again
+    def complete(r) -> bool:
+        return r.stdout.endswith(uh.COMPLETION_END) and len(HOST_ROW.findall(r.stderr)) >= 2
+
+    res = uh.run_until_complete(cmd, complete, env=env)
     return [int(m[2]) for m in HOST_ROW.finditer(res.stderr)], res
 
 
