@@ -144,8 +144,6 @@ def chosen_ahead(inputs: list, k1_next: np.ndarray, want: int) -> list[np.ndarra
     input of one layer (`inputs`) through the next layer's predictor `k1_next` [r_f, F] above
     the statistical top-k threshold of `want` neurons (spark_ref.stat_topk_threshold, as the
     FFN's own)."""
-    import spark_ref
-
     r_f = k1_next.shape[0]
     masks = []
     for h in inputs:
